@@ -1,0 +1,40 @@
+# `make run` and `make test` set up .venv themselves (idempotent).
+# On a machine whose torch / torch_npu / triton-ascend must not be touched, use
+#   make run PY=/path/to/python      (that interpreter, no venv, nothing installed)
+# or a venv that sees them: make venv VENV_FLAGS=--system-site-packages
+PY ?=
+VENV ?= .venv
+VENV_FLAGS ?=
+TORCH ?= torch==2.13.0
+TRITON ?= triton==3.6.0
+# Triton's CPU interpreter (<= 3.6) breaks on numpy >= 2.3 (1-element scalars).
+NUMPY ?= numpy>=1.24,<2.3
+NPROC ?= 8
+TEST_ARGS ?= -n auto
+
+ifeq ($(PY),)
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.cpsim-ready
+else
+PYTHON := $(PY)
+STAMP :=
+endif
+
+.PHONY: run test venv clean
+venv: $(STAMP)
+
+$(VENV)/.cpsim-ready: pyproject.toml Makefile
+	test -x $(VENV)/bin/python || python3 -m venv $(VENV_FLAGS) $(VENV)
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install -q "$(TORCH)"
+	$(PYTHON) -c "import triton" 2>/dev/null || $(PYTHON) -m pip install -q "$(TRITON)" "$(NUMPY)"
+	$(PYTHON) -m pip install -q -e ".[test,draw]" "$(NUMPY)"
+	touch $@
+
+run: $(STAMP)
+	$(PYTHON) -m cpsim run --scenario default --dcp $(NPROC)
+
+test: $(STAMP)
+	$(PYTHON) -m pytest $(TEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

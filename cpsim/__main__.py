@@ -1,0 +1,3 @@
+from cpsim.cli import main
+
+raise SystemExit(main())

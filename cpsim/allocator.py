@@ -1,0 +1,98 @@
+"""Simulated KV-cache allocator: which physical blocks each request holds on each rank.
+
+Block ids are drawn at random without replacement from ``[1, num_blocks)`` (block 0
+is the null block), so a kernel that reads the wrong table entry lands on a wrong
+but plausible block instead of an obviously sequential one. Huge caches are
+sampled sparsely: only the ids actually handed out are materialised.
+
+The allocation is the ground truth shared by the paths (which turn it into their
+own table layouts) and by the coordinator (which knows where every token must go).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from cpsim import layout
+from cpsim.scenario import KVGroup, Scenario
+
+SHARED_RANK = 0xFFFF  # seed tag for groups every rank holds identically
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Physical block ids per request (batch order) for one rank and one group."""
+
+    blocks: tuple[np.ndarray, ...]
+
+    def padded(self, width: int | None = None) -> torch.Tensor:
+        """[num_reqs, width] int64, 0 beyond each request's blocks."""
+        w = max([len(b) for b in self.blocks] + [1]) if width is None else width
+        out = np.zeros((len(self.blocks), w), dtype=np.int64)
+        for i, b in enumerate(self.blocks):
+            n = min(len(b), w)
+            out[i, :n] = b[:n]
+        return torch.from_numpy(out)
+
+
+def _blocks_for(s: Scenario, g: KVGroup, rank: int, seq_len: int) -> int:
+    if seq_len <= 0:
+        return 0
+    if g.circular or not g.slot_mapped:
+        return 1
+    return layout.blocks_touched(seq_len, rank, g.block_size, g.world(s.cp), s.cp.interleave)
+
+
+def allocate(s: Scenario, rank: int, group_index: int) -> Allocation:
+    g = s.groups[group_index]
+    shared = g.world(s.cp) == 1
+    rng = np.random.default_rng([s.seed, group_index, SHARED_RANK if shared else rank])
+    counts = [_blocks_for(s, g, 0 if shared else rank, r.seq_len) for r in s.batch.requests]
+    total = sum(counts)
+    ids = rng.choice(g.num_blocks - 1, size=total, replace=False).astype(np.int64) + 1
+    return Allocation(tuple(np.split(ids, np.cumsum(counts)[:-1])) if counts else ())
+
+
+def allocate_rank(s: Scenario, rank: int) -> list[Allocation]:
+    return [allocate(s, rank, gi) for gi in range(len(s.groups))]
+
+
+def allocate_world(s: Scenario) -> list[list[Allocation]]:
+    """[rank][group] allocations for every rank of the CP group."""
+    return [allocate_rank(s, r) for r in range(s.cp.world)]
+
+
+# ---- table layouts -----------------------------------------------------
+
+def physical_table(alloc: Allocation, rows: list[int], num_rows: int, width: int) -> torch.Tensor:
+    """int32 [num_rows, width]: request i's blocks in row ``rows[i]`` (-1 rows skipped).
+
+    Blocks past ``width`` are dropped: an undersized table is exactly the bug the
+    ``block-sizing`` invariant reports, so it must not crash here.
+    """
+    table = torch.zeros((num_rows, max(width, 1)), dtype=torch.int64)
+    padded = alloc.padded(width)
+    for i, row in enumerate(rows):
+        if row >= 0 and i < len(alloc.blocks):
+            table[row, : padded.shape[1]] = padded[i, : table.shape[1]]
+    return _to_int32(table)
+
+
+def logical_table(phys: torch.Tensor, bpk: int) -> torch.Tensor:
+    """Hybrid expansion: physical id q becomes kernel blocks q*BPK .. q*BPK+BPK-1."""
+    if bpk == 1:
+        return phys
+    q = phys.to(torch.int64).unsqueeze(-1) * bpk + torch.arange(bpk)
+    out = q.reshape(phys.shape[0], -1)
+    out[phys.repeat_interleave(bpk, dim=1) == 0] = 0  # unused entries stay null
+    return _to_int32(out)
+
+
+def _to_int32(t: torch.Tensor) -> torch.Tensor:
+    # Tables are int32 upstream; ids beyond int32 cannot exist there.
+    if t.numel() and int(t.max()) > torch.iinfo(torch.int32).max:
+        raise OverflowError("block id does not fit the int32 block table")
+    return t.to(torch.int32)

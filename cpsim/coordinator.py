@@ -1,0 +1,371 @@
+"""The oracle: invariants of SPEC §4 over all-gathered slot mappings.
+
+Pure functions of (scenario, allocation, gathered tensors). No processes, no I/O,
+and no import of the kernels being judged: expected values come from
+``cpsim.layout`` and ``cpsim.reference`` only. Everything is vectorised over
+tokens; the only Python loops run over paths, groups and ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from cpsim import layout, reference
+from cpsim.allocator import Allocation
+from cpsim.layout import PAD_SLOT_ID, POISON
+from cpsim.scenario import Scenario
+
+INVARIANTS = (
+    "exactly-one-owner",
+    "owner-rule",
+    "dense-local",
+    "no-collision",
+    "block-sizing",
+    "capacity",
+    "padding",
+    "matches-reference",
+    "paths-agree",
+    "same-scenario",
+)
+MISSING = POISON  # also marks tokens a short buffer could not hold
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class Example:
+    rank: int | None
+    request: int | None
+    position: int | None
+    expected: str
+    actual: str
+
+
+@dataclass
+class Violation:
+    invariant: str
+    path: str
+    group: str
+    count: int
+    message: str
+    ranks: list[int] = field(default_factory=list)
+    examples: list[Example] = field(default_factory=list)
+
+
+@dataclass
+class Verdict:
+    invariant: str
+    path: str
+    status: str                  # "pass" | "fail" | "n/a"
+    checked: int = 0             # entries or items examined
+    violations: list[Violation] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return sum(v.count for v in self.violations)
+
+
+class _Ctx:
+    """Per-check token arrays, built once."""
+
+    def __init__(self, s: Scenario):
+        self.s = s
+        self.pos = torch.from_numpy(s.batch.positions())
+        self.req = torch.from_numpy(s.batch.token_request())
+        self.n = int(self.pos.numel())
+
+
+def _examples(ctx: _Ctx, idx: torch.Tensor, actual: torch.Tensor, expected, rank: int | None) -> list[Example]:
+    out = []
+    for t in idx[:MAX_EXAMPLES].tolist():
+        exp = expected(t) if callable(expected) else expected
+        out.append(Example(rank, int(ctx.req[t]) if t < ctx.n else None, int(ctx.pos[t]) if t < ctx.n else None,
+                           str(exp), _fmt(int(actual[t]))))
+    return out
+
+
+def _fmt(v: int) -> str:
+    return {PAD_SLOT_ID: "PAD", MISSING: "unwritten"}.get(v, str(v))
+
+
+def _tokens(ctx: _Ctx, slots: torch.Tensor) -> torch.Tensor:
+    """[ranks, n] scheduled-token entries; tokens past a short buffer read as MISSING."""
+    r, t = slots.shape
+    if t >= ctx.n:
+        return slots[:, : ctx.n]
+    return torch.cat([slots, torch.full((r, ctx.n - t), MISSING, dtype=slots.dtype)], 1)
+
+
+def _real(x: torch.Tensor) -> torch.Tensor:
+    return (x != PAD_SLOT_ID) & (x != MISSING)
+
+
+# ---- invariants on one (path, group) ----------------------------------------
+
+def exactly_one_owner(ctx, path, g, x) -> list[Violation]:
+    real = _real(x)
+    world = g.world(ctx.s.cp)
+    if world > 1:
+        cnt = real.sum(0)
+        bad = (cnt != 1).nonzero().flatten()
+        if len(bad):
+            return [Violation("exactly-one-owner", path, g.name, len(bad),
+                              f"{len(bad)} token(s) held by {sorted(set(cnt[bad].tolist()))} ranks instead of 1",
+                              examples=[Example(None, int(ctx.req[t]), int(ctx.pos[t]), "1 rank",
+                                                f"{int(cnt[t])} ranks: {real[:, t].nonzero().flatten().tolist()}")
+                                        for t in bad[:MAX_EXAMPLES].tolist()])]
+        return []
+    out = []
+    missing = (~real).any(0).nonzero().flatten()
+    if len(missing):
+        ranks = sorted(set((~real[:, missing]).nonzero()[:, 0].tolist()))
+        out.append(Violation("exactly-one-owner", path, g.name, len(missing),
+                             f"unsharded group: {len(missing)} token(s) missing on some rank (every rank holds all)",
+                             ranks, [Example(None, int(ctx.req[t]), int(ctx.pos[t]), "a slot on every rank",
+                                             f"PAD on ranks {(~real[:, t]).nonzero().flatten().tolist()}")
+                                     for t in missing[:MAX_EXAMPLES].tolist()]))
+    differ = (x != x[:1]).any(0).nonzero().flatten()
+    if len(differ):
+        out.append(Violation("exactly-one-owner", path, g.name, len(differ),
+                             f"unsharded group: ranks disagree on {len(differ)} token(s)",
+                             examples=[Example(None, int(ctx.req[t]), int(ctx.pos[t]), _fmt(int(x[0, t])),
+                                               str([_fmt(v) for v in x[:, t].tolist()]))
+                                       for t in differ[:MAX_EXAMPLES].tolist()]))
+    return out
+
+
+def owner_rule(ctx, path, g, x) -> list[Violation]:
+    world = g.world(ctx.s.cp)
+    if world == 1:
+        return []
+    owner = layout.owner_rank(ctx.pos, world, ctx.s.cp.interleave)
+    held = _real(x).gather(0, owner.unsqueeze(0)).squeeze(0)
+    bad = (~held).nonzero().flatten()
+    if not len(bad):
+        return []
+    return [Violation("owner-rule", path, g.name, len(bad),
+                      f"{len(bad)} token(s) not stored on rank (p // {ctx.s.cp.interleave}) % {world}",
+                      sorted(set(owner[bad].tolist())),
+                      [Example(int(owner[t]), int(ctx.req[t]), int(ctx.pos[t]), f"real slot on rank {int(owner[t])}",
+                               f"PAD there; held by {_real(x)[:, t].nonzero().flatten().tolist()}")
+                       for t in bad[:MAX_EXAMPLES].tolist()])]
+
+
+def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
+    if g.circular:
+        return []
+    world = g.world(ctx.s.cp)
+    B = g.block_size
+    out = []
+    for r in range(x.shape[0]):
+        held = _real(x[r])
+        if not held.any():
+            continue
+        j = layout.owned_before(ctx.pos, r if world > 1 else 0, world, ctx.s.cp.interleave)
+        blocks = allocs[r].padded()
+        bi = j // B
+        inside = bi < blocks.shape[1]
+        want_block = torch.where(inside, blocks[ctx.req, bi.clamp(max=blocks.shape[1] - 1)], -1)
+        bad = held & (~inside | (x[r] // B != want_block) | (x[r] % B != j % B))
+        idx = bad.nonzero().flatten()
+        if len(idx):
+            out.append(Violation(
+                "dense-local", path, g.name, len(idx),
+                f"rank {r}: {len(idx)} token(s) not at block j // {B}, offset j % {B} of the rank's blocks",
+                [r], _examples(ctx, idx, x[r],
+                               lambda t: f"block {int(want_block[t])} offset {int(j[t] % B)} (j={int(j[t])})"
+                               if bool(inside[t]) else f"block #{int(bi[t])} (not allocated)", r)))
+    return out
+
+
+def no_collision(ctx, path, g, x) -> list[Violation]:
+    cap = g.num_blocks * g.block_size
+    out = []
+    for r in range(x.shape[0]):
+        held = _real(x[r])
+        slots = x[r][held]
+        outside = ((slots < 0) | (slots >= cap)).nonzero().flatten()
+        if len(outside):
+            idx = held.nonzero().flatten()[outside]
+            out.append(Violation("no-collision", path, g.name, len(outside),
+                                 f"rank {r}: {len(outside)} slot(s) outside the cache [0, {cap})", [r],
+                                 _examples(ctx, idx, x[r], f"in [0, {cap})", r)))
+        if g.circular:  # the ring overwrites within a request by design
+            pairs = torch.unique(torch.stack([ctx.req[held], slots]), dim=1)
+            slots = pairs[1]
+        srt, _ = torch.sort(slots)
+        dup = srt[1:][srt[1:] == srt[:-1]].unique()
+        if len(dup):
+            idx = (torch.isin(x[r], dup) & held).nonzero().flatten()
+            out.append(Violation("no-collision", path, g.name, len(dup),
+                                 f"rank {r}: {len(dup)} slot(s) written by more than one token", [r],
+                                 _examples(ctx, idx, x[r], "a slot of its own", r)))
+    return out
+
+
+def padding(ctx, path, g, full: torch.Tensor) -> list[Violation]:
+    """Entries past the scheduled tokens must be PAD; no entry may keep the poison."""
+    out = []
+    tail = full[:, ctx.n:]
+    bad = tail != PAD_SLOT_ID
+    if bad.any():
+        ranks = sorted(set(bad.nonzero()[:, 0].tolist()))
+        r = ranks[0]
+        idx = bad[r].nonzero().flatten()
+        out.append(Violation("padding", path, g.name, int(bad.sum()),
+                             f"{int(bad.sum())} entr(ies) after the last scheduled token "
+                             f"(index {ctx.n}) are not PAD; first at index {ctx.n + int(idx[0])}", ranks,
+                             [Example(r, None, None, f"PAD at index {ctx.n + t}", _fmt(int(tail[r, t])))
+                              for t in idx[:MAX_EXAMPLES].tolist()]))
+    head = full[:, : ctx.n] == MISSING
+    if head.any():
+        ranks = sorted(set(head.nonzero()[:, 0].tolist()))
+        out.append(Violation("padding", path, g.name, int(head.sum()),
+                             f"{int(head.sum())} scheduled entr(ies) left at the poison value", ranks))
+    return out
+
+
+def matches_reference(ctx, path, g, gi, full, allocs_world) -> list[Violation]:
+    out = []
+    for r in range(full.shape[0]):
+        want = torch.full((full.shape[1],), PAD_SLOT_ID, dtype=torch.int64)
+        m = min(ctx.n, full.shape[1])
+        want[:m] = reference.group_slots(ctx.s, g, allocs_world[r][gi], r, ctx.pos, ctx.req)[:m]
+        bad = (full[r] != want).nonzero().flatten()
+        if len(bad):
+            out.append(Violation("matches-reference", path, g.name, len(bad),
+                                 f"rank {r}: {len(bad)} entr(ies) differ from the reference", [r],
+                                 _examples(ctx, bad, full[r], lambda t: _fmt(int(want[t])), r)))
+    return out
+
+
+def block_sizing(ctx, path, g, widths: torch.Tensor, entry_sizes: torch.Tensor) -> list[Violation]:
+    s = ctx.s
+    mml = s.limits.max_model_len
+    world = g.world(s.cp)
+    out = []
+    for r in range(widths.shape[0]):
+        w, e = int(widths[r]), int(entry_sizes[r])
+        if g.circular:
+            need, exact = 1, None
+        else:
+            need = layout.max_table_index(mml, g.block_size, e, world, s.cp.interleave) + 1
+            exact = layout.table_width(mml, g.block_size, world) * (g.block_size // e) if world > 1 else None
+        if w < need:
+            out.append(Violation("block-sizing", path, g.name, 1,
+                                 f"rank {r}: table width {w} < {need} entries needed for positions "
+                                 f"< max_model_len {mml} (block out of range)", [r]))
+        elif exact is not None and w != exact:
+            out.append(Violation("block-sizing", path, g.name, 1,
+                                 f"rank {r}: table width {w} != cdiv({mml}, {g.block_size} x {world})"
+                                 f"{' x ' + str(g.block_size // e) if g.block_size != e else ''} = {exact}", [r]))
+    return out
+
+
+def capacity(ctx, path, entries: int) -> list[Violation]:
+    lim = ctx.s.limits
+    need = lim.slot_buffer_size
+    if entries >= need:
+        return []
+    draft = max(lim.num_speculative_tokens - 1, 0)
+    demand = ctx.n + draft * ctx.s.batch.num_reqs
+    return [Violation("capacity", path, "*", need - entries,
+                      f"slot buffer holds {entries} entries; needs {need} = {lim.max_num_batched_tokens} batched "
+                      f"+ {draft} draft x {lim.max_num_reqs} requests (this batch writes {demand})")]
+
+
+# ---- whole check -------------------------------------------------------------
+
+def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fingerprints: list[str] | None = None,
+          ) -> list[Verdict]:
+    """Every invariant for every gathered path; one Verdict per (invariant, path)."""
+    ctx = _Ctx(s)
+    verdicts: list[Verdict] = []
+    for path, G in gathered.items():
+        found: dict[str, list[Violation]] = {k: [] for k in INVARIANTS}
+        checked: dict[str, int] = {k: 0 for k in INVARIANTS}
+        applies: dict[str, bool] = {k: False for k in INVARIANTS}
+        entries = G.slots.shape[2]
+        found["capacity"] += capacity(ctx, path, entries)
+        applies["capacity"] = True
+        checked["capacity"] = 1
+        for gi, g in enumerate(s.groups):
+            enabled = G.enabled[:, gi]
+            found["block-sizing"] += block_sizing(ctx, path, g, G.widths[:, gi], G.entry_sizes[:, gi])
+            applies["block-sizing"] = True
+            checked["block-sizing"] += G.widths.shape[0]
+            if not bool(enabled.any()):
+                continue
+            full = G.slots[:, gi, :]
+            x = _tokens(ctx, full)
+            applies["padding"] = applies["matches-reference"] = True
+            found["padding"] += padding(ctx, path, g, full)
+            found["matches-reference"] += matches_reference(ctx, path, g, gi, full, allocs_world)
+            checked["padding"] += full.numel()
+            checked["matches-reference"] += full.numel()
+            if not g.slot_mapped:
+                continue
+            for name, fn in (("exactly-one-owner", exactly_one_owner), ("owner-rule", owner_rule),
+                             ("no-collision", no_collision)):
+                if name == "owner-rule" and g.world(s.cp) == 1:
+                    continue
+                applies[name] = True
+                checked[name] += x.numel()
+                found[name] += fn(ctx, path, g, x)
+            if not g.circular:
+                applies["dense-local"] = True
+                checked["dense-local"] += x.numel()
+                found["dense-local"] += dense_local(ctx, path, g, x, [a[gi] for a in allocs_world])
+        for inv in INVARIANTS:
+            if inv in ("paths-agree", "same-scenario"):
+                continue
+            status = "n/a" if not applies[inv] else ("fail" if found[inv] else "pass")
+            verdicts.append(Verdict(inv, path, status, checked[inv], found[inv]))
+    verdicts += paths_agree(ctx, gathered)
+    verdicts.append(same_scenario(fingerprints))
+    return verdicts
+
+
+def paths_agree(ctx, gathered: dict) -> list[Verdict]:
+    names = list(gathered)
+    if len(names) < 2:
+        return [Verdict("paths-agree", "*", "n/a")]
+    base = names[0]
+    out = []
+    for other in names[1:]:
+        A, Bt = gathered[base], gathered[other]
+        vios, checked = [], 0
+        m = min(A.slots.shape[2], Bt.slots.shape[2])
+        for gi, g in enumerate(ctx.s.groups):
+            both = A.enabled[:, gi] & Bt.enabled[:, gi]
+            if not bool(both.all()) or A.slots.shape[0] != Bt.slots.shape[0]:
+                continue
+            a, b = A.slots[:, gi, :m], Bt.slots[:, gi, :m]
+            checked += a.numel()
+            diff = (a != b).nonzero()
+            if len(diff):
+                r = int(diff[0, 0])
+                idx = diff[diff[:, 0] == r][:, 1]
+                vios.append(Violation("paths-agree", f"{base}~{other}", g.name, len(diff),
+                                      f"{base} and {other} differ in {len(diff)} entr(ies)",
+                                      sorted(set(diff[:, 0].tolist())),
+                                      _examples(ctx, idx, b[r], lambda t: f"{_fmt(int(a[r, t]))} ({base})", r)))
+        out.append(Verdict("paths-agree", f"{base}~{other}", "fail" if vios else "pass", checked, vios))
+    return out
+
+
+def same_scenario(fingerprints: list[str] | None) -> Verdict:
+    if not fingerprints:
+        return Verdict("same-scenario", "*", "n/a")
+    ref = fingerprints[0]
+    odd = [r for r, f in enumerate(fingerprints) if f != ref]
+    if not odd:
+        return Verdict("same-scenario", "*", "pass", len(fingerprints))
+    return Verdict("same-scenario", "*", "fail", len(fingerprints), [Violation(
+        "same-scenario", "*", "*", len(odd),
+        f"rank(s) {odd} built a different scenario than rank 0 ({', '.join(sorted(set(fingerprints)))})", odd)])
+
+
+def passed(verdicts: list[Verdict]) -> bool:
+    return all(v.status != "fail" for v in verdicts)

@@ -1,0 +1,14 @@
+"""Errors a user can act on. The CLI prints them without a traceback (exit 2)."""
+
+
+class ConfigError(ValueError):
+    """Bad input: names the field and the rule it breaks."""
+
+    def __init__(self, field: str, rule: str):
+        self.field = field
+        self.rule = rule
+        super().__init__(f"{field}: {rule}")
+
+
+class DistError(RuntimeError):
+    """A distributed run could not go on (missing rank, timeout, no backend)."""

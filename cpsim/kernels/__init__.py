@@ -1,0 +1,46 @@
+"""Slot-mapping kernels under test: our Triton kernels and the torch DCP path.
+
+Triton is imported lazily, and on CPU only through the interpreter: the
+environment variable must be set before the first ``import triton``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from cpsim.errors import ConfigError
+
+# Fault switches a built-in kernel can be compiled with (bit flags, constexpr).
+FAULT_NONE = 0
+FAULT_STALE_TAIL = 1          # pad from the padded token count, not query_start_loc[num_reqs]
+FAULT_FIXED_WINDOW = 2        # one fixed 4096-entry window from the start of the row
+FAULT_FP32_GATHER = 4         # block ids pass through float32
+FAULT_INT32_SLOT = 8          # block * b + o computed in int32
+FAULT_FULL_CP = 16            # v2: CP owner transform applied to every group
+
+
+def use_interpreter() -> None:
+    """Run Triton kernels on CPU through the interpreter."""
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("device", "triton was imported before TRITON_INTERPRET=1 was set; "
+                          "set TRITON_INTERPRET=1 in the environment to run kernels on CPU")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def import_triton():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise ConfigError("kernels", "Triton is not importable: install the 'sim' extra "
+                          "(pip install -e .[sim]) on CPU/GPU, or triton-ascend on NPU") from None
+    return triton
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def window_size(tile: int, block_size: int) -> int:
+    """Table entries a tile of consecutive positions can touch (vllm-ascend's formula)."""
+    return next_pow2(-(-tile // block_size) + 1)

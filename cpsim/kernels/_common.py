@@ -1,0 +1,53 @@
+"""Triton helpers shared by the built-in kernels."""
+
+import triton
+import triton.language as tl
+
+INT32_BIG = 2147483647
+
+
+@triton.jit
+def lookup_blocks(row_ptr, stride, k, valid, WINDOW: tl.constexpr, FAULT: tl.constexpr):
+    """Block ids at table indices ``k`` of one row, staged through a bounded window.
+
+    The window starts at the smallest index the tile needs, so consecutive positions
+    fit in ``WINDOW`` entries; anything beyond it (only layouts that break the
+    global rule produce that) is read from the table directly. Loads never pass
+    the row's stride.
+    """
+    if FAULT & 2:  # fixed-table-window: one 4096-entry window from index 0
+        offs = tl.arange(0, 4096)
+        win = tl.load(row_ptr + offs, mask=offs < stride, other=0)
+        if FAULT & 4:
+            win = win.to(tl.float32)
+        blk = tl.gather(win, tl.minimum(tl.where(valid, k, 0), 4095).to(tl.int32), 0)
+        blk = blk.to(tl.int32)
+    else:
+        base = tl.min(tl.where(valid, k, INT32_BIG), 0)
+        base = tl.where(base == INT32_BIG, 0, base)
+        offs = base + tl.arange(0, WINDOW)
+        win = tl.load(row_ptr + offs, mask=offs < stride, other=0)
+        if FAULT & 4:
+            win = win.to(tl.float32)
+        rel = k - base
+        near = valid & (rel < WINDOW)
+        blk = tl.gather(win, tl.where(near, rel, 0).to(tl.int32), 0).to(tl.int32)
+        far = valid & (rel >= WINDOW)
+        direct = tl.load(row_ptr + k, mask=far & (k < stride), other=0)
+        blk = tl.where(far, direct, blk)
+    return blk
+
+
+@triton.jit
+def make_slot(blk, block_size, o, FAULT: tl.constexpr):
+    if FAULT & 8:  # int32-slot-overflow
+        return blk * block_size.to(tl.int32) + o.to(tl.int32)
+    return blk.to(tl.int64) * block_size + o
+
+
+@triton.jit
+def pad_tail(out_ptr, start, max_num_tokens, PAD_ID: tl.constexpr, TILE: tl.constexpr):
+    for i in range(start, max_num_tokens, TILE):
+        offs = i + tl.arange(0, TILE)
+        tl.store(out_ptr + offs, tl.full((TILE,), PAD_ID, tl.int64).to(out_ptr.dtype.element_ty),
+                 mask=offs < max_num_tokens)

@@ -1,0 +1,80 @@
+"""v2 multi-group slot-mapping kernel (vLLM ``BlockTables`` semantics, Ascend flavour).
+
+One launch for all groups, grid ``(num_groups, num_reqs + 1)``. Tables are
+physical (entries of ``block_sizes[g]`` slots) and addressed by
+``idx_mapping[batch_idx]``; a dummy request (``-1``) is never dereferenced.
+Per-group device arrays say whether a group is slot-mapped at all
+(``slot_mapping_enabled``), how many CP ranks it is sharded over
+(``group_cp_sizes``: ``CP_SIZE`` or 1) and whether its table is a circular tail.
+"""
+
+import triton
+import triton.language as tl
+
+from cpsim.kernels._common import lookup_blocks, make_slot, pad_tail
+
+
+@triton.jit
+def _compute_slot_mappings_kernel(
+    num_tokens,
+    max_num_tokens,
+    idx_mapping,
+    query_start_loc,
+    pos,
+    block_table_ptrs,
+    block_table_strides,
+    block_sizes,
+    slot_mappings_ptr,
+    slot_mappings_stride,
+    cp_rank,
+    CP_SIZE: tl.constexpr,
+    CP_INTERLEAVE: tl.constexpr,
+    PAD_ID: tl.constexpr,
+    TRITON_BLOCK_SIZE: tl.constexpr,
+    BLOCK_TABLE_WINDOW_SIZE: tl.constexpr,
+    slot_mapping_enabled,
+    group_cp_sizes,
+    is_circular,
+    FAULT: tl.constexpr = 0,
+):
+    group = tl.program_id(0)
+    batch_idx = tl.program_id(1)
+    out_ptr = slot_mappings_ptr + group.to(tl.int64) * slot_mappings_stride
+    if batch_idx == tl.num_programs(1) - 1:
+        start = tl.load(query_start_loc + batch_idx)
+        if FAULT & 1:
+            start = num_tokens
+        pad_tail(out_ptr, start, max_num_tokens, PAD_ID, TRITON_BLOCK_SIZE)
+        return
+
+    row = tl.load(idx_mapping + batch_idx)
+    start = tl.load(query_start_loc + batch_idx)
+    end = tl.load(query_start_loc + batch_idx + 1)
+    if row < 0:  # dummy request: no tokens, no table row
+        return
+    enabled = tl.load(slot_mapping_enabled + group) != 0
+    sharded = tl.load(group_cp_sizes + group) > 1
+    if FAULT & 16:  # cp-applied-to-unsharded-groups
+        sharded = CP_SIZE > 1
+    circular = tl.load(is_circular + group) != 0
+    table_ptr = tl.load(block_table_ptrs + group).to(tl.pointer_type(tl.int32))
+    stride = tl.load(block_table_strides + group)
+    block_size = tl.load(block_sizes + group).to(tl.int64)
+    row_ptr = table_ptr + row.to(tl.int64) * stride
+    for tile in range(start, end, TRITON_BLOCK_SIZE):
+        offs = tile + tl.arange(0, TRITON_BLOCK_SIZE)
+        mask = offs < end
+        p = tl.load(pos + offs, mask=mask, other=0).to(tl.int64)
+        # Sharded groups: virtual block of B * N positions, one physical block
+        # per rank holding that rank's interleaved share densely.
+        virtual = block_size * CP_SIZE
+        vo = p % virtual
+        lo = (vo // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + vo % CP_INTERLEAVE
+        local = tl.where(sharded, (vo // CP_INTERLEAVE) % CP_SIZE == cp_rank, p >= 0)
+        k = tl.where(sharded, p // virtual, p // block_size)
+        o = tl.where(sharded, lo, p % block_size)
+        k = tl.where(circular, 0, k)
+        valid = mask & local & enabled
+        blk = lookup_blocks(row_ptr, stride, k, valid, BLOCK_TABLE_WINDOW_SIZE, FAULT)
+        slot = tl.where(valid, make_slot(blk, block_size, o, FAULT), PAD_ID)
+        tl.store(out_ptr + offs, slot.to(out_ptr.dtype.element_ty), mask=mask)

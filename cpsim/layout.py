@@ -1,0 +1,137 @@
+"""The CP KV-cache layout math (SPEC §2), in one place.
+
+Every function works elementwise on int64 torch tensors (or plain ints), so the
+reference kernel, the allocator, the coordinator and the docs all use the same
+formulas. Nothing here knows about kernels, paths or processes.
+
+Two views of ownership exist and they must agree for valid configurations:
+
+* the *global rule*: position ``p`` lives on rank ``(p // I) % N``;
+* the *virtual-block formula* the kernels use: split ``p`` by ``V = B * N`` into
+  a virtual block ``vb`` and offset ``vo``; the owner is ``(vo // I) % N`` and the
+  rank-local offset inside the physical block is
+  ``(vo // (N * I)) * I + vo % I``.
+
+They coincide exactly when ``I`` divides ``B`` (then ``N * I`` divides ``V``, so a
+virtual block holds whole interleave rounds).
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+PAD_SLOT_ID = -1
+POISON = -7777  # written into output buffers before every launch; never a slot nor PAD
+
+IntOrTensor = Union[int, torch.Tensor]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def owner_rank(pos: IntOrTensor, world: int, interleave: int) -> IntOrTensor:
+    """Global rule: which CP rank stores the K/V of position ``pos``."""
+    return (pos // interleave) % world
+
+
+def owned_before(pos: IntOrTensor, rank: int, world: int, interleave: int) -> IntOrTensor:
+    """Number of positions ``q < pos`` that ``rank`` owns under the global rule.
+
+    A full round of ``N * I`` positions gives every rank ``I`` of them; inside the
+    last, partial round rank ``r`` owns the window ``[r*I, (r+1)*I)``.
+    """
+    rnd = world * interleave
+    full = pos // rnd
+    rest = pos - full * rnd - rank * interleave
+    if isinstance(rest, torch.Tensor):
+        rest = rest.clamp(0, interleave)
+    else:
+        rest = min(max(rest, 0), interleave)
+    return full * interleave + rest
+
+
+def virtual_split(pos: IntOrTensor, block_size: int, world: int):
+    """(virtual block, offset inside it) for virtual block size ``B * N``."""
+    virtual = block_size * world
+    return pos // virtual, pos % virtual
+
+
+def virtual_owner(vo: IntOrTensor, world: int, interleave: int) -> IntOrTensor:
+    return (vo // interleave) % world
+
+
+def virtual_local_offset(vo: IntOrTensor, world: int, interleave: int) -> IntOrTensor:
+    return (vo // (world * interleave)) * interleave + vo % interleave
+
+
+def table_index(pos: torch.Tensor, block_size: int, kernel_block_size: int,
+                world: int, interleave: int):
+    """Logical table index ``k``, kernel-block offset ``o`` and owner of each position.
+
+    ``k`` indexes the v1 *logical* table, whose entries are kernel blocks of size
+    ``b`` (a physical block ``q`` expands to ``q*BPK .. q*BPK+BPK-1``). With
+    ``world == 1`` every rank owns every position; the owner returned is 0.
+    """
+    bpk = block_size // kernel_block_size
+    if world == 1:
+        return pos // kernel_block_size, pos % kernel_block_size, torch.zeros_like(pos)
+    vb, vo = virtual_split(pos, block_size, world)
+    owner = virtual_owner(vo, world, interleave)
+    lo = virtual_local_offset(vo, world, interleave)
+    return vb * bpk + lo // kernel_block_size, lo % kernel_block_size, owner
+
+
+def local_index(pos: torch.Tensor, block_size: int, world: int, interleave: int):
+    """Rank-local token index (``vb * B + local offset``) under the virtual-block formula."""
+    if world == 1:
+        return pos
+    vb, vo = virtual_split(pos, block_size, world)
+    return vb * block_size + virtual_local_offset(vo, world, interleave)
+
+
+def blocks_touched(seq_len: int, rank: int, block_size: int, world: int,
+                   interleave: int) -> int:
+    """Physical blocks rank ``rank`` needs for positions ``[0, seq_len)``.
+
+    Counted by the virtual-block formula (one block per virtual block in which the
+    rank owns a position), so it is also right for configurations that break the
+    global rule and are run on purpose. Equals ``cdiv(owned_before(seq_len), B)``
+    when ``I`` divides ``B``.
+    """
+    if seq_len <= 0:
+        return 0
+    if world == 1:
+        return cdiv(seq_len, block_size)
+    if block_size % interleave:
+        # Invalid layout run on purpose: the local offset can pass B, so scan.
+        pos = torch.arange(seq_len, dtype=torch.int64)
+        vb, vo = virtual_split(pos, block_size, world)
+        mine = (virtual_owner(vo, world, interleave) == rank)
+        phys = vb + virtual_local_offset(vo, world, interleave) // block_size
+        return int(phys[mine].max()) + 1 if bool(mine.any()) else 0
+    virtual = block_size * world
+    first = rank * interleave  # first offset of a virtual block owned by `rank`
+    if first >= virtual:
+        return 0
+    last_vb, rem = divmod(seq_len - 1, virtual)
+    return last_vb + (1 if rem >= first else 0)
+
+
+def max_table_index(max_model_len: int, block_size: int, kernel_block_size: int,
+                    world: int, interleave: int) -> int:
+    """Highest logical table index any position ``< max_model_len`` needs.
+
+    The largest index lies in the last virtual block, so only that one is scanned.
+    """
+    lo = max(0, max_model_len - block_size * max(world, 1))
+    pos = torch.arange(lo, max_model_len, dtype=torch.int64)
+    k, _, _ = table_index(pos, block_size, kernel_block_size, world, interleave)
+    return int(k.max())
+
+
+def table_width(max_model_len: int, block_size: int, world: int) -> int:
+    """Physical table width: one entry per virtual block of ``B * N`` positions."""
+    return cdiv(max_model_len, block_size * world)

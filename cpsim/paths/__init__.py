@@ -1,0 +1,50 @@
+"""Paths: how one rank drives the kernels, the way the serving runtimes do.
+
+A path runs a single rank. It gets the scenario, that rank's allocation and its
+total CP rank, and returns the rank's slot-mapping buffers; it knows nothing of
+other ranks, processes or collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from cpsim.layout import POISON  # noqa: F401  (re-exported for the paths)
+
+PATHS = ("v1", "v1-fused", "v1-torch", "v2")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Deliberate deviations from the correct runtime (the bug catalogue uses them)."""
+
+    kernel_fault: int = 0                 # FAULT_* bits compiled into the built-in kernels
+    virtual_from_kernel_block: bool = False  # virtual block built from b instead of B
+    unsharded_width_per_cp: bool = False  # mamba / unsharded tables divided by CP size
+    sharded_width_undivided: bool = False  # attention tables not divided by CP size
+    buffer_size: int = 0                  # slot buffer entries; 0 = the correct capacity
+    draft_overwrite: bool = False         # draft slots written into the main buffer first
+
+
+@dataclass
+class RankOutput:
+    """One rank's result for one path. ``slots`` is [groups, buffer entries] int64."""
+
+    slots: torch.Tensor
+    enabled: list[bool]       # the path produced a mapping for this group
+    widths: list[int]         # entries per row of the table the kernel read
+    entry_sizes: list[int]    # slots per table entry (b for logical tables, B for physical)
+
+
+def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str = "cpu",
+             knobs: Knobs = Knobs()) -> RankOutput | None:
+    """Run one path for one rank; None when the path does not apply to the scenario."""
+    from cpsim.paths import v1, v2
+
+    runners = {"v1": v1.run, "v1-fused": v1.run_fused, "v1-torch": v1.run_torch, "v2": v2.run}
+    if name not in runners:
+        from cpsim.errors import ConfigError
+        raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
+    return runners[name](scenario, allocs, rank, torch.device(device), knobs)

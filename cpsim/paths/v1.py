@@ -1,0 +1,145 @@
+"""The v1 path: vllm-ascend ``BlockTable`` / ``MultiGroupBlockTable`` for one rank.
+
+One table per group, rows indexed by request, logical (kernel-block) entries.
+Mamba groups have no slot mapping in v1 and are skipped.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpsim import kernels, layout
+from cpsim.allocator import Allocation, logical_table, physical_table
+from cpsim.layout import PAD_SLOT_ID
+from cpsim.paths import POISON, Knobs, RankOutput
+from cpsim.paths._inputs import batch_tensors, prepare_triton
+from cpsim.scenario import KVGroup, Scenario
+
+TILE = 1024
+
+
+def physical_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
+    """``max_num_blocks_per_req``: divided by CP for sharded attention only."""
+    n = s.cp.world
+    mml = s.limits.max_model_len
+    if g.world(s.cp) > 1:
+        return layout.cdiv(mml, g.block_size) if knobs.sharded_width_undivided else layout.table_width(mml, g.block_size, n)
+    if knobs.unsharded_width_per_cp:
+        return layout.table_width(mml, g.block_size, n)
+    # The runner hands every group cdiv(max_model_len, B * N); unsharded groups scale it back by N.
+    return layout.table_width(mml, g.block_size, n) * n
+
+
+def buffer_size(s: Scenario, knobs: Knobs) -> int:
+    return knobs.buffer_size or s.limits.slot_buffer_size
+
+
+def _tables(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
+    rows = list(range(s.batch.num_reqs))
+    phys = physical_table(alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs))
+    return logical_table(phys, g.bpk).to(device)
+
+
+def _sizes(s: Scenario, g: KVGroup, knobs: Knobs) -> tuple[int, int]:
+    """(KV_CACHE_BLOCK_SIZE, BLOCKS_PER_KV_BLOCK) handed to the kernel."""
+    if knobs.virtual_from_kernel_block and g.bpk > 1:
+        return g.b, 1
+    return g.block_size, g.bpk
+
+
+def _poisoned(s: Scenario, knobs: Knobs, device) -> torch.Tensor:
+    return torch.full((len(s.groups), buffer_size(s, knobs)), POISON, dtype=torch.int64, device=device)
+
+
+def _result(out: torch.Tensor, s: Scenario, knobs: Knobs, enabled: list[bool]) -> RankOutput:
+    widths = [physical_width(s, g, knobs) * g.bpk for g in s.groups]
+    return RankOutput(out, enabled, widths, [g.b for g in s.groups])
+
+
+def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:
+    prepare_triton(device)
+    from cpsim.kernels.triton_v1 import _compute_slot_mapping_kernel
+
+    bt = batch_tensors(s, device)
+    out = _poisoned(s, knobs, device)
+    T = out.shape[1]
+    qsl = bt.query_start_loc.clamp(max=T)  # a short buffer drops tokens; capacity reports it
+    enabled = []
+    for gi, g in enumerate(s.groups):
+        if not g.slot_mapped:
+            enabled.append(False)
+            continue
+        enabled.append(True)
+        n = g.world(s.cp)
+        table = _tables(s, g, allocs[gi], knobs, device)
+        kv_bs, bpk = _sizes(s, g, knobs)
+        _compute_slot_mapping_kernel[(s.batch.num_reqs + 1,)](
+            min(bt.num_tokens, T), T, qsl, bt.positions, table, table.stride(0), g.b, out[gi],
+            KV_CACHE_BLOCK_SIZE=kv_bs, BLOCKS_PER_KV_BLOCK=bpk,
+            TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=rank if n > 1 else 0,
+            CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave, PAD_ID=PAD_SLOT_ID,
+            TILE_BLOCK_SIZE=TILE, BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, g.b),
+            IS_CIRCULAR=g.circular, FAULT=knobs.kernel_fault,
+        )
+    return _result(out, s, knobs, enabled)
+
+
+def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device,
+              knobs: Knobs) -> RankOutput | None:
+    """All groups in one launch; exists for CP world size 1 only."""
+    if s.cp.world > 1:
+        return None
+    prepare_triton(device)
+    from cpsim.kernels.triton_v1 import _compute_slot_mapping_fused_kernel
+
+    bt = batch_tensors(s, device)
+    out = _poisoned(s, knobs, device)
+    T = out.shape[1]
+    groups = [(gi, g) for gi, g in enumerate(s.groups) if g.slot_mapped]
+    if groups:
+        tables = [_tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
+        view = out[[gi for gi, _ in groups]].contiguous()
+        _compute_slot_mapping_fused_kernel[(len(groups), s.batch.num_reqs + 1)](
+            min(bt.num_tokens, T), T, bt.query_start_loc.clamp(max=T), bt.positions,
+            torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device),
+            torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device),
+            torch.tensor([g.b for _, g in groups], dtype=torch.int32, device=device),
+            torch.tensor([int(g.circular) for _, g in groups], dtype=torch.int32, device=device),
+            view, view.stride(0), PAD_ID=PAD_SLOT_ID, TILE_BLOCK_SIZE=TILE,
+            BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(g.b for _, g in groups)),
+            FAULT=knobs.kernel_fault,
+        )
+        out[[gi for gi, _ in groups]] = view
+    return _result(out, s, knobs, [g.slot_mapped for g in s.groups])
+
+
+def run_torch(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device,
+              knobs: Knobs) -> RankOutput:
+    """The DCP torch path production uses when DCP > 1 (run here at every CP size)."""
+    from cpsim.kernels.torch_dcp import compute_dcp_slot_mapping
+
+    bt = batch_tensors(s, device)
+    out = _poisoned(s, knobs, device)
+    T = out.shape[1]
+    n_tok = min(bt.num_scheduled, T)
+    counts = (bt.query_start_loc[1:] - bt.query_start_loc[:-1]).to(torch.int64)
+    req = torch.repeat_interleave(torch.arange(s.batch.num_reqs, device=device), counts)[:n_tok]
+    pos = bt.positions[:n_tok]
+    enabled = []
+    for gi, g in enumerate(s.groups):
+        enabled.append(g.slot_mapped)
+        if not g.slot_mapped:
+            continue
+        table = _tables(s, g, allocs[gi], knobs, device)
+        if g.circular:
+            first = table[:, 0].to(torch.int64)[req]
+            slots = torch.where(pos >= 0, first * g.b + pos % g.b, torch.full_like(pos, PAD_SLOT_ID))
+        else:
+            n = g.world(s.cp)
+            kv_bs, _ = _sizes(s, g, knobs)
+            slots = compute_dcp_slot_mapping(req, pos, table, g.b, kv_bs, n, rank if n > 1 else 0,
+                                             s.cp.interleave, PAD_SLOT_ID)
+        out[gi, :n_tok] = slots
+        start = bt.num_tokens if knobs.kernel_fault & kernels.FAULT_STALE_TAIL else n_tok
+        out[gi, start:] = PAD_SLOT_ID
+    return _result(out, s, knobs, enabled)

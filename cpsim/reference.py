@@ -1,0 +1,49 @@
+"""Reference slot mapping: SPEC §2 in plain torch, straight from the allocation.
+
+This is what every kernel must reproduce. It reads the allocator's per-request
+block lists, not a path's table, so a path that builds its table wrongly cannot
+make the reference wrong with it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpsim import layout
+from cpsim.allocator import Allocation
+from cpsim.layout import PAD_SLOT_ID
+from cpsim.scenario import KVGroup, Scenario
+
+
+def group_slots(s: Scenario, g: KVGroup, alloc: Allocation, rank: int,
+                positions: torch.Tensor, req: torch.Tensor) -> torch.Tensor:
+    """Expected slot (or PAD) of every scheduled token for one group on one rank."""
+    out = torch.full_like(positions, PAD_SLOT_ID)
+    if not g.slot_mapped or positions.numel() == 0:
+        return out
+    blocks = alloc.padded()
+    if g.circular:
+        ok = positions >= 0
+        first = blocks[req, 0]
+        out[ok] = first[ok] * g.block_size + positions[ok] % g.b
+        return out
+    n = g.world(s.cp)
+    k, o, owner = layout.table_index(positions, g.block_size, g.b, n, s.cp.interleave)
+    mine = owner == (rank if n > 1 else 0)
+    phys_idx = k // g.bpk
+    inside = phys_idx < blocks.shape[1]
+    mine &= inside
+    phys = blocks[req[mine], phys_idx[mine]]
+    out[mine] = phys * g.block_size + (k[mine] % g.bpk) * g.b + o[mine]
+    return out
+
+
+def rank_slots(s: Scenario, allocs: list[Allocation], rank: int, num_entries: int) -> torch.Tensor:
+    """[groups, num_entries] int64: the whole buffer as a correct kernel leaves it."""
+    positions = torch.from_numpy(s.batch.positions())
+    req = torch.from_numpy(s.batch.token_request())
+    out = torch.full((len(s.groups), num_entries), PAD_SLOT_ID, dtype=torch.int64)
+    n = min(num_entries, positions.numel())
+    for gi, g in enumerate(s.groups):
+        out[gi, :n] = group_slots(s, g, allocs[gi], rank, positions, req)[:n]
+    return out

@@ -1,0 +1,416 @@
+"""What every rank builds identically: CP config, KV-cache groups, limits, one batch.
+
+A scenario is plain data. Ranks agree on it through its fingerprint (the hash of
+the canonical JSON), so anything that changes a slot mapping must be a field here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cpsim import layout
+from cpsim.errors import ConfigError
+
+GROUP_KINDS = ("attention", "sliding_window", "mamba")
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class CPConfig:
+    dcp: int = 1
+    pcp: int = 1
+    interleave: int = 1
+
+    @property
+    def world(self) -> int:
+        """Total CP world size N = PCP x DCP."""
+        return self.dcp * self.pcp
+
+    def total_rank(self, pcp_rank: int, dcp_rank: int) -> int:
+        return pcp_rank * self.dcp + dcp_rank
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    name: str
+    kind: str = "attention"
+    block_size: int = 128          # physical block size B
+    kernel_block_size: int = 0     # b; 0 means b = B
+    cp_sharded: bool = True        # upstream `dcp_sharded`
+    num_blocks: int = 4096         # physical blocks in each rank's cache
+
+    @property
+    def b(self) -> int:
+        return self.kernel_block_size or self.block_size
+
+    @property
+    def bpk(self) -> int:
+        return self.block_size // self.b
+
+    @property
+    def circular(self) -> bool:
+        return self.kind == "sliding_window"
+
+    @property
+    def slot_mapped(self) -> bool:
+        """Mamba / state groups have no per-token slots."""
+        return self.kind != "mamba"
+
+    def world(self, cp: CPConfig) -> int:
+        """CP size this group is sharded over (1 when every rank holds every token)."""
+        return cp.world if (self.cp_sharded and self.kind == "attention") else 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_model_len: int = 8192
+    max_num_reqs: int = 16
+    max_num_batched_tokens: int = 2048
+    num_speculative_tokens: int = 0
+
+    @property
+    def slot_buffer_size(self) -> int:
+        """Slot-mapping entries: scheduled tokens plus the MTP draft slots."""
+        return self.max_num_batched_tokens + max(self.num_speculative_tokens - 1, 0) * self.max_num_reqs
+
+
+@dataclass(frozen=True)
+class Request:
+    context_len: int               # tokens already in the KV cache
+    num_tokens: int                # tokens scheduled this step
+    kind: str = ""                 # label only: prefill, chunked, decode, spec, dummy
+
+    @property
+    def seq_len(self) -> int:
+        return self.context_len + self.num_tokens
+
+
+@dataclass(frozen=True)
+class Batch:
+    requests: tuple[Request, ...]
+    idx_mapping: tuple[int, ...] = ()   # v2 table row per batch index; -1 = dummy; () = identity
+    num_tokens_padded: int = 0          # graph padding; 0 = no padding
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.requests)
+
+    def rows_v2(self) -> tuple[int, ...]:
+        return self.idx_mapping or tuple(range(self.num_reqs))
+
+    def query_start_loc(self) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum([r.num_tokens for r in self.requests], dtype=np.int64)]).astype(np.int64)
+
+    def positions(self) -> np.ndarray:
+        parts = [np.arange(r.context_len, r.seq_len, dtype=np.int64) for r in self.requests]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def token_request(self) -> np.ndarray:
+        return np.repeat(np.arange(self.num_reqs, dtype=np.int64), [r.num_tokens for r in self.requests])
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    cp: CPConfig
+    groups: tuple[KVGroup, ...]
+    limits: Limits
+    batch: Batch
+    seed: int = 0
+    allow_invalid: bool = False
+
+    # ---- serialisation -------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Scenario":
+        try:
+            batch = d.get("batch", {})
+            return cls(
+                name=str(d.get("name", "custom")),
+                cp=CPConfig(**d.get("cp", {})),
+                groups=tuple(KVGroup(**g) for g in d["groups"]),
+                limits=Limits(**d.get("limits", {})),
+                batch=Batch(
+                    requests=tuple(Request(**r) for r in batch.get("requests", [])),
+                    idx_mapping=tuple(batch.get("idx_mapping", ())),
+                    num_tokens_padded=int(batch.get("num_tokens_padded", 0)),
+                ),
+                seed=int(d.get("seed", 0)),
+                allow_invalid=bool(d.get("allow_invalid", False)),
+            )
+        except KeyError as e:
+            raise ConfigError(f"scenario.{e.args[0]}", "is required") from None
+        except TypeError as e:
+            raise ConfigError("scenario", f"unexpected or missing field ({e})") from None
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
+
+    def replace(self, **changes) -> "Scenario":
+        return dataclasses.replace(self, **changes)
+
+    def dump(self, path: str | Path) -> None:
+        path = Path(path)
+        if path.suffix == ".toml":
+            import tomli_w
+            path.write_text(tomli_w.dumps(self.to_dict()))
+        else:
+            path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def load(path: str | Path) -> Scenario:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("scenario", f"file {path} does not exist")
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(path.read_text())
+        else:
+            data = json.loads(path.read_text())
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError("scenario", f"{path} is not valid {path.suffix[1:].upper()}: {e}") from None
+    if "scenario" in data and "groups" not in data:  # a repro file wraps the scenario
+        data = data["scenario"]
+    return Scenario.from_dict(data)
+
+
+# ---- validation --------------------------------------------------------
+
+def _positive(field_name: str, value: int, minimum: int = 1) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(field_name, f"must be an integer >= {minimum}, got {value!r}")
+
+
+def cp_layout_error(cp: CPConfig, group: KVGroup) -> str | None:
+    """Why this group's CP layout breaks the global rule, or None if it holds."""
+    if group.world(cp) == 1:
+        return None
+    if group.block_size % cp.interleave:
+        return (f"interleave {cp.interleave} must divide physical block size "
+                f"{group.block_size} (group {group.name!r})")
+    return None
+
+
+def validate(s: Scenario) -> Scenario:
+    """Raise ConfigError naming the field and the rule; return the scenario if fine."""
+    _positive("cp.dcp", s.cp.dcp)
+    _positive("cp.pcp", s.cp.pcp)
+    _positive("cp.interleave", s.cp.interleave)
+    lim = s.limits
+    _positive("limits.max_model_len", lim.max_model_len)
+    _positive("limits.max_num_reqs", lim.max_num_reqs)
+    _positive("limits.max_num_batched_tokens", lim.max_num_batched_tokens)
+    _positive("limits.num_speculative_tokens", lim.num_speculative_tokens, 0)
+    if not s.groups:
+        raise ConfigError("groups", "at least one KV-cache group is required")
+    names = [g.name for g in s.groups]
+    if len(set(names)) != len(names):
+        raise ConfigError("groups", f"group names must be unique, got {names}")
+    for i, g in enumerate(s.groups):
+        f = f"groups[{i}]({g.name})"
+        if g.kind not in GROUP_KINDS:
+            raise ConfigError(f"{f}.kind", f"must be one of {', '.join(GROUP_KINDS)}, got {g.kind!r}")
+        _positive(f"{f}.block_size", g.block_size)
+        _positive(f"{f}.kernel_block_size", g.kernel_block_size, 0)
+        _positive(f"{f}.num_blocks", g.num_blocks, 2)
+        if g.num_blocks * g.bpk > INT32_MAX:
+            raise ConfigError(f"{f}.num_blocks", f"{g.num_blocks} blocks x {g.bpk} kernel blocks each must fit "
+                              f"the int32 block table (<= {INT32_MAX})")
+        if g.block_size % g.b:
+            raise ConfigError(f"{f}.kernel_block_size",
+                              f"kernel block size {g.b} must divide physical block size {g.block_size}")
+        if g.circular and g.cp_sharded and s.cp.world > 1:
+            raise ConfigError(f"{f}.cp_sharded", f"a sliding_window (circular) group cannot be CP-sharded "
+                              f"with CP world size {s.cp.world} > 1; set cp_sharded = false")
+        err = cp_layout_error(s.cp, g)
+        if err and not s.allow_invalid:
+            raise ConfigError("cp.interleave", err + " (use --allow-invalid to run it on purpose)")
+
+    b = s.batch
+    if b.num_reqs > lim.max_num_reqs:
+        raise ConfigError("batch.requests", f"{b.num_reqs} requests exceed limits.max_num_reqs {lim.max_num_reqs}")
+    for i, r in enumerate(b.requests):
+        _positive(f"batch.requests[{i}].context_len", r.context_len, 0)
+        _positive(f"batch.requests[{i}].num_tokens", r.num_tokens, 0)
+        if r.seq_len > lim.max_model_len:
+            raise ConfigError(f"batch.requests[{i}]", f"context_len + num_tokens = {r.seq_len} exceeds "
+                              f"limits.max_model_len {lim.max_model_len}")
+    cap = lim.slot_buffer_size
+    if b.num_tokens > cap:
+        raise ConfigError("batch.requests", f"{b.num_tokens} scheduled tokens exceed the slot buffer "
+                          f"({lim.max_num_batched_tokens} batched + draft slots = {cap})")
+    if b.num_tokens_padded and not (b.num_tokens <= b.num_tokens_padded <= cap):
+        raise ConfigError("batch.num_tokens_padded", f"{b.num_tokens_padded} must lie in "
+                          f"[{b.num_tokens}, {cap}] (scheduled tokens .. slot buffer size)")
+    if b.idx_mapping:
+        if len(b.idx_mapping) != b.num_reqs:
+            raise ConfigError("batch.idx_mapping", f"has {len(b.idx_mapping)} entries for {b.num_reqs} requests")
+        rows = [x for x in b.idx_mapping if x != -1]
+        if len(set(rows)) != len(rows) or any(not 0 <= x < lim.max_num_reqs for x in rows):
+            raise ConfigError("batch.idx_mapping", f"rows must be distinct in [0, {lim.max_num_reqs}) or -1, "
+                              f"got {list(b.idx_mapping)}")
+        for i, x in enumerate(b.idx_mapping):
+            if x == -1 and b.requests[i].num_tokens:
+                raise ConfigError(f"batch.idx_mapping[{i}]", "a dummy request (-1) must schedule no tokens")
+    for i, g in enumerate(s.groups):
+        need = max_blocks_needed(s, g)
+        if need > g.num_blocks - 1:
+            raise ConfigError(f"groups[{i}]({g.name}).num_blocks", f"{g.num_blocks} too small: a rank needs "
+                              f"{need} blocks and block 0 is reserved")
+    return s
+
+
+def max_blocks_needed(s: Scenario, g: KVGroup) -> int:
+    """Most physical blocks any rank needs for group ``g`` across the batch."""
+    n = g.world(s.cp)
+    if g.circular or not g.slot_mapped:
+        return sum(1 for r in s.batch.requests if r.seq_len > 0)
+    return max(
+        sum(layout.blocks_touched(r.seq_len, rank, g.block_size, n, s.cp.interleave) for r in s.batch.requests)
+        for rank in range(n)
+    )
+
+
+# ---- presets -----------------------------------------------------------
+
+def _mixed_batch(rng: np.random.Generator, spec: int, max_model_len: int) -> list[Request]:
+    reqs = [Request(0, 700, "prefill"), Request(1500, 300, "chunked")]
+    reqs += [Request(int(rng.integers(1, max_model_len - 8)), 1, "decode") for _ in range(6)]
+    reqs += [Request(int(rng.integers(1, max_model_len - 8)), 1 + spec, "spec") for _ in range(3)]
+    reqs.append(Request(0, 5, "prefill-short"))
+    return reqs
+
+
+def preset(name: str, dcp: int | None = None, pcp: int | None = None,
+           interleave: int | None = None, seed: int = 0) -> Scenario:
+    """Named scenarios; CP flags override the preset's own CP config."""
+    rng = np.random.default_rng(seed)
+    if name == "default":
+        cp = CPConfig(dcp=8, pcp=1, interleave=16)
+        groups = (KVGroup("attn-hybrid", "attention", 128, 64, num_blocks=2048),
+                  KVGroup("attn-b16", "attention", 16, num_blocks=8192),
+                  KVGroup("mamba", "mamba", 128, num_blocks=2048, cp_sharded=False))
+        limits = Limits(max_model_len=4096, max_num_reqs=16, max_num_batched_tokens=2048,
+                        num_speculative_tokens=2)
+        reqs = _mixed_batch(rng, 2, limits.max_model_len)
+        # v2 rows: a shuffled permutation, one dummy request at the end.
+        reqs.append(Request(0, 0, "dummy"))
+        rows = [int(x) for x in rng.permutation(limits.max_num_reqs)[: len(reqs) - 1]] + [-1]
+        batch = Batch(tuple(reqs), tuple(rows), num_tokens_padded=sum(r.num_tokens for r in reqs) + 37)
+    elif name == "decode-heavy":
+        cp = CPConfig(dcp=8, interleave=1)
+        groups = (KVGroup("attn", "attention", 128, num_blocks=8192),)
+        limits = Limits(max_model_len=32768, max_num_reqs=256, max_num_batched_tokens=256)
+        reqs = tuple(Request(int(rng.integers(0, 32000)), 1, "decode") for _ in range(256))
+        batch = Batch(reqs, tuple(int(x) for x in rng.permutation(256)))
+    elif name == "long-prefill":
+        cp = CPConfig(dcp=8, interleave=128)
+        groups = (KVGroup("attn", "attention", 128, num_blocks=1024),)
+        limits = Limits(max_model_len=131072, max_num_reqs=4, max_num_batched_tokens=131072)
+        batch = Batch((Request(0, 131072, "prefill"),))
+    elif name == "hybrid-mamba":
+        cp = CPConfig(dcp=4, interleave=64)
+        groups = (KVGroup("attn", "attention", 256, 128, num_blocks=1024),
+                  KVGroup("swa", "sliding_window", 64, cp_sharded=False, num_blocks=256),
+                  KVGroup("attn-local", "attention", 64, cp_sharded=False, num_blocks=2048),
+                  KVGroup("mamba", "mamba", 256, cp_sharded=False, num_blocks=1024))
+        limits = Limits(max_model_len=16384, max_num_reqs=8, max_num_batched_tokens=4096)
+        reqs = (Request(0, 1000, "prefill"), Request(3000, 512, "chunked"),
+                Request(9000, 1, "decode"), Request(40, 1, "decode"), Request(0, 30, "prefill-short"))
+        batch = Batch(reqs, (3, 0, 6, 1, 5), num_tokens_padded=1600)
+    elif name == "mtp":
+        # vllm-ascend #14024: DCP 4, 5 speculative tokens, 12 requests, 80 batched tokens.
+        cp = CPConfig(dcp=4, interleave=1)
+        groups = (KVGroup("attn", "attention", 128, num_blocks=1024),)
+        limits = Limits(max_model_len=8192, max_num_reqs=12, max_num_batched_tokens=80,
+                        num_speculative_tokens=5)
+        reqs = [Request(int(rng.integers(100, 8000)), 6, "spec") for _ in range(12)]
+        reqs[0] = Request(0, 44, "prefill")
+        batch = Batch(tuple(reqs))
+    else:
+        raise ConfigError("scenario", f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    s = Scenario(name, cp, groups, limits, batch, seed=seed)
+    over = {k: v for k, v in (("dcp", dcp), ("pcp", pcp), ("interleave", interleave)) if v is not None}
+    if over:
+        s = s.replace(cp=dataclasses.replace(s.cp, **over))
+    return s
+
+
+PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp")
+
+
+def random_scenario(seed: int, max_world: int = 8, max_groups: int = 4, max_reqs: int = 12,
+                    max_model_len: int = 65536) -> Scenario:
+    """A valid random scenario, small enough for the interpreter (used by tests and sweeps)."""
+    rng = np.random.default_rng(seed)
+    world = int(rng.integers(1, max_world + 1))
+    dcp = world
+    pcp = 1
+    if world > 1 and world % 2 == 0 and rng.random() < 0.3:
+        pcp, dcp = 2, world // 2
+    groups = []
+    interleave = int(2 ** rng.integers(0, 6))
+    for gi in range(int(rng.integers(1, max_groups + 1))):
+        kind = rng.choice(["attention", "attention", "attention", "sliding_window", "mamba"])
+        bpk = int(2 ** rng.integers(0, 4))
+        b = int(2 ** rng.integers(3, 8))
+        B = b * bpk
+        sharded = kind == "attention" and bool(rng.random() < 0.85)
+        if kind == "sliding_window":
+            B, b, sharded = b, 0, False
+        groups.append(KVGroup(f"g{gi}-{kind}", str(kind), B, b if bpk > 1 else 0, sharded, num_blocks=1))
+    # Interleave must divide every sharded group's block size.
+    for g in groups:
+        if g.world(CPConfig(dcp, pcp)) > 1:
+            while g.block_size % interleave:
+                interleave //= 2
+    cp = CPConfig(dcp, pcp, interleave)
+    mml = int(rng.integers(64, max_model_len + 1))
+    spec = int(rng.integers(0, 4))
+    nreq = int(rng.integers(1, max_reqs + 1))
+    reqs = []
+    for _ in range(nreq):
+        mode = rng.choice(["decode", "prefill", "chunked", "spec", "empty"])
+        if mode == "decode":
+            q = 1
+        elif mode == "spec":
+            q = 1 + max(spec, 1)
+        elif mode == "empty":
+            q = 0
+        else:
+            q = int(rng.integers(1, min(mml, 600) + 1))
+        ctx = 0 if mode == "prefill" else int(rng.integers(0, mml - q + 1))
+        reqs.append(Request(ctx, q, str(mode)))
+    total = sum(r.num_tokens for r in reqs)
+    limits = Limits(max_model_len=mml, max_num_reqs=nreq + int(rng.integers(0, 4)),
+                    max_num_batched_tokens=max(total, 1) + int(rng.integers(0, 64)),
+                    num_speculative_tokens=spec)
+    rows = [int(x) for x in rng.permutation(limits.max_num_reqs)[:nreq]]
+    for i, r in enumerate(reqs):
+        if r.num_tokens == 0 and rng.random() < 0.5:
+            rows[i] = -1
+    padded = 0
+    if rng.random() < 0.5:
+        padded = int(rng.integers(total, limits.slot_buffer_size + 1))
+    batch = Batch(tuple(reqs), tuple(rows), padded)
+    s = Scenario(f"random-{seed}", cp, tuple(groups), limits, batch, seed=seed)
+    sized = tuple(dataclasses.replace(g, num_blocks=max_blocks_needed(s, g) + 1 + int(rng.integers(0, 64)))
+                  for g in s.groups)
+    return validate(s.replace(groups=sized))
