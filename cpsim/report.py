@@ -29,6 +29,12 @@ def to_dict(s: Scenario, verdicts: list[Verdict], extra: dict[str, Any] | None =
     }
 
 
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema that ``to_dict`` output follows (docs/REPORT_SCHEMA.md)."""
+    from importlib.resources import files
+    return json.loads(files("cpsim").joinpath("report.schema.json").read_text())
+
+
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
 

@@ -7,6 +7,7 @@ coordinator cannot tell a virtual run from a torchrun one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -42,12 +43,16 @@ def knobs_for(rank: int, knobs: Knobs, inject_rank: int | None) -> Knobs:
 
 
 def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_rank: int | None = None,
-                device: str = "cpu") -> dict[str, Gathered]:
+                device: str = "cpu", on_rank: Callable[[str, int], None] | None = None) -> dict[str, Gathered]:
+    """``on_rank(path, rank)`` is called after each rank's run (progress bars)."""
     allocs = [allocate_rank(s, r) for r in range(s.cp.world)]
     gathered: dict[str, Gathered] = {}
     for path in paths:
-        outs = [run_path(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank))
-                for r in range(s.cp.world)]
+        outs = []
+        for r in range(s.cp.world):
+            outs.append(run_path(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank)))
+            if on_rank is not None:
+                on_rank(path, r)
         if outs[0] is not None:
             gathered[path] = stack(path, outs)
     return gathered

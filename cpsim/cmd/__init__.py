@@ -44,6 +44,11 @@ def scenario_from_args(args) -> sc.Scenario:
     else:
         raise ConfigError("--scenario", f"{name!r} is neither a preset ({', '.join(sc.PRESETS)}) "
                                         f"nor a .json/.toml file")
+    return apply_overrides(s, args)
+
+
+def apply_overrides(s: sc.Scenario, args) -> sc.Scenario:
+    """The shared --dcp/--pcp/--interleave/--allow-invalid overrides, then validation."""
     cp = {k: getattr(args, k) for k in ("dcp", "pcp", "interleave") if getattr(args, k, None) is not None}
     if cp:
         import dataclasses

@@ -1,0 +1,148 @@
+"""A self-contained HTML report to attach to a bug: no scripts, no network.
+
+Everything is in the one file: inline CSS, the picture as a base64 PNG, the
+scenario as JSON. Any command that has a scenario and verdicts can write one.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from cpsim import __version__
+from cpsim.coordinator import INVARIANTS, Verdict, passed
+from cpsim.scenario import Scenario
+
+MAX_VIOLATIONS = 200
+MAX_REQUESTS = 100
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1a1a1a;background:#fff}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}
+.verdict{display:inline-block;padding:3px 10px;border-radius:4px;color:#fff;font-weight:600}
+.ok{background:#1e8e3e} .bad{background:#c5221f}
+table{border-collapse:collapse;margin:6px 0} th,td{border:1px solid #d0d0d0;padding:3px 8px;text-align:left}
+th{background:#f3f3f3} td.pass{background:#e6f4ea;color:#1e6b32;text-align:center}
+td.fail{background:#fce8e6;color:#a50e0e;font-weight:600;text-align:center} td.na{color:#999;text-align:center}
+.vio{border-left:4px solid #c5221f;background:#fdf3f2;padding:6px 10px;margin:8px 0}
+.vio code{font-weight:600} .muted{color:#666} pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}
+img{max-width:100%;border:1px solid #ddd}
+"""
+
+
+def _e(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _cell(v: Verdict | None) -> str:
+    if v is None or v.status == "n/a":
+        return '<td class="na">n/a</td>'
+    if v.status == "pass":
+        return '<td class="pass">pass</td>'
+    return f'<td class="fail">FAIL {v.count}</td>'
+
+
+def _grid(verdicts: list[Verdict]) -> str:
+    paths = list(dict.fromkeys(v.path for v in verdicts))
+    by = {(v.invariant, v.path): v for v in verdicts}
+    rows = ["<tr><th>invariant</th>" + "".join(f"<th>{_e(p)}</th>" for p in paths) + "</tr>"]
+    for inv in INVARIANTS:
+        if not any(v.invariant == inv for v in verdicts):
+            continue
+        rows.append(f"<tr><th>{_e(inv)}</th>" + "".join(
+            _cell(by.get((inv, p))) if (inv, p) in by else "<td></td>" for p in paths) + "</tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _scenario(s: Scenario) -> str:
+    lim = s.limits
+    out = [f"<p>CP world {s.cp.world} (DCP {s.cp.dcp} &times; PCP {s.cp.pcp}), interleave {s.cp.interleave}; "
+           f"max_model_len {lim.max_model_len}, max_num_reqs {lim.max_num_reqs}, max_num_batched_tokens "
+           f"{lim.max_num_batched_tokens}, speculative tokens {lim.num_speculative_tokens}; seed {s.seed}"
+           f"{'; <b>allow_invalid</b>' if s.allow_invalid else ''}</p>"]
+    out.append("<table><tr><th>group</th><th>kind</th><th>B</th><th>b</th><th>CP-sharded</th><th>blocks</th></tr>")
+    for g in s.groups:
+        out.append(f"<tr><td>{_e(g.name)}</td><td>{_e(g.kind)}</td><td>{g.block_size}</td><td>{g.b}</td>"
+                   f"<td>{'yes' if g.world(s.cp) > 1 else 'no'}</td><td>{g.num_blocks}</td></tr>")
+    out.append("</table>")
+    rows = s.batch.rows_v2()
+    out.append("<table><tr><th>request</th><th>kind</th><th>context_len</th><th>num_tokens</th><th>v2 row</th></tr>")
+    for i, r in enumerate(s.batch.requests[:MAX_REQUESTS]):
+        out.append(f"<tr><td>{i}</td><td>{_e(r.kind)}</td><td>{r.context_len}</td><td>{r.num_tokens}</td>"
+                   f"<td>{rows[i]}</td></tr>")
+    out.append("</table>")
+    if s.batch.num_reqs > MAX_REQUESTS:
+        out.append(f'<p class="muted">… {s.batch.num_reqs - MAX_REQUESTS} more requests (see the JSON below)</p>')
+    return "".join(out)
+
+
+def _violations(verdicts: list[Verdict]) -> str:
+    vios = [x for v in verdicts for x in v.violations]
+    if not vios:
+        return '<p class="muted">none</p>'
+    out = []
+    for x in vios[:MAX_VIOLATIONS]:
+        ranks = f" ranks {_e(x.ranks)}" if x.ranks else ""
+        out.append(f'<div class="vio"><code>{_e(x.invariant)}</code> [{_e(x.path)}] group {_e(x.group)}{ranks}: '
+                   f"{_e(x.message)}")
+        if x.examples:
+            out.append("<table><tr><th>rank</th><th>request</th><th>position</th><th>expected</th>"
+                       "<th>got</th></tr>")
+            for e in x.examples:
+                out.append("<tr>" + "".join(f"<td>{'' if val is None else _e(val)}</td>"
+                                            for val in (e.rank, e.request, e.position, e.expected, e.actual))
+                           + "</tr>")
+            out.append("</table>")
+        out.append("</div>")
+    if len(vios) > MAX_VIOLATIONS:
+        out.append(f'<p class="muted">… {len(vios) - MAX_VIOLATIONS} more violation(s)</p>')
+    return "".join(out)
+
+
+def render_html(s: Scenario, verdicts: list[Verdict], picture_png_bytes: bytes | None = None,
+                extra: dict[str, Any] | None = None, picture_note: str = "") -> str:
+    ok = passed(verdicts)
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<title>cpsim {_e(s.name)}: {'pass' if ok else 'FAIL'}</title><style>{_CSS}</style></head><body>",
+             f"<h1>cpsim report: {_e(s.name)}</h1>",
+             f'<p><span class="verdict {"ok" if ok else "bad"}">'
+             f'{"all invariants hold" if ok else "invariants violated"}</span> '
+             f'<span class="muted">fingerprint {_e(s.fingerprint())} · cpsim {_e(__version__)}</span></p>',
+             "<h2>Scenario</h2>", _scenario(s),
+             "<h2>Invariants &times; paths</h2>", _grid(verdicts),
+             "<h2>Violations</h2>", _violations(verdicts)]
+    parts.append("<h2>Picture</h2>")
+    if picture_png_bytes:
+        b64 = base64.b64encode(picture_png_bytes).decode()
+        parts.append(f'<img alt="CP layout of {_e(s.name)}" src="data:image/png;base64,{b64}">')
+    else:
+        parts.append(f'<p class="muted">{_e(picture_note or "no picture")}</p>')
+    if extra:
+        parts.append("<h2>Details</h2><pre>" + _e(json.dumps(extra, indent=2, default=str)) + "</pre>")
+    parts.append("<h2>Scenario JSON</h2><details><summary>show</summary><pre>"
+                 + _e(json.dumps(s.to_dict(), indent=2)) + "</pre></details></body></html>\n")
+    return "".join(parts)
+
+
+def write_html(path: str | Path, scenario: Scenario, verdicts: list[Verdict],
+               picture_png_bytes: bytes | None = None, extra: dict[str, Any] | None = None,
+               picture_note: str = "") -> None:
+    Path(path).write_text(render_html(scenario, verdicts, picture_png_bytes, extra, picture_note), encoding="utf-8")
+
+
+def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdict]) -> tuple[bytes | None, str]:
+    """PNG of the layout for the page, or why there is none (too big, no matplotlib)."""
+    from cpsim import draw
+    from cpsim.errors import ConfigError
+
+    try:
+        draw.check_size(s)
+        fig = draw.render(draw.build(s, gathered, allocs_world, verdicts, [p for p in ("v1", "v2")
+                                                                            if p in gathered] or None))
+        return draw.png_bytes(fig, dpi=80), ""
+    except ConfigError as e:
+        return None, f"no picture: {e.rule}"
+

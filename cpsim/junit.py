@@ -1,0 +1,93 @@
+"""JUnit XML for CI: one testcase per (scenario, path, group, invariant).
+
+The layout is the common denominator the usual parsers (Jenkins, GitLab, GitHub
+test reporters, pytest's own schema) accept: ``<testsuites>`` holding one
+``<testsuite>`` per scenario with tests/failures/errors/skipped counts, each
+``<testcase>`` carrying classname, name and time, a ``<failure>`` with the
+violation text, or ``<skipped>`` when the invariant does not apply.
+
+Per-group invariants get one testcase per KV-cache group; ``capacity`` is one per
+path, cross-path ``paths-agree`` one per pair and group, ``same-scenario`` one per run.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from cpsim.coordinator import Verdict, Violation
+from cpsim.scenario import KVGroup, Scenario
+
+PER_PATH = ("capacity",)
+PER_RUN = ("same-scenario",)
+
+
+def applies(invariant: str, g: KVGroup, s: Scenario) -> bool:
+    """Whether a per-group invariant is checked for this group (SPEC §4)."""
+    if invariant in ("exactly-one-owner", "no-collision"):
+        return g.slot_mapped
+    if invariant == "owner-rule":
+        return g.slot_mapped and g.world(s.cp) > 1
+    if invariant == "dense-local":
+        return g.slot_mapped and not g.circular
+    return True
+
+
+def violation_text(v: Violation) -> str:
+    lines = [f"{v.invariant} [{v.path}] group {v.group}"
+             + (f" ranks {v.ranks}" if v.ranks else "") + f": {v.message}"]
+    for e in v.examples:
+        where = ", ".join(f"{k} {val}" for k, val in (("rank", e.rank), ("request", e.request),
+                                                      ("position", e.position)) if val is not None)
+        lines.append(f"  {where or 'entry'}: expected {e.expected}, got {e.actual}")
+    return "\n".join(lines)
+
+
+def _cases(s: Scenario, verdicts: list[Verdict]):
+    """(classname, name, status, violations, skip reason) per testcase."""
+    for v in verdicts:
+        cls = f"cpsim.{s.name}.{v.path}"
+        if v.invariant in PER_PATH or v.invariant in PER_RUN:
+            yield cls, v.invariant, v.status, v.violations, "not applicable"
+            continue
+        for g in s.groups:
+            vios = [x for x in v.violations if x.group == g.name]
+            if v.status == "n/a":
+                yield cls, f"{g.name}::{v.invariant}", "n/a", [], "not applicable to this scenario or path"
+            elif not applies(v.invariant, g, s):
+                yield cls, f"{g.name}::{v.invariant}", "n/a", [], f"not checked for a {g.kind} group"
+            else:
+                yield cls, f"{g.name}::{v.invariant}", "fail" if vios else "pass", vios, ""
+
+
+def to_element(results: list[tuple[Scenario, list[Verdict]]]) -> ET.Element:
+    root = ET.Element("testsuites", name="cpsim")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for s, verdicts in results:
+        suite = ET.SubElement(root, "testsuite", name=f"cpsim.{s.name}", id=s.fingerprint())
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        for cls, name, status, vios, why in _cases(s, verdicts):
+            case = ET.SubElement(suite, "testcase", classname=cls, name=name, time="0")
+            counts["tests"] += 1
+            if status == "fail":
+                counts["failures"] += 1
+                f = ET.SubElement(case, "failure", type=name.split("::")[-1],
+                                  message=(vios[0].message if vios else "failed")[:500])
+                f.text = "\n\n".join(violation_text(x) for x in vios)
+            elif status == "n/a":
+                counts["skipped"] += 1
+                ET.SubElement(case, "skipped", message=why)
+        for k, n in counts.items():
+            suite.set(k, str(n))
+            totals[k] += n
+        suite.set("time", "0")
+    for k, n in totals.items():
+        root.set(k, str(n))
+    root.set("time", "0")
+    return root
+
+
+def write_junit(path: str | Path, results: list[tuple[Scenario, list[Verdict]]]) -> None:
+    tree = ET.ElementTree(to_element(results))
+    ET.indent(tree)
+    tree.write(path, encoding="utf-8", xml_declaration=True)
