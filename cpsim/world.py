@@ -42,11 +42,14 @@ def knobs_for(rank: int, knobs: Knobs, inject_rank: int | None) -> Knobs:
 
 
 def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_rank: int | None = None,
-                device: str = "cpu") -> dict[str, Gathered]:
+                device: str = "cpu", kernels: dict | None = None) -> dict[str, Gathered]:
+    """``kernels`` maps a path name to the user's kernel that replaces its built-in one."""
+    kernels = kernels or {}
     allocs = [allocate_rank(s, r) for r in range(s.cp.world)]
     gathered: dict[str, Gathered] = {}
     for path in paths:
-        outs = [run_path(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank))
+        outs = [run_path(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank),
+                         kernels.get(path))
                 for r in range(s.cp.world)]
         if outs[0] is not None:
             gathered[path] = stack(path, outs)

@@ -6,7 +6,8 @@ from rich.console import Console
 
 from cpsim import coordinator, report
 from cpsim.allocator import allocate_world
-from cpsim.cmd import add_path_args, add_scenario_args, parse_paths, scenario_from_args
+from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, describe_kernels, kernels_from_args,
+                       parse_paths, scenario_from_args)
 from cpsim.world import run_virtual
 
 
@@ -14,6 +15,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="check one scenario on every CP rank (virtual world or torchrun)")
     add_scenario_args(p)
     add_path_args(p)
+    add_kernel_args(p)
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line")
     p.set_defaults(func=main)
@@ -22,16 +24,19 @@ def register(sub) -> None:
 def main(args) -> int:
     s = scenario_from_args(args)
     paths = parse_paths(args.paths)
+    kernels = kernels_from_args(args, paths=paths)
     console = Console()
-    gathered = run_virtual(s, paths)
+    gathered = run_virtual(s, paths, kernels=kernels)
     skipped = [p for p in paths if p not in gathered]
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     if not args.quiet:
         report.print_report(console, s, verdicts)
         for p in skipped:
             console.print(f"[dim]{p}: not applicable at CP world size {s.cp.world} (CP size 1 only)[/dim]")
+        describe_kernels(console, kernels)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
     if args.json:
-        report.write_json(args.json, report.to_dict(s, verdicts, {"paths_skipped": skipped}))
+        report.write_json(args.json, report.to_dict(s, verdicts, {"paths_skipped": skipped, "kernels": {
+            p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}))
     return 0 if coordinator.passed(verdicts) else 1
