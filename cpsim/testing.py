@@ -169,13 +169,21 @@ class CpsimKernelItem(pytest.Item):
 _KERNELS = pytest.StashKey[dict]()
 
 
+class CpsimCollector(pytest.Collector):
+    """Parent of the generated items, so their ids read ``cpsim::v1[mtp]``."""
+
+    def collect(self):
+        return []
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so those apply to our items too
 def pytest_collection_modifyitems(session, config, items) -> None:
     given = {path: config.getoption(opt) for path, opt in OPTIONS.items() if config.getoption(opt)}
     if not given:
         return
     scenarios = [x.strip() for x in config.getoption("cpsim_scenarios").split(",") if x.strip()]
+    parent = CpsimCollector.from_parent(session, name="cpsim", nodeid="cpsim")
     for path, spec in given.items():
         for sc_spec in scenarios:
-            items.append(CpsimKernelItem.from_parent(session, name=f"cpsim[{path}-{sc_spec}]", path=path,
+            items.append(CpsimKernelItem.from_parent(parent, name=f"{path}[{sc_spec}]", path=path,
                                                      spec=spec, scenario_spec=sc_spec))
