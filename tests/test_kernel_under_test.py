@@ -134,6 +134,13 @@ def test_single_v2_launch_reproduces_cp_applied_to_unsharded_groups():
     assert "✗ exactly-one-owner [v2] group attn-local" in str(e.value)
 
 
+def test_a_scenario_the_abi_cannot_express_is_not_a_pass():
+    s = preset("hybrid-mamba")
+    s = s.replace(groups=tuple(g for g in s.groups if g.kind in ("sliding_window", "mamba")))
+    with pytest.raises(AssertionError, match="no scenario had a group"):
+        check_kernel(VLLM_V2, scenarios=[s])
+
+
 def test_callable_returning_a_non_tensor_is_a_config_error(tmp_path):
     f = tmp_path / "bad_callable.py"
     f.write_text("def slots(positions):\n    return positions.tolist()\n")
