@@ -46,6 +46,11 @@ def _i64(values, device) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int64, device=device)
 
 
+def _ptr_dtype(device: torch.device) -> torch.dtype:
+    # vLLM keeps pointer tables as uint64; torch_npu lacks uint64 tensors, so NPU gets int64 (same bits).
+    return torch.uint64 if device.type in ("cpu", "cuda") else torch.int64
+
+
 def _check_int32(k, g: KVGroup) -> None:
     top = g.num_blocks * g.block_size - 1
     if top > INT32_MAX:
@@ -166,7 +171,8 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
         buf = torch.full((len(gis), T), POISON, dtype=dtype, device=device)
         args = dict(
             max_num_tokens=T, idx_mapping=rows, query_start_loc=qsl, pos=bt.positions,
-            block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=torch.uint64, device=device),
+            block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
+                                          device=device),
             block_table_strides=_i64((tables[i].stride(0) for i in gis), device),
             block_sizes=_i32((entry[i] for i in gis), device),
             slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=r,
