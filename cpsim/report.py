@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cpsim import __version__
@@ -84,8 +85,8 @@ def print_report(console: Console, s: Scenario, verdicts: list[Verdict], title: 
                 break
             shown += 1
             ranks = f" ranks {vio.ranks}" if vio.ranks else ""
-            console.print(f"[red]✗ {vio.invariant}[/red] [{vio.path}] group {vio.group}{ranks}: {vio.message}",
-                          highlight=False)
+            console.print(f"[red]✗ {vio.invariant}[/red] {escape(f'[{vio.path}]')} group {vio.group}{ranks}: "
+                          f"{escape(vio.message)}", highlight=False)
             for e in vio.examples:
                 where = ", ".join(f"{k} {val}" for k, val in (("rank", e.rank), ("request", e.request),
                                                               ("position", e.position)) if val is not None)

@@ -43,14 +43,17 @@ def knobs_for(rank: int, knobs: Knobs, inject_rank: int | None) -> Knobs:
 
 
 def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_rank: int | None = None,
-                device: str = "cpu", on_rank: Callable[[str, int], None] | None = None) -> dict[str, Gathered]:
-    """``on_rank(path, rank)`` is called after each rank's run (progress bars)."""
+                device: str = "cpu", kernels: dict | None = None,
+                on_rank: Callable[[str, int], None] | None = None) -> dict[str, Gathered]:
+    """``kernels`` maps a path name to the user's kernel that replaces its built-in one;
+    ``on_rank(path, rank)`` is called after each rank's run (progress bars)."""
+    kernels = kernels or {}
     allocs = [allocate_rank(s, r) for r in range(s.cp.world)]
     gathered: dict[str, Gathered] = {}
     for path in paths:
         outs = []
         for r in range(s.cp.world):
-            outs.append(run_path(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank)))
+            outs.append(run_path(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank), kernels.get(path)))
             if on_rank is not None:
                 on_rank(path, r)
         if outs[0] is not None:

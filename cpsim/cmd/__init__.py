@@ -56,3 +56,53 @@ def apply_overrides(s: sc.Scenario, args) -> sc.Scenario:
     if getattr(args, "allow_invalid", False):
         s = s.replace(allow_invalid=True)
     return sc.validate(s)
+
+
+# ---- kernel under test -------------------------------------------------------
+
+KERNEL_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2"}
+
+
+def add_kernel_args(p: argparse.ArgumentParser) -> None:
+    """``--kernel-v1/--kernel-v1-fused/--kernel-v2 SPEC``: the user's kernel replaces the built-in one."""
+    from cpsim.kernel_under_test import ABIS, V2_LAUNCHES
+    g = p.add_argument_group("kernel under test",
+                             "SPEC is package.module:attr or path/to/file.py:attr; "
+                             "'ascend' (v1, v1-fused, v2) or 'vllm' (v2) imports the installed upstream kernel")
+    g.add_argument("--kernel-v1", metavar="SPEC", help="kernel for the v1 path (vllm-ascend BlockTable)")
+    g.add_argument("--kernel-v1-fused", metavar="SPEC", help="kernel for the v1-fused path (CP size 1 only)")
+    g.add_argument("--kernel-v2", metavar="SPEC", help="kernel for the v2 path (vLLM BlockTables)")
+    g.add_argument("--kernel-abi", default="auto", choices=("auto", *ABIS),
+                   help="calling convention (default: auto, from the kernel's parameter names)")
+    g.add_argument("--kernel-v2-launch", default="split", choices=V2_LAUNCHES,
+                   help="v2 ABIs have one CP size per launch: 'split' launches unsharded groups with CP_SIZE=1, "
+                        "'single' launches every group with the CP size, as the runtime does (default: split)")
+    g.add_argument("--shim-vllm", action="store_true",
+                   help="provide vllm.triton_utils and _load_ptr from Triton so a kernel file loads without vLLM")
+
+
+def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None) -> dict:
+    """{path: KernelUnderTest} for each --kernel-* option given (empty when none).
+
+    With ``paths``, a kernel for a path that will not run is an error, not a silent no-op.
+    """
+    from cpsim.kernel_under_test import load
+    out = {}
+    for path, attr in KERNEL_FLAGS.items():
+        spec = getattr(args, attr, None)
+        if spec and paths is not None and path not in paths:
+            raise ConfigError("--" + attr.replace("_", "-"), f"the {path} path is not selected (--paths {','.join(paths)})")
+        if spec:
+            out[path] = load(spec, path, getattr(args, "kernel_abi", "auto"),
+                             shim_vllm=getattr(args, "shim_vllm", False), device=device,
+                             v2_launch=getattr(args, "kernel_v2_launch", "split"),
+                             where="--" + attr.replace("_", "-"))
+    return out
+
+
+def describe_kernels(console, kernels: dict) -> None:
+    """One line per kernel under test, then what its adapter could not model."""
+    for path, k in kernels.items():
+        console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
+        for note in k.notes:
+            console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)

@@ -6,7 +6,8 @@ from rich.console import Console
 
 from cpsim import coordinator, report
 from cpsim.allocator import allocate_world
-from cpsim.cmd import add_path_args, add_scenario_args, parse_paths, scenario_from_args
+from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, describe_kernels, kernels_from_args,
+                       parse_paths, scenario_from_args)
 from cpsim.progress import progress
 from cpsim.world import run_virtual
 
@@ -18,6 +19,7 @@ def register(sub) -> None:
     p = sub.add_parser("run", help="check one scenario on every CP rank (virtual world or torchrun)")
     add_scenario_args(p)
     add_path_args(p)
+    add_kernel_args(p)
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/REPORT_SCHEMA.md)")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
                                                    "when the scenario is small enough to draw)")
@@ -29,11 +31,13 @@ def register(sub) -> None:
 def main(args) -> int:
     s = scenario_from_args(args)
     paths = parse_paths(args.paths)
+    kernels = kernels_from_args(args, paths=paths)
     console = Console()
     work = s.cp.world * len(paths)
     quiet = args.quiet or s.batch.num_tokens * work < PROGRESS_MIN_WORK
     with progress(f"{s.name}: paths x ranks", total=work, quiet=quiet, console=console) as bar:
-        gathered = run_virtual(s, paths, on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
+        gathered = run_virtual(s, paths, kernels=kernels,
+                               on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
     skipped = [p for p in paths if p not in gathered]
     allocs = allocate_world(s)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
@@ -41,10 +45,12 @@ def main(args) -> int:
         report.print_report(console, s, verdicts)
         for p in skipped:
             console.print(f"[dim]{p}: not applicable at CP world size {s.cp.world} (CP size 1 only)[/dim]")
+        describe_kernels(console, kernels)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
     if args.json:
-        report.write_json(args.json, report.to_dict(s, verdicts, {"paths_skipped": skipped}))
+        report.write_json(args.json, report.to_dict(s, verdicts, {"paths_skipped": skipped, "kernels": {
+            p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}))
     if args.junit:
         from cpsim.junit import write_junit
         write_junit(args.junit, [(s, verdicts)])

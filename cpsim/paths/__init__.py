@@ -39,12 +39,18 @@ class RankOutput:
 
 
 def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str = "cpu",
-             knobs: Knobs = Knobs()) -> RankOutput | None:
-    """Run one path for one rank; None when the path does not apply to the scenario."""
+             knobs: Knobs = Knobs(), kernel=None) -> RankOutput | None:
+    """Run one path for one rank; None when the path does not apply to the scenario.
+
+    ``kernel`` (a ``cpsim.kernel_under_test.KernelUnderTest``) replaces the path's
+    built-in kernel; tables and buffers are built the same way.
+    """
     from cpsim.paths import v1, v2
 
     runners = {"v1": v1.run, "v1-fused": v1.run_fused, "v1-torch": v1.run_torch, "v2": v2.run}
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
+    if kernel is not None:
+        return kernel.run(name, scenario, allocs, rank, torch.device(device), knobs)
     return runners[name](scenario, allocs, rank, torch.device(device), knobs)

@@ -1,0 +1,278 @@
+"""A user's slot-mapping kernel, loaded from a SPEC and matched to a calling convention.
+
+SPEC is ``package.module:attr`` or ``path/to/file.py:attr`` (the file is loaded by
+path, so a kernel file from a vllm-ascend checkout works without installing it),
+or one of the shortcuts ``ascend`` / ``vllm`` that import the installed upstream
+kernel. The ABI (which arguments the kernel takes, which grid, which output
+dtype) is read off the kernel's parameter names unless forced; the adapters in
+``cpsim.adapters`` build exactly those arguments for one rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cpsim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Abi:
+    name: str
+    paths: tuple[str, ...]          # cpsim paths this ABI can stand in for
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()  # passed when the kernel declares them
+    one_of: tuple[str, ...] = ()    # exactly one of these must be declared
+    launch: str = ""
+
+    def describe(self) -> str:
+        parts = list(self.required)
+        if self.one_of:
+            parts.append("one of (" + " | ".join(self.one_of) + ")")
+        if self.optional:
+            parts.append("optional (" + ", ".join(self.optional) + ")")
+        return f"{self.name}: ({', '.join(parts)}); {self.launch}"
+
+
+# What the callable ABI may ask for, by parameter name (one group, one rank).
+CALLABLE_INPUTS = {
+    "positions": "int64 [num_tokens] positions of the scheduled tokens",
+    "query_start_loc": "int32 [num_reqs + 1] token offsets of the requests",
+    "req_indices": "int64 [num_tokens] batch index of each token",
+    "idx_mapping": "int32 [num_reqs] table row of each batch index (-1 = dummy request)",
+    "block_table": "int32 [rows, width] this group's table (v1: kernel-block entries; v2: physical)",
+    "block_size": "slots per table entry",
+    "kv_block_size": "physical KV block size B",
+    "cp_world_size": "ranks this group is sharded over (1 = every rank holds every token)",
+    "cp_rank": "this rank's index among them (0 when not sharded)",
+    "cp_interleave": "CP KV-cache interleave size",
+    "is_circular": "the table is a sliding-window ring (block 0 holds the window)",
+    "pad_id": "value for tokens this rank does not store",
+    "max_num_tokens": "entries of the slot buffer",
+}
+
+ABIS: dict[str, Abi] = {a.name: a for a in (
+    Abi("ascend-v1", ("v1",), (
+        "num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_ptr",
+        "block_table_stride", "block_size", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE", "BLOCKS_PER_KV_BLOCK",
+        "TOTAL_CP_WORLD_SIZE", "TOTAL_CP_RANK", "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "TILE_BLOCK_SIZE",
+        "BLOCK_TABLE_WINDOW_SIZE"), ("IS_CIRCULAR",),
+        launch="grid (num_reqs + 1,), one launch per group, int32 output"),
+    Abi("ascend-v1-fused", ("v1-fused",), (
+        "num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_addrs_ptr",
+        "slot_mapping_addrs_ptr", "block_table_strides_ptr", "block_sizes_ptr", "PAD_ID", "NUM_REQS",
+        "TILE_BLOCK_SIZE", "PARALLEL_TILES", "BLOCK_TABLE_WINDOW_SIZE"), ("is_circular_ptr", "HAS_CIRCULAR"),
+        launch="grid (num_groups * (NUM_REQS * PARALLEL_TILES + 1),), int32 outputs"),
+    Abi("ascend-v2", ("v2",), (
+        "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
+        "block_sizes", "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE", "CP_INTERLEAVE",
+        "PAD_ID", "TRITON_BLOCK_SIZE"), ("slot_mapping_enabled", "HAS_SLOT_MAPPING_ENABLED"),
+        ("BLOCK_TABLE_PAD_SIZE", "BLOCK_TABLE_WINDOW_SIZE"),
+        launch="grid (num_groups, num_reqs + 1), int32 output"),
+    Abi("vllm-v2", ("v2",), (
+        "num_tokens", "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs",
+        "block_table_strides", "block_sizes", "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE",
+        "CP_INTERLEAVE", "PAD_ID", "TRITON_BLOCK_SIZE"),
+        launch="grid (num_groups, num_reqs + 1), int64 output"),
+    Abi("callable", ("v1", "v1-fused", "v2"), (), tuple(CALLABLE_INPUTS),
+        launch="called once per group and rank; returns the group's slots (1-D integer tensor)"),
+)}
+
+# Where the installed upstream kernels live (cpsim path, shortcut) -> module:attr.
+SHORTCUTS = {
+    ("v1", "ascend"): ("vllm_ascend", "vllm_ascend.ops.triton.compute_slot_mapping:_compute_slot_mapping_kernel"),
+    ("v1-fused", "ascend"): ("vllm_ascend", "vllm_ascend.ops.triton.compute_slot_mapping:"
+                                            "_compute_slot_mapping_fused_groups_kernel"),
+    ("v2", "ascend"): ("vllm_ascend", "vllm_ascend.ops.triton.v2.block_table.compute_slot_mappings:"
+                                      "_compute_slot_mappings_kernel"),
+    ("v2", "vllm"): ("vllm", "vllm.v1.worker.gpu.block_table:_compute_slot_mappings_kernel"),
+}
+
+V2_LAUNCHES = ("split", "single")
+
+
+@dataclass
+class KernelUnderTest:
+    """A loaded kernel and how to call it; ``notes`` collects what the adapter could not model."""
+
+    spec: str
+    obj: Any
+    abi: str
+    params: tuple[str, ...]
+    v2_launch: str = "split"   # split: one launch per group CP size; single: one launch, as the runtime
+    notes: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def run(self, path: str, s, allocs, rank: int, device, knobs):
+        from cpsim import adapters
+        return adapters.run(self, path, s, allocs, rank, device, knobs)
+
+    def describe(self) -> str:
+        return f"{self.spec} ({self.abi})"
+
+
+# ---- signatures ------------------------------------------------------------
+
+def is_triton_kernel(obj: Any) -> bool:
+    """JITFunction, the interpreter's stand-in, or an autotuner/heuristics wrapper."""
+    return hasattr(obj, "arg_names") and hasattr(obj, "run") and hasattr(obj, "fn")
+
+
+def parameters(obj: Any) -> list[tuple[str, bool]]:
+    """(name, has_default) of each parameter, in order."""
+    fn = obj
+    while is_triton_kernel(fn):
+        fn = fn.fn
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return []
+    return [(p.name, p.default is not inspect.Parameter.empty) for p in sig.parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def mismatch(abi: Abi, params: list[tuple[str, bool]]) -> str | None:
+    """Why ``params`` do not fit ``abi``; None when they do."""
+    names = {n for n, _ in params}
+    known = set(abi.required) | set(abi.optional) | set(abi.one_of)
+    missing = [n for n in abi.required if n not in names]
+    unknown = [n for n, has_default in params if not has_default and n not in known]
+    why = []
+    if missing:
+        why.append(f"missing {', '.join(missing)}")
+    if abi.one_of and sum(n in names for n in abi.one_of) != 1:
+        why.append(f"needs exactly one of {', '.join(abi.one_of)}")
+    if unknown:
+        why.append(f"unexpected {', '.join(unknown)}")
+    if abi.name == "callable" and not params:
+        why.append("takes no inputs")
+    return "; ".join(why) or None
+
+
+def detect_abi(obj: Any, forced: str = "auto", where: str = "kernel") -> str:
+    params = parameters(obj)
+    triton = is_triton_kernel(obj)
+    if not triton and not callable(obj):
+        raise ConfigError(where, f"{obj!r} is neither a Triton kernel nor a callable")
+    if forced != "auto":
+        if forced not in ABIS:
+            raise ConfigError("--kernel-abi", f"unknown ABI {forced!r}; choose from auto, {', '.join(ABIS)}")
+        if (forced == "callable") == triton:
+            kind = "a Triton kernel" if triton else "a plain callable"
+            raise ConfigError(where, f"the {forced} ABI does not fit {kind}")
+        why = mismatch(ABIS[forced], params)
+        if why:
+            raise ConfigError(where, _signature_error(obj, params, {forced: why}))
+        return forced
+    candidates = [a for a in ABIS.values() if (a.name == "callable") != triton]
+    why = {a.name: mismatch(a, params) for a in candidates}
+    fits = [n for n, w in why.items() if w is None]
+    if len(fits) == 1:
+        return fits[0]
+    if not fits:
+        raise ConfigError(where, _signature_error(obj, params, why))
+    raise ConfigError(where, f"{_name(obj)} fits several ABIs ({', '.join(fits)}); choose one with --kernel-abi")
+
+
+def _name(obj: Any) -> str:
+    return getattr(obj, "__name__", None) or type(obj).__name__
+
+
+def _signature_error(obj, params, why: dict[str, str]) -> str:
+    lines = [f"{_name(obj)}({', '.join(n for n, _ in params)}) matches no kernel ABI:"]
+    closest = sorted(why, key=lambda n: len(why[n]))
+    lines += [f"  {n}: {why[n]}" for n in closest]
+    lines.append("expected parameters (the callable ABI takes any subset of its names):")
+    lines += [f"  {ABIS[n].describe()}" for n in closest]
+    return "\n".join(lines)
+
+
+# ---- loading ---------------------------------------------------------------
+
+def resolve(spec: str, path: str, where: str) -> Any:
+    """Import the object SPEC names."""
+    shortcut = SHORTCUTS.get((path, spec))
+    if shortcut is None and spec in ("ascend", "vllm"):
+        have = ", ".join(f"{p}={n}" for p, n in SHORTCUTS)
+        raise ConfigError(where, f"no {spec!r} shortcut for the {path} path (shortcuts: {have})")
+    if shortcut is not None:
+        package, spec = shortcut
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(where, f"the shortcut needs {package} installed (not importable here); "
+                                     f"or point at the kernel file: {where} path/to/file.py:<kernel name> "
+                                     f"(add --shim-vllm if vLLM itself is not installed)")
+    module_part, sep, attr = spec.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise ConfigError(where, f"{spec!r} is not package.module:attr nor path/to/file.py:attr")
+    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
+        module = _load_file(Path(module_part), where)
+    else:
+        try:
+            module = importlib.import_module(module_part)
+        except Exception as e:  # noqa: BLE001 - any import failure is bad input here
+            raise ConfigError(where, f"cannot import {module_part}: {type(e).__name__}: {e}{_hint(e)}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(where, f"{module_part} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _hint(e: Exception) -> str:
+    name = getattr(e, "name", "") or ""
+    if isinstance(e, ImportError) and name.split(".")[0] == "vllm":
+        return " (run with --shim-vllm to provide vllm.triton_utils and _load_ptr from Triton)"
+    return ""
+
+
+def _load_file(file: Path, where: str):
+    if not file.is_file():
+        raise ConfigError(where, f"kernel file {file} does not exist")
+    file = file.resolve()
+    # A stable, unique name per file: triton and xdist workers resolve the module by it.
+    name = f"cpsim_kernel_{file.stem}_{hashlib.sha1(str(file).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001
+        del sys.modules[name]
+        raise ConfigError(where, f"cannot load {file}: {type(e).__name__}: {e}{_hint(e)}") from None
+    return module
+
+
+def load(spec: Any, path: str, abi: str = "auto", *, shim_vllm: bool = False, device: str = "cpu",
+         v2_launch: str = "split", where: str | None = None) -> KernelUnderTest:
+    """Load a kernel for cpsim ``path``; ``spec`` may also be the kernel object itself."""
+    where = where or f"--kernel-{path}"
+    if v2_launch not in V2_LAUNCHES:
+        raise ConfigError("--kernel-v2-launch", f"{v2_launch!r}; choose from {', '.join(V2_LAUNCHES)}")
+    from cpsim import kernels
+    if str(device).startswith("cpu"):
+        kernels.use_interpreter()  # before the kernel file imports triton
+    if shim_vllm:
+        from cpsim import vllm_shim
+        vllm_shim.install()
+    if isinstance(spec, str):
+        obj, text = resolve(spec, path, where), spec
+    else:
+        obj, text = spec, f"{getattr(spec, '__module__', '?')}:{_name(spec)}"
+    name = detect_abi(obj, abi, where)
+    if path not in ABIS[name].paths:
+        fits = [a for a, d in ABIS.items() if path in d.paths]
+        raise ConfigError(where, f"{text} has the {name} ABI, which cannot stand in for the {path} path "
+                                 f"(it takes {', '.join(fits)})")
+    return KernelUnderTest(text, obj, name, tuple(n for n, _ in parameters(obj)), v2_launch)

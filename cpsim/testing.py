@@ -1,0 +1,199 @@
+"""cpsim inside a user's own pytest run.
+
+``check_kernel(kernel, ...)`` runs cpsim's invariant suite on a kernel and raises
+AssertionError with the violation report. As a pytest plugin (entry point
+``pytest11``), ``pytest --cpsim-kernel-v1 SPEC`` / ``--cpsim-kernel-v2 SPEC``
+adds one generated test per scenario. Without those options the plugin adds
+nothing and imports nothing heavy: it is loaded by every pytest run in the
+environment, cpsim's own included.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, Iterable
+
+import pytest
+
+# Small scenarios: the Triton interpreter costs milliseconds per program.
+DEFAULT_SCENARIOS = ("default", "hybrid-mamba", "mtp", "random:1", "random:2", "random:3")
+OPTIONS = {"v1": "cpsim_kernel_v1", "v1-fused": "cpsim_kernel_v1_fused", "v2": "cpsim_kernel_v2"}
+
+
+def scenario(spec: Any):
+    """A Scenario from a preset name, a .json/.toml file, ``random:SEED``, or a Scenario."""
+    from cpsim import scenario as sc
+    from cpsim.errors import ConfigError
+    if isinstance(spec, sc.Scenario):
+        return spec
+    text = str(spec)
+    if text in sc.PRESETS:
+        return sc.preset(text)
+    if text.startswith("random:") and text[7:].isdigit():
+        return sc.random_scenario(int(text[7:]), max_world=4, max_groups=3, max_reqs=4, max_model_len=4096)
+    if Path(text).suffix in (".json", ".toml"):
+        return sc.validate(sc.load(text))
+    raise ConfigError("scenarios", f"{text!r} is not a preset ({', '.join(sc.PRESETS)}), random:SEED, "
+                                   f"nor a .json/.toml file")
+
+
+def _for_path(s, path: str):
+    """The v1-fused path exists at CP size 1 only: run the scenario there at CP 1."""
+    if path != "v1-fused" or s.cp.world == 1:
+        return s
+    from cpsim.scenario import CPConfig
+    return s.replace(name=f"{s.name}@cp1", cp=CPConfig())
+
+
+def report_text(s, verdicts, kernel=None) -> str:
+    from rich.console import Console
+
+    from cpsim import report
+    buf = io.StringIO()
+    console = Console(file=buf, width=120, color_system=None, soft_wrap=True)
+    report.print_report(console, s, verdicts)
+    if kernel is not None:
+        console.print(f"kernel under test: {kernel.describe()}", highlight=False)
+        for note in kernel.notes:
+            console.print(f"  note: {note}", highlight=False)
+    return buf.getvalue()
+
+
+def run_one(kernel, path: str, s, device: str = "cpu"):
+    """Verdicts of one scenario for a loaded kernel on one path."""
+    from cpsim import coordinator
+    from cpsim.allocator import allocate_world
+    from cpsim.world import run_virtual
+    s = _for_path(s, path)
+    gathered = run_virtual(s, [path], device=device, kernels={path: kernel})
+    return s, coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+
+
+def exercised(verdicts) -> bool:
+    """At least one group's slots were compared with the reference (not a vacuous pass)."""
+    return any(v.invariant == "matches-reference" and v.status == "pass" for v in verdicts)
+
+
+def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim_vllm: bool = False,
+                device: str = "cpu", v2_launch: str = "split"):
+    """A KernelUnderTest from a SPEC string, a kernel object or an already loaded one."""
+    from cpsim.kernel_under_test import ABIS, KernelUnderTest, detect_abi, load, resolve
+    if isinstance(kernel, KernelUnderTest):
+        return kernel
+    if path is None:
+        from cpsim import kernels
+        if str(device).startswith("cpu"):
+            kernels.use_interpreter()
+        if shim_vllm:
+            from cpsim import vllm_shim
+            vllm_shim.install()
+        obj = resolve(kernel, "v1", "kernel") if isinstance(kernel, str) else kernel
+        path = ABIS[detect_abi(obj, abi)].paths[0]
+    return load(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, where="kernel")
+
+
+def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
+                 scenarios: Iterable[Any] | None = None, *, shim_vllm: bool = False, device: str = "cpu",
+                 v2_launch: str = "split") -> dict:
+    """Run every invariant on ``kernel``; AssertionError with the report if any fails.
+
+    ``path`` defaults to the path the ABI stands in for (v1 for a callable);
+    ``scenarios`` are presets, .json/.toml files, ``random:SEED`` or Scenario
+    objects. Returns {scenario name: verdicts} when everything holds.
+    """
+    from cpsim import coordinator
+    k = load_kernel(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
+    path = path or next(p for p in ("v1", "v1-fused", "v2") if p in _paths_of(k.abi))
+    results, failures = {}, []
+    for spec in (DEFAULT_SCENARIOS if scenarios is None else scenarios):
+        s, verdicts = run_one(k, path, scenario(spec), device)
+        results[s.name] = verdicts
+        if not coordinator.passed(verdicts):
+            failures.append(report_text(s, verdicts, k))
+    if failures:
+        raise AssertionError(f"{k.describe()} on the {path} path violates cpsim invariants in "
+                             f"{len(failures)} scenario(s):\n\n" + "\n".join(failures))
+    if results and not any(exercised(v) for v in results.values()):
+        raise AssertionError(f"{k.describe()}: no scenario had a group this kernel could be checked on "
+                             f"({'; '.join(k.notes) or 'no slot-mapped groups'})")
+    return results
+
+
+def _paths_of(abi: str) -> tuple[str, ...]:
+    from cpsim.kernel_under_test import ABIS
+    return ABIS[abi].paths
+
+
+# ---- pytest plugin -------------------------------------------------------------
+
+def pytest_addoption(parser) -> None:
+    g = parser.getgroup("cpsim", "cpsim: check a slot-mapping kernel against the CP invariants")
+    g.addoption("--cpsim-kernel-v1", metavar="SPEC", help="kernel for cpsim's v1 path (module:attr or file.py:attr)")
+    g.addoption("--cpsim-kernel-v1-fused", metavar="SPEC", help="kernel for cpsim's v1-fused path")
+    g.addoption("--cpsim-kernel-v2", metavar="SPEC", help="kernel for cpsim's v2 path")
+    g.addoption("--cpsim-kernel-abi", default="auto", help="calling convention (default: auto)")
+    g.addoption("--cpsim-scenarios", default=",".join(DEFAULT_SCENARIOS),
+                help="comma-separated presets, .json/.toml files or random:SEED")
+    g.addoption("--cpsim-device", default="cpu", help="torch device for the kernels (cpu = Triton interpreter)")
+    g.addoption("--cpsim-shim-vllm", action="store_true", help="provide vllm.triton_utils/_load_ptr from Triton")
+    g.addoption("--cpsim-v2-launch", default="split", choices=("split", "single"),
+                help="v2 ABIs: launch unsharded groups with CP_SIZE=1 (split) or all groups at once (single)")
+
+
+class CpsimKernelItem(pytest.Item):
+    """One scenario of cpsim's invariant suite on the user's kernel."""
+
+    def __init__(self, *, path: str, spec: str, scenario_spec: str, **kw):
+        super().__init__(**kw)
+        self.kernel_path, self.spec, self.scenario_spec = path, spec, scenario_spec
+
+    def _kernel(self):
+        cache = self.config.stash.setdefault(_KERNELS, {})
+        if self.kernel_path not in cache:
+            opt = self.config.getoption
+            cache[self.kernel_path] = load_kernel(
+                self.spec, self.kernel_path, opt("cpsim_kernel_abi"), shim_vllm=opt("cpsim_shim_vllm"),
+                device=opt("cpsim_device"), v2_launch=opt("cpsim_v2_launch"))
+        return cache[self.kernel_path]
+
+    def runtest(self) -> None:
+        from cpsim import coordinator
+        k = self._kernel()
+        s, verdicts = run_one(k, self.kernel_path, scenario(self.scenario_spec), self.config.getoption("cpsim_device"))
+        if not coordinator.passed(verdicts):
+            raise AssertionError(report_text(s, verdicts, k))
+        if not exercised(verdicts):
+            pytest.skip(f"no group of scenario {s.name} can be checked with the {k.abi} ABI")
+
+    def repr_failure(self, excinfo, style=None):
+        from cpsim.errors import ConfigError
+        if isinstance(excinfo.value, (AssertionError, ConfigError)):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.spec, None, f"cpsim {self.kernel_path} {self.scenario_spec}"
+
+
+_KERNELS = pytest.StashKey[dict]()
+
+
+class CpsimCollector(pytest.Collector):
+    """Parent of the generated items, so their ids read ``cpsim::v1[mtp]``."""
+
+    def collect(self):
+        return []
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so those apply to our items too
+def pytest_collection_modifyitems(session, config, items) -> None:
+    given = {path: config.getoption(opt) for path, opt in OPTIONS.items() if config.getoption(opt)}
+    if not given:
+        return
+    scenarios = [x.strip() for x in config.getoption("cpsim_scenarios").split(",") if x.strip()]
+    parent = CpsimCollector.from_parent(session, name="cpsim", nodeid="cpsim")
+    for path, spec in given.items():
+        for sc_spec in scenarios:
+            items.append(CpsimKernelItem.from_parent(parent, name=f"{path}[{sc_spec}]", path=path,
+                                                     spec=spec, scenario_spec=sc_spec))
