@@ -159,7 +159,12 @@ class PeerFailure(DistError):
     """Another rank raised, died or never arrived: this rank stops too."""
 
 
+_TERMINATED = threading.Event()
+
+
 def _on_sigterm(signum, frame):
+    # Raised wherever the main thread is (an import may wrap it); Comm.fail checks the flag.
+    _TERMINATED.set()
     raise Terminated()
 
 
@@ -339,7 +344,7 @@ class Comm:
     def fail(self, exc: BaseException) -> int:
         """Report this rank's failure to the others, print it, and end the process (never returns)."""
         err = sys.stderr
-        if isinstance(exc, Terminated):
+        if isinstance(exc, Terminated) or _TERMINATED.is_set():
             self._safe_state("terminated")
             msg = f"[rank {self.rank}] terminated by the launcher: {self.diagnose()}"
         elif isinstance(exc, PeerFailure):
