@@ -291,6 +291,7 @@ class Comm:
             work.wait()
         except Exception as e:  # a peer's socket closed: find out which peer
             raise PeerFailure(f"{what} failed ({type(e).__name__}); {self.diagnose()}") from e
+        self.state(f"past {what}")
 
     def _enter(self, what: str) -> None:
         self.seq += 1
