@@ -76,12 +76,14 @@ class _Ctx:
         self.n = int(self.pos.numel())
 
 
-def _examples(ctx: _Ctx, idx: torch.Tensor, actual: torch.Tensor, expected, rank: int | None) -> list[Example]:
+def _examples(ctx: _Ctx, idx: torch.Tensor, actual: torch.Tensor, expected, rank: int | None,
+              show=None) -> list[Example]:
     out = []
     for t in idx[:MAX_EXAMPLES].tolist():
         exp = expected(t) if callable(expected) else expected
+        got = show(int(actual[t])) if show else _fmt(int(actual[t]))
         out.append(Example(rank, int(ctx.req[t]) if t < ctx.n else None, int(ctx.pos[t]) if t < ctx.n else None,
-                           str(exp), _fmt(int(actual[t]))))
+                           str(exp), got))
     return out
 
 
@@ -175,7 +177,8 @@ def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
                 f"rank {r}: {len(idx)} token(s) not at block j // {B}, offset j % {B} of the rank's blocks",
                 [r], _examples(ctx, idx, x[r],
                                lambda t: f"block {int(want_block[t])} offset {int(j[t] % B)} (j={int(j[t])})"
-                               if bool(inside[t]) else f"block #{int(bi[t])} (not allocated)", r)))
+                               if bool(inside[t]) else f"block #{int(bi[t])} (not allocated)", r,
+                               show=lambda v: f"block {v // B} offset {v % B} (slot {v})")))
     return out
 
 

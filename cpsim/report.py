@@ -51,7 +51,8 @@ def table(verdicts: list[Verdict], title: str = "") -> Table:
     t.add_column("across", justify="center")
     by = {(v.invariant, v.path): v for v in verdicts}
     for inv in INVARIANTS:
-        row = [inv] + [_cell(by.get((inv, p))) for p in paths]
+        cross = inv in ("paths-agree", "same-scenario")
+        row = [inv] + ["" if cross else _cell(by.get((inv, p))) for p in paths]
         across = [v for v in verdicts if v.invariant == inv and (v.path == "*" or "~" in v.path)]
         if across:
             worst = next((v for v in across if v.status == "fail"), across[0])
