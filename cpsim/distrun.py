@@ -164,7 +164,7 @@ def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device) -> list[Gr
         ranks = list(range(g * N, (g + 1) * N))
         if same.status == "fail":
             # Mismatched groups skip the paths (as a whole group, so the collectives stay aligned).
-            result = GroupResult(entry.label, g, ranks, s, [same])
+            result = GroupResult(entry.label, g, ranks, s, [same]) if pos == 0 else None
         else:
             result = _run_group(comm, pg, entry, s, g, pos, ranks, fps[g], hooks, device)
     payloads = comm.all_gather_objects(result, f"{entry.label}: verdicts")
