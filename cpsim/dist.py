@@ -144,8 +144,9 @@ def select_device(requested: str, local_rank: int = 0, local_world: int = 1,
     index = local_rank % count
     mod.set_device(index)
     backend = "gloo" if shared else ("hccl" if kind == "npu" else "nccl")
-    if not shared and not torch.distributed.is_backend_available(backend):
-        raise ConfigError("--device", f"backend {backend} for device {kind} is not available in this torch build")
+    if backend == "nccl" and not torch.distributed.is_nccl_available():
+        raise ConfigError("--device", "device cuda needs the nccl backend, which this torch build lacks "
+                                      "(or pass --oversubscribe to use gloo)")
     return DeviceChoice(kind, torch.device(kind, index), backend, shared)
 
 
@@ -351,6 +352,11 @@ class Comm:
         elif isinstance(exc, PeerFailure):
             self._safe_state(f"aborted: {exc}")
             msg = f"[rank {self.rank}] stopping: {exc}"
+        elif isinstance(exc, (ConfigError, DistError)):  # a usage problem: the message says it all
+            self._safe_state(f"failed: {exc}")
+            _record(exc)
+            self._linger()
+            msg = f"[rank {self.rank}] failed: {exc}"
         else:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             print(f"[rank {self.rank}] raised on {socket.gethostname()} (pid {os.getpid()}):\n{text}",
