@@ -8,12 +8,17 @@ violation text, or ``<skipped>`` when the invariant does not apply.
 
 Per-group invariants get one testcase per KV-cache group; ``capacity`` is one per
 path, cross-path ``paths-agree`` one per pair and group, ``same-scenario`` one per run.
+
+``results`` items are ``(scenario, verdicts)`` or ``(scenario, verdicts, label)``; the
+label names the suite when one scenario runs several times (a sweep's replicas).
+Scenarios that never ran go in ``skipped`` (label -> reason), one skipped testcase each.
 """
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from cpsim.coordinator import Verdict, Violation
 from cpsim.scenario import KVGroup, Scenario
@@ -43,10 +48,10 @@ def violation_text(v: Violation) -> str:
     return "\n".join(lines)
 
 
-def _cases(s: Scenario, verdicts: list[Verdict]):
+def _cases(s: Scenario, verdicts: list[Verdict], label: str):
     """(classname, name, status, violations, skip reason) per testcase."""
     for v in verdicts:
-        cls = f"cpsim.{s.name}.{v.path}"
+        cls = f"cpsim.{label}.{v.path}"
         if v.invariant in PER_PATH or v.invariant in PER_RUN:
             yield cls, v.invariant, v.status, v.violations, "not applicable"
             continue
@@ -60,13 +65,22 @@ def _cases(s: Scenario, verdicts: list[Verdict]):
                 yield cls, f"{g.name}::{v.invariant}", "fail" if vios else "pass", vios, ""
 
 
-def to_element(results: list[tuple[Scenario, list[Verdict]]]) -> ET.Element:
+def to_element(results: Sequence[tuple], skipped: Mapping[str, str] | None = None) -> ET.Element:
     root = ET.Element("testsuites", name="cpsim")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    for s, verdicts in results:
-        suite = ET.SubElement(root, "testsuite", name=f"cpsim.{s.name}", id=s.fingerprint())
+    for label, reason in (skipped or {}).items():
+        suite = ET.SubElement(root, "testsuite", name=f"cpsim.{label}", tests="1", failures="0", errors="0",
+                              skipped="1", time="0")
+        case = ET.SubElement(suite, "testcase", classname=f"cpsim.{label}", name="scenario", time="0")
+        ET.SubElement(case, "skipped", message=reason)
+        totals["tests"] += 1
+        totals["skipped"] += 1
+    for item in results:
+        s, verdicts = item[0], item[1]
+        label = item[2] if len(item) > 2 else s.name
+        suite = ET.SubElement(root, "testsuite", name=f"cpsim.{label}", id=s.fingerprint())
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        for cls, name, status, vios, why in _cases(s, verdicts):
+        for cls, name, status, vios, why in _cases(s, verdicts, label):
             case = ET.SubElement(suite, "testcase", classname=cls, name=name, time="0")
             counts["tests"] += 1
             if status == "fail":
@@ -87,7 +101,7 @@ def to_element(results: list[tuple[Scenario, list[Verdict]]]) -> ET.Element:
     return root
 
 
-def write_junit(path: str | Path, results: list[tuple[Scenario, list[Verdict]]]) -> None:
-    tree = ET.ElementTree(to_element(results))
+def write_junit(path: str | Path, results: Sequence[tuple], skipped: Mapping[str, str] | None = None) -> None:
+    tree = ET.ElementTree(to_element(results, skipped))
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)

@@ -1,25 +1,40 @@
-"""``cpsim run``: one scenario, every selected path, every CP rank, one verdict."""
+"""``cpsim run``: one scenario, every selected path, every CP rank, one verdict.
+
+Without a launcher the CP ranks run in turn in one process (the virtual world).
+Under ``torchrun`` (detected by RANK / WORLD_SIZE in the environment) each
+process is one rank: W = R x N ranks form R CP groups of N; N defaults to the
+whole world (DCP = W // PCP) unless ``--dcp`` says otherwise.
+"""
 
 from __future__ import annotations
+
+import argparse
+import copy
+import os
+from pathlib import Path
 
 from rich.console import Console
 
 from cpsim import coordinator, report
+from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, describe_kernels, kernels_from_args,
                        parse_paths, scenario_from_args)
+from cpsim.dist import add_dist_args, launched_by_torchrun
+from cpsim.errors import ConfigError
 from cpsim.progress import progress
-from cpsim.world import run_virtual
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
 PROGRESS_MIN_WORK = 200_000
 
 
 def register(sub) -> None:
-    p = sub.add_parser("run", help="check one scenario on every CP rank (virtual world or torchrun)")
+    p = sub.add_parser("run", help="check one scenario on every CP rank (virtual world or torchrun)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_args(p)
     add_path_args(p)
     add_kernel_args(p)
+    add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/REPORT_SCHEMA.md)")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
                                                    "when the scenario is small enough to draw)")
@@ -29,14 +44,20 @@ def register(sub) -> None:
 
 
 def main(args) -> int:
+    if launched_by_torchrun():
+        return main_torchrun(args)
+    from cpsim.dist import select_device
+    from cpsim.world import run_virtual
+
     s = scenario_from_args(args)
     paths = parse_paths(args.paths)
-    kernels = kernels_from_args(args, paths=paths)
+    dev = select_device(args.device)
+    kernels = kernels_from_args(args, dev.device, paths)
     console = Console()
     work = s.cp.world * len(paths)
     quiet = args.quiet or s.batch.num_tokens * work < PROGRESS_MIN_WORK
     with progress(f"{s.name}: paths x ranks", total=work, quiet=quiet, console=console) as bar:
-        gathered = run_virtual(s, paths, kernels=kernels,
+        gathered = run_virtual(s, paths, device=dev.device, kernels=kernels,
                                on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
     skipped = [p for p in paths if p not in gathered]
     allocs = allocate_world(s)
@@ -59,3 +80,61 @@ def main(args) -> int:
         png, note = picture_for(s, gathered, allocs, verdicts)
         write_html(args.html, s, verdicts, png, {"paths_skipped": skipped}, picture_note=note)
     return 0 if coordinator.passed(verdicts) else 1
+
+
+def replica_builder(args, world: int | None):
+    """``build(replica)``: the scenario of CP group ``replica`` (seed + replica), CP sized for ``world``."""
+    base = scenario_from_args(args)
+    if world is not None and args.dcp is None:
+        pcp = base.cp.pcp
+        if world % pcp:
+            raise ConfigError("--pcp", f"world size {world} is not a multiple of PCP {pcp}")
+        args = copy.copy(args)
+        args.dcp = world // pcp
+    is_file = args.scenario not in sc.PRESETS
+
+    def build(replica: int) -> sc.Scenario:
+        a = copy.copy(args)
+        if not is_file:
+            a.seed = args.seed + replica
+        s = scenario_from_args(a)
+        return s.replace(seed=s.seed + replica) if is_file else s
+
+    return build, build(0)
+
+
+def main_torchrun(args) -> int:
+    from cpsim.distrun import Entry, execute, print_groups, print_ranks, to_dict
+
+    world = int(os.environ["WORLD_SIZE"])
+    build, s0 = replica_builder(args, world)
+    n = s0.cp.world
+    if world % n:
+        raise ConfigError("--dcp/--pcp", f"world size {world} is not a multiple of the CP size "
+                                         f"{n} (DCP {s0.cp.dcp} x PCP {s0.cp.pcp})")
+    label = args.scenario if args.scenario in sc.PRESETS else Path(args.scenario).stem
+    paths = parse_paths(args.paths)
+    from cpsim.dist import select_device
+    entry = Entry(label, build, n, paths, kernels=kernels_from_args(args, select_device(args.device).device, paths))
+
+    def report_(results, infos) -> int:
+        console = Console()
+        ok = all(coordinator.passed(r.verdicts) for r in results)
+        if args.quiet:
+            console.print("pass" if ok else "FAIL")
+        else:
+            console.print(f"[bold]torchrun world {world}[/bold]: {world // n} CP group(s) of {n} "
+                          f"(DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
+            print_ranks(console, infos, results)
+            print_groups(console, results)
+            console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
+                          f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
+                          f"{len(results)} CP group(s) fail[/bold red]")
+        if args.json:
+            report.write_json(args.json, to_dict(results, infos))
+        if args.junit:
+            from cpsim.junit import write_junit
+            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results])
+        return 0 if ok else 1
+
+    return execute(args, [entry], report_)

@@ -1,0 +1,255 @@
+"""``cpsim sweep``: a matrix of scenarios (presets x CP sizes x interleaves) through the paths.
+
+In one process the CP ranks of each scenario run in turn (the virtual world).
+Under torchrun each scenario with CP size N runs on W // N CP groups of N
+consecutive ranks (replica g uses seed + g); ranks past the last full group
+idle for it, and scenarios with N > W are skipped. The matrix comes from flags
+or a TOML file (``--config``); flags win. TOML keys:
+
+    presets = ["default", "mtp"]     # preset names or .json/.toml scenario files; "all" = every preset
+    cp = [2, 4, "2x2"]               # CP sizes: N (DCP N) or "DxP"; omitted = each preset's own
+    interleaves = [1, 16]            # omitted = each preset's own
+    paths = ["v1", "v2"]
+    seed = 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from cpsim import coordinator, report
+from cpsim import scenario as sc
+from cpsim.cmd import parse_paths, scenario_from_args
+from cpsim.dist import add_dist_args, launched_by_torchrun
+from cpsim.errors import ConfigError
+from cpsim.paths import PATHS
+
+KEYS = ("presets", "cp", "interleaves", "paths", "seed")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="run a matrix of scenarios x CP sizes x paths, one report",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", metavar="FILE", help="TOML file with the matrix (keys: " + ", ".join(KEYS) + ")")
+    p.add_argument("--presets", help="comma-separated presets or scenario files; 'all' = every preset "
+                                     "(default: default)")
+    p.add_argument("--cp", help="comma-separated CP sizes, N or DxP (default: each preset's own)")
+    p.add_argument("--interleaves", help="comma-separated interleave sizes (default: each preset's own)")
+    p.add_argument("--paths", help="comma-separated paths (default: all)")
+    p.add_argument("--seed", type=int, help="base seed (replica g of a torchrun job uses seed + g; default 0)")
+    add_dist_args(p)
+    p.add_argument("--json", metavar="FILE", help="write the whole report as JSON")
+    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per (scenario, path, invariant)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
+    p.set_defaults(func=main)
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: str                 # preset name or file
+    dcp: int | None
+    pcp: int | None
+    interleave: int | None
+
+    @property
+    def label(self) -> str:
+        name = self.scenario if self.scenario in sc.PRESETS else Path(self.scenario).stem
+        cp = "" if self.dcp is None else f" cp{self.dcp}" if self.pcp in (None, 1) else f" cp{self.dcp}x{self.pcp}"
+        return name + cp + ("" if self.interleave is None else f" i{self.interleave}")
+
+
+def _items(value, field: str) -> list:
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else [x.strip() for x in str(value).split(",") if x.strip()]
+    if not items:
+        raise ConfigError(field, "must list at least one value")
+    return items
+
+
+def _int(x, field: str) -> int:
+    try:
+        v = int(x)
+    except (TypeError, ValueError):
+        raise ConfigError(field, f"{x!r} is not an integer") from None
+    if v < 1:
+        raise ConfigError(field, f"{v} must be >= 1")
+    return v
+
+
+def _cp(x) -> tuple[int, int]:
+    text = str(x).lower()
+    if "x" in text:
+        d, _, p = text.partition("x")
+        return _int(d, "cp"), _int(p, "cp")
+    return _int(text, "cp"), 1
+
+
+def load_matrix(args) -> dict:
+    """The matrix: TOML values overridden by flags."""
+    conf: dict = {}
+    if args.config:
+        import tomllib
+        try:
+            conf = tomllib.loads(Path(args.config).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError("--config", f"cannot read {args.config}: {e}") from None
+        unknown = sorted(set(conf) - set(KEYS))
+        if unknown:
+            raise ConfigError("--config", f"unknown key(s) {unknown}; allowed: {', '.join(KEYS)}")
+    for k in KEYS:
+        v = getattr(args, k)
+        if v is not None:
+            conf[k] = v
+    presets = _items(conf.get("presets", "default"), "presets")
+    if presets == ["all"]:
+        presets = list(sc.PRESETS)
+    paths = conf.get("paths")
+    return {
+        "presets": [str(p) for p in presets],
+        "cp": [_cp(x) for x in _items(conf.get("cp"), "cp")] or [None],
+        "interleaves": [_int(x, "interleaves") for x in _items(conf.get("interleaves"), "interleaves")] or [None],
+        "paths": parse_paths(",".join(paths) if isinstance(paths, list) else (paths or ",".join(PATHS))),
+        "seed": int(conf.get("seed", 0)),
+    }
+
+
+def cells(matrix: dict) -> list[Cell]:
+    return [Cell(p, cp[0] if cp else None, cp[1] if cp else None, i)
+            for p in matrix["presets"] for cp in matrix["cp"] for i in matrix["interleaves"]]
+
+
+def _builder(cell: Cell, seed: int):
+    ns = Namespace(scenario=cell.scenario, dcp=cell.dcp, pcp=cell.pcp, interleave=cell.interleave,
+                   seed=seed, allow_invalid=False)
+    is_file = cell.scenario not in sc.PRESETS
+
+    def build(replica: int) -> sc.Scenario:
+        s = scenario_from_args(Namespace(**{**vars(ns), "seed": seed + (0 if is_file else replica)}))
+        return s.replace(seed=s.seed + replica) if is_file else s
+
+    return build
+
+
+def plan(matrix: dict, world: int | None):
+    """(entries, skipped): the runnable cells and, for the others, why not. Deterministic on every rank."""
+    from cpsim.distrun import Entry
+
+    entries, skipped = [], {}
+    for cell in cells(matrix):
+        build = _builder(cell, matrix["seed"])
+        try:
+            s = build(0)
+        except ConfigError as e:
+            skipped[cell.label] = f"invalid: {e}"
+            continue
+        n = s.cp.world
+        if world is not None and n > world:
+            skipped[cell.label] = f"needs {n} ranks, the job has {world}"
+            continue
+        entries.append(Entry(cell.label, build, n, matrix["paths"]))
+    if not entries:
+        raise ConfigError("sweep", "every cell was skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    return entries, skipped
+
+
+def main(args) -> int:
+    matrix = load_matrix(args)
+    world = int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else None
+    entries, skipped = plan(matrix, world)
+    console = Console()
+    progress = _progress(console, args.quiet, len(entries))
+    if world is None:
+        results = run_virtual_sweep(args, entries, progress)
+        return finish(console, args, results, skipped, None, world)
+    from cpsim.distrun import execute
+
+    def report_(results, infos) -> int:
+        return finish(console, args, results, skipped, infos, world)
+
+    return execute(args, entries, report_, progress=progress.advance if progress else None)
+
+
+class _Bar:
+    def __init__(self, console: Console, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        self.p = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          TextColumn("{task.description}"), console=console, transient=True)
+        self.task = self.p.add_task("", total=total)
+        self.p.start()
+
+    def advance(self, i: int, entry) -> None:
+        self.p.update(self.task, advance=1, description=entry.label)
+        if self.p.finished:
+            self.p.stop()
+
+
+def _progress(console: Console, quiet: bool, total: int) -> _Bar | None:
+    """A progress bar on a terminal only (and on rank 0 only under torchrun)."""
+    if quiet or not console.is_terminal or os.environ.get("RANK", "0") != "0":
+        return None
+    return _Bar(console, total)
+
+
+def run_virtual_sweep(args, entries, progress):
+    from cpsim.allocator import allocate_world
+    from cpsim.dist import select_device
+    from cpsim.distrun import GroupResult
+    from cpsim.world import run_virtual
+
+    dev = select_device(args.device)
+    results = []
+    for i, e in enumerate(entries):
+        s = e.build(0)
+        gathered = run_virtual(s, e.paths, device=dev.device)
+        verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+        results.append(GroupResult(e.label, 0, list(range(s.cp.world)), s, verdicts,
+                                   [p for p in e.paths if p not in gathered]))
+        if progress:
+            progress.advance(i, e)
+    return results
+
+
+def junit_label(r) -> str:
+    return f"{r.label} [seed {r.scenario.seed}]"
+
+
+def finish(console: Console, args, results, skipped: dict, infos, world: int | None) -> int:
+    from cpsim.distrun import print_groups
+
+    ok = all(coordinator.passed(r.verdicts) for r in results)
+    t = Table(title=f"sweep: {len(results)} scenario run(s)"
+                    + (f" on {world} ranks" if world else " (virtual world)"), title_justify="left")
+    for col in ("scenario", "CP", "ranks", "seed", "result"):
+        t.add_column(col)
+    for r in results:
+        bad = sum(v.count for v in r.verdicts if v.status == "fail")
+        cp = r.scenario.cp
+        t.add_row(r.label, f"{cp.dcp}x{cp.pcp}", f"{r.ranks[0]}-{r.ranks[-1]}", str(r.scenario.seed),
+                  "[green]pass[/green]" if coordinator.passed(r.verdicts) else f"[bold red]FAIL {bad}[/bold red]")
+    for label, why in skipped.items():
+        t.add_row(label, "", "", "", f"[dim]skipped: {why}[/dim]")
+    console.print(t)
+    failing = [r for r in results if not coordinator.passed(r.verdicts)]
+    if failing and not args.quiet:
+        print_groups(console, failing)
+    console.print("[bold green]every scenario passes[/bold green]" if ok else
+                  f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
+    if args.json:
+        from cpsim.distrun import to_dict
+        data = to_dict(results, infos or [], {"mode": "sweep" if world is None else "sweep-torchrun",
+                                              "skipped": skipped})
+        report.write_json(args.json, data)
+    if args.junit:
+        from cpsim.junit import write_junit
+        write_junit(args.junit, [(r.scenario, r.verdicts, junit_label(r)) for r in results], skipped)
+    sys.stdout.flush()
+    return 0 if ok else 1

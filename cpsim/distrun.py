@@ -1,0 +1,287 @@
+"""The torchrun flow: each rank runs the paths for its own total CP rank, the CP
+group all-gathers the outputs, the group's first rank runs the coordinator, and
+every verdict reaches every rank (rank 0 prints them).
+
+World layout: W = R x N ranks, CP groups of N consecutive global ranks; group
+``g`` is replica ``g`` and runs its scenario with seed ``seed + g``. Inside a
+group, position ``i`` is total CP rank ``i = pcp_rank * DCP + dcp_rank``.
+
+Test hooks (environment variables, read on every rank; used by tests/test_dist.py):
+``CPSIM_TEST_EXIT_RANK=r`` rank r exits abruptly after the fingerprint check;
+``CPSIM_TEST_RAISE_RANK=r`` rank r raises inside its first path;
+``CPSIM_TEST_SEED_RANK=r`` rank r builds its scenario with a different seed;
+``CPSIM_TEST_FAULT_RANK=r`` rank r runs the kernels with ``CPSIM_TEST_FAULT`` fault bits (default 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from cpsim import coordinator
+from cpsim.allocator import allocate_rank, allocate_world
+from cpsim.coordinator import Verdict
+from cpsim.errors import DistError
+from cpsim.layout import POISON
+from cpsim.paths import Knobs, RankOutput, run_path
+from cpsim.scenario import Scenario
+from cpsim.world import knobs_for, stack
+
+
+@dataclass
+class Entry:
+    """One scenario family to check: ``build(replica)`` gives replica ``replica``'s scenario."""
+
+    label: str
+    build: Callable[[int], Scenario]
+    cp_size: int
+    paths: list[str]
+    knobs: Knobs = Knobs()               # an injected fault ...
+    inject_rank: int | None = None       # ... on this CP rank only (None: every rank)
+    kernels: dict = field(default_factory=dict)  # path -> user kernel replacing the built-in one
+
+
+@dataclass
+class GroupResult:
+    """What one CP group found for one entry."""
+
+    label: str
+    group: int
+    ranks: list[int]
+    scenario: Scenario
+    verdicts: list[Verdict]
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RankInfo:
+    rank: int
+    host: str
+    pid: int
+    device: str
+
+
+@dataclass(frozen=True)
+class Hooks:
+    exit_rank: int | None = None
+    raise_rank: int | None = None
+    seed_rank: int | None = None
+    fault_rank: int | None = None
+    fault: int = 1
+
+    @staticmethod
+    def from_environ() -> "Hooks":
+        def num(name):
+            v = os.environ.get(name, "")
+            return int(v) if v.strip() else None
+        return Hooks(num("CPSIM_TEST_EXIT_RANK"), num("CPSIM_TEST_RAISE_RANK"), num("CPSIM_TEST_SEED_RANK"),
+                     num("CPSIM_TEST_FAULT_RANK"), num("CPSIM_TEST_FAULT") or 1)
+
+
+SEED_HOOK_DELTA = 1000
+
+
+def _fp_words(fp: str) -> list[int]:
+    return [int(fp[:8], 16), int(fp[8:16], 16)]
+
+
+def _fp_text(hi: int, lo: int) -> str:
+    return f"{hi:08x}{lo:08x}"
+
+
+def _plan_hash(entry: Entry, world: int) -> int:
+    """What every rank must agree on besides the scenario: the collectives it will issue."""
+    text = f"{entry.label}|{entry.cp_size}|{','.join(entry.paths)}|{world}"
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
+
+
+def _meta(out: RankOutput | None, G: int, total_rank: int, dcp: int) -> torch.Tensor:
+    if out is None:
+        return torch.tensor([0, 0, total_rank, total_rank // dcp, total_rank % dcp] + [0] * (3 * G))
+    return torch.tensor([1, out.slots.shape[1], total_rank, total_rank // dcp, total_rank % dcp]
+                        + [int(x) for x in out.enabled] + list(out.widths) + list(out.entry_sizes),
+                        dtype=torch.int64)
+
+
+def _gather_path(comm, pg, N: int, s: Scenario, path: str, out: RankOutput | None, total_rank: int,
+                 label: str) -> list[RankOutput] | None:
+    """The CP group's outputs in total-rank order (on every member); None if the path does not apply."""
+    G = len(s.groups)
+    meta = comm.all_gather(_meta(out, G, total_rank, s.cp.dcp), pg, N, f"{label}: {path} meta").view(N, -1)
+    present = meta[:, 0]
+    if not bool(present.any()):
+        return None
+    if not bool(present.all()):
+        raise DistError(f"{label}: ranks {(present == 0).nonzero().flatten().tolist()} skipped path {path} "
+                        f"that the others ran")
+    for i in range(N):
+        total, pcp_rank, dcp_rank = (int(x) for x in meta[i, 2:5])
+        if total != i or pcp_rank * s.cp.dcp + dcp_rank != i:
+            raise DistError(f"{label}: gathered position {i} holds total rank {total} "
+                            f"(pcp {pcp_rank} x DCP {s.cp.dcp} + dcp {dcp_rank}); expected {i}")
+    width = int(meta[:, 1].max())
+    mine = torch.full((G, width), POISON, dtype=torch.int64)
+    mine[:, : out.slots.shape[1]] = out.slots.cpu().to(torch.int64)
+    slots = comm.all_gather(mine, pg, N, f"{label}: {path} slots").view(N, G, width)
+    outs = []
+    for i in range(N):
+        m = meta[i, 5:].tolist()
+        outs.append(RankOutput(slots[i], [bool(x) for x in m[:G]], m[G:2 * G], m[2 * G:3 * G]))
+    return outs
+
+
+def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device) -> list[GroupResult]:
+    """Check one entry on every CP group of the world; every rank returns every group's result."""
+    N = entry.cp_size
+    g, pg = comm.cp_group(N)
+    replicas = comm.world // N
+    active = g >= 0
+    pos = comm.rank - g * N
+    s = None
+    words = [-1, -1, -1]
+    if active:
+        comm.state(f"{entry.label}: building the scenario")
+        s = entry.build(g + (SEED_HOOK_DELTA if hooks.seed_rank == comm.rank else 0))
+        words = _fp_words(s.fingerprint()) + [_plan_hash(entry, comm.world)]
+    table = comm.all_gather(torch.tensor(words, dtype=torch.int64), what=f"{entry.label}: fingerprints",
+                            ctrl=True).view(comm.world, 3)
+    plans = {int(table[r, 2]) for r in range(replicas * N)}
+    if len(plans) > 1:
+        raise DistError(f"{entry.label}: ranks were started with different arguments (plan hashes "
+                        f"{sorted(plans)}); every rank must get the same cpsim command line")
+    fps = [[_fp_text(int(table[r, 0]), int(table[r, 1])) for r in range(k * N, (k + 1) * N)]
+           for k in range(replicas)]
+    if hooks.exit_rank == comm.rank:
+        print(f"[rank {comm.rank}] test hook CPSIM_TEST_EXIT_RANK: exiting abruptly", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    result = None
+    if active:
+        same = coordinator.same_scenario(fps[g])
+        ranks = list(range(g * N, (g + 1) * N))
+        if same.status == "fail":
+            # Mismatched groups skip the paths (as a whole group, so the collectives stay aligned).
+            result = GroupResult(entry.label, g, ranks, s, [same]) if pos == 0 else None
+        else:
+            result = _run_group(comm, pg, entry, s, g, pos, ranks, fps[g], hooks, device)
+    payloads = comm.all_gather_objects(result, f"{entry.label}: verdicts")
+    return [p for p in payloads if p is not None]
+
+
+def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: list[int], fps: list[str],
+               hooks: Hooks, device: torch.device) -> GroupResult | None:
+    N = entry.cp_size
+    knobs = knobs_for(pos, entry.knobs, entry.inject_rank)
+    if hooks.fault_rank == comm.rank:
+        knobs = Knobs(kernel_fault=hooks.fault)
+    allocs = allocate_rank(s, pos)
+    gathered, skipped = {}, []
+    for path in entry.paths:
+        comm.state(f"{entry.label}: running {path}")
+        if hooks.raise_rank == comm.rank:
+            raise RuntimeError(f"test hook CPSIM_TEST_RAISE_RANK: rank {comm.rank} raised inside path {path}")
+        out = run_path(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
+        if N == 1:
+            outs = None if out is None else [out]
+        else:
+            outs = _gather_path(comm, pg, N, s, path, out, pos, entry.label)
+        if outs is None:
+            skipped.append(path)
+        elif pos == 0:
+            gathered[path] = stack(path, outs)
+    if pos != 0:
+        return None
+    comm.state(f"{entry.label}: checking")
+    verdicts = coordinator.check(s, allocate_world(s), gathered, fps)
+    return GroupResult(entry.label, g, ranks, s, verdicts, skipped)
+
+
+def rank_info(comm) -> RankInfo:
+    return RankInfo(comm.rank, socket.gethostname(), os.getpid(), comm.dev.describe())
+
+
+def execute(args, entries: list[Entry], report: Callable, progress: Callable | None = None) -> int:
+    """Run ``entries`` on this rank of a torchrun job; ``report(results, infos) -> code`` runs on rank 0.
+
+    Every rank returns the same exit code. Failures never return: ``Comm.fail`` ends the process.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_execute)(args, entries, report, progress)
+
+
+def _execute(args, entries, report, progress) -> int:
+    from cpsim.dist import Comm, Env, select_device
+
+    env = Env.from_environ()
+    dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
+    hooks = Hooks.from_environ()
+    comm = Comm.init(env, dev, args.timeout)
+    try:
+        results: list[GroupResult] = []
+        for i, entry in enumerate(entries):
+            results += run_entry(comm, entry, hooks, dev.device)
+            if progress is not None and comm.rank == 0:
+                progress(i, entry)
+        infos = comm.all_gather_objects(rank_info(comm), "rank info")
+        code = report(results, infos) if comm.rank == 0 else 0
+        # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
+        code = int(comm.all_gather(torch.tensor([code]), what="exit code", ctrl=True).max())
+    except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
+        comm.fail(e)
+    comm.close()
+    return code
+
+
+# ---- what rank 0 prints and writes ------------------------------------------------
+
+def print_ranks(console, infos: list[RankInfo], results: list[GroupResult]) -> None:
+    from rich.table import Table
+
+    where = {}
+    for r in results:
+        dcp = r.scenario.cp.dcp
+        for i, rank in enumerate(r.ranks):
+            where[rank] = (r.group, i, i // dcp, i % dcp)
+    t = Table(title=f"{len(infos)} rank(s)", title_justify="left")
+    for col in ("rank", "host", "pid", "device", "CP group", "total CP rank", "pcp", "dcp"):
+        t.add_column(col, justify="right" if col not in ("host", "device") else "left")
+    for info in infos:
+        g = where.get(info.rank)
+        cells = [str(x) for x in g] if g else ["idle", "", "", ""]
+        t.add_row(str(info.rank), info.host, str(info.pid), info.device, *cells)
+    console.print(t)
+
+
+def print_groups(console, results: list[GroupResult]) -> None:
+    from cpsim import report
+
+    for r in results:
+        title = (f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]}) · seed {r.scenario.seed} "
+                 f"· scenario {r.scenario.fingerprint()}")
+        report.print_report(console, r.scenario, r.verdicts, title=title)
+        for p in r.skipped:
+            console.print(f"[dim]{p}: not applicable at CP world size {r.scenario.cp.world}[/dim]")
+
+
+def to_dict(results: list[GroupResult], infos: list[RankInfo], extra: dict | None = None) -> dict:
+    import dataclasses
+
+    from cpsim import report
+
+    return {
+        "schema_version": report.SCHEMA_VERSION,
+        "mode": "torchrun",
+        "world_size": len(infos),
+        "passed": all(coordinator.passed(r.verdicts) for r in results),
+        "ranks": [dataclasses.asdict(i) for i in infos],
+        "groups": [report.to_dict(r.scenario, r.verdicts, {"label": r.label, "group": r.group, "ranks": r.ranks,
+                                                           "paths_skipped": r.skipped}) for r in results],
+        **(extra or {}),
+    }

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# N simulated ranks on CPU: gloo collectives, Triton interpreter, any N on any core count.
+set -euo pipefail
+usage() {
+    cat <<'TXT'
+usage: launch/cpu-sim.sh NPROC [run|sweep] [cpsim args...]
+
+Simulate NPROC ranks on the CPU with torchrun: gloo for collectives, the Triton
+interpreter for the kernels (TRITON_INTERPRET=1), one thread per process so
+more ranks than cores still make progress. Extra arguments go to cpsim
+(the sub-command defaults to `run`).
+
+examples:
+  launch/cpu-sim.sh 8                                   # default preset, CP 8
+  launch/cpu-sim.sh 8 --dcp 4 --json report.json        # 2 CP groups of 4
+  launch/cpu-sim.sh 4 --scenario mtp --paths v1,v2 --timeout 60
+  launch/cpu-sim.sh 8 sweep --presets default,mtp --cp 2,4,8 --junit report.xml
+
+environment: PY (python to use), TORCHRUN_ARGS (extra torchrun options).
+TXT
+    exit "${1:-2}"
+}
+case "${1:-}" in -h|--help) usage 0 ;; "") usage 2 ;; esac
+source "$(dirname "$0")/_common.sh"
+need_nproc "$1"
+nproc=$1; shift
+cmd=$(cpsim_command "$@"); [[ "${1:-}" == "$cmd" ]] && shift
+export TRITON_INTERPRET=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# shellcheck disable=SC2086
+exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
+    -m cpsim "$cmd" --device cpu "$@"

@@ -1,0 +1,143 @@
+"""The distributed runner's pieces that need no worker processes: devices, JUnit, sweep matrix, scripts."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from cpsim.cli import main
+from cpsim.cmd import sweep
+from cpsim.coordinator import Verdict, Violation
+from cpsim.dist import select_device
+from cpsim.errors import ConfigError
+from cpsim import scenario as sc
+from cpsim.junit import write_junit
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="torch_npu is installed")
+def test_npu_without_torch_npu_is_a_clear_error(capsys):
+    with pytest.raises(ConfigError, match="device npu requested but torch_npu is not importable"):
+        select_device("npu")
+    assert main(["run", "--device", "npu"]) == 2
+    assert "torch_npu is not importable" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ConfigError, match="device cuda requested"):
+        select_device("cuda")
+
+
+def test_cpu_uses_gloo_and_the_interpreter():
+    dev = select_device("cpu", local_rank=3, local_world=8)
+    assert (dev.kind, dev.backend, dev.device.type) == ("cpu", "gloo", "cpu")
+    assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+def test_bounded_init_when_a_rank_never_arrives():
+    # A world of 2 where rank 1 never starts: init must give up after --timeout, not hang.
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(_free_port()), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "cpsim", "run", "--device", "cpu", "--timeout", "3",
+                           "--scenario", "mtp"], env=env, capture_output=True, text=True, timeout=60)
+    err = " ".join(proc.stderr.split())  # rich wraps long lines
+    assert proc.returncode == 1
+    assert "did not complete within 3 s" in err and "1/2 clients joined" in err
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_junit_sweep_labels_and_skipped_cells(tmp_path):
+    """A sweep labels each replica's suite and lists cells that never ran as skipped."""
+    s = sc.validate(sc.preset("mtp"))
+    fail = Verdict("owner-rule", "v2", "fail", 10, [
+        Violation("owner-rule", "v2", "attn", 3, "3 token(s) not stored on rank (p // 1) % 4", [2])])
+    results = [(s, [Verdict("padding", "v1", "pass", 5), fail, Verdict("same-scenario", "*", "n/a")],
+                "mtp cp4 [seed 1]")]
+    out = tmp_path / "r.xml"
+    write_junit(out, results, skipped={"long-prefill cp8": "needs 8 ranks, the job has 4"})
+    root = ET.parse(out).getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("4", "1", "2")
+    suites = {x.get("name"): x for x in root.iter("testsuite")}
+    assert set(suites) == {"cpsim.mtp cp4 [seed 1]", "cpsim.long-prefill cp8"}
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    failure = cases["attn::owner-rule"].find("failure")
+    assert "ranks [2]" in failure.text and "not stored on rank" in failure.text
+    assert cases["scenario"].find("skipped").get("message") == "needs 8 ranks, the job has 4"
+    assert cases["attn::padding"].find("failure") is None
+
+
+def _args(**kw) -> Namespace:
+    base = dict(config=None, presets=None, cp=None, interleaves=None, paths=None, seed=None)
+    return Namespace(**(base | kw))
+
+
+def test_sweep_matrix_from_toml_with_flags_winning(tmp_path):
+    conf = tmp_path / "m.toml"
+    conf.write_text('presets = ["mtp", "default"]\ncp = [2, "2x2"]\ninterleaves = [1]\npaths = ["v1"]\n')
+    m = sweep.load_matrix(_args(config=str(conf), paths="v1,v2"))
+    assert m["paths"] == ["v1", "v2"] and m["cp"] == [(2, 1), (2, 2)]
+    labels = [c.label for c in sweep.cells(m)]
+    assert labels == ["mtp cp2 i1", "mtp cp2x2 i1", "default cp2 i1", "default cp2x2 i1"]
+    entries, skipped = sweep.plan(m, world=2)
+    assert [e.label for e in entries] == ["mtp cp2 i1", "default cp2 i1"]
+    assert skipped == {"mtp cp2x2 i1": "needs 4 ranks, the job has 2",
+                       "default cp2x2 i1": "needs 4 ranks, the job has 2"}
+
+
+@pytest.mark.parametrize("kw, field", [(dict(cp="0"), "cp"), (dict(cp="2xz"), "cp"),
+                                       (dict(interleaves="a"), "interleaves"), (dict(paths="v9"), "--paths")])
+def test_sweep_bad_matrix_names_the_field(kw, field):
+    with pytest.raises(ConfigError) as e:
+        sweep.load_matrix(_args(**kw))
+    assert e.value.field == field
+
+
+def test_sweep_rejects_unknown_toml_keys(tmp_path):
+    conf = tmp_path / "m.toml"
+    conf.write_text('presets = ["mtp"]\ncps = [2]\n')
+    with pytest.raises(ConfigError, match="unknown key"):
+        sweep.load_matrix(_args(config=str(conf)))
+
+
+def test_virtual_sweep_writes_json_and_junit(tmp_path):
+    js, xml = tmp_path / "r.json", tmp_path / "r.xml"
+    code = main(["sweep", "--presets", "mtp", "--cp", "2,16", "--interleaves", "1,256", "--paths", "v1,v2",
+                 "--quiet", "--json", str(js), "--junit", str(xml)])
+    assert code == 0
+    root = ET.parse(xml).getroot()
+    # mtp cp2 i1 runs (2 paths x 8 invariants + paths-agree + same-scenario); i256 > B=128 is invalid;
+    # cp16 i1 runs too.
+    suites = {s.get("name").removeprefix("cpsim."): int(s.get("tests")) for s in root.iter("testsuite")}
+    assert suites["mtp cp2 i1 [seed 0]"] == 18 and suites["mtp cp16 i1 [seed 0]"] == 18
+    assert suites["mtp cp2 i256"] == 1  # skipped: invalid interleave
+    import json
+    data = json.loads(js.read_text())
+    assert data["passed"] is True and "interleave" in data["skipped"]["mtp cp2 i256"]
+
+
+@pytest.mark.parametrize("script", ["local.sh", "cpu-sim.sh", "ci-8card.sh", "multinode.sh"])
+def test_launch_scripts_have_help(script):
+    proc = subprocess.run([str(ROOT / "launch" / script), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: launch/" + script)
+
+
+def test_launch_rejects_a_bad_nproc():
+    proc = subprocess.run([str(ROOT / "launch" / "cpu-sim.sh"), "eight"], capture_output=True, text=True,
+                          timeout=30, env=dict(os.environ, PY=sys.executable))
+    assert proc.returncode == 2 and "NPROC must be a positive integer" in proc.stderr
