@@ -127,6 +127,7 @@ def main_torchrun(args) -> int:
                           f"(DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
             print_ranks(console, infos, results)
             print_groups(console, results)
+            describe_kernels(console, entry.kernels)
             console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
                           f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
                           f"{len(results)} CP group(s) fail[/bold red]")
