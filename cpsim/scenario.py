@@ -350,7 +350,14 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
     over = {k: v for k, v in (("dcp", dcp), ("pcp", pcp), ("interleave", interleave)) if v is not None}
     if over:
         s = s.replace(cp=dataclasses.replace(s.cp, **over))
-    return s
+    if min(s.cp.dcp, s.cp.pcp, s.cp.interleave) < 1:
+        return s  # validate() names the bad field
+    # A smaller CP size puts more blocks on each rank: grow the cache to fit.
+    groups = []
+    for g in s.groups:
+        need = max_blocks_needed(s, g) + 1
+        groups.append(g if need <= g.num_blocks else dataclasses.replace(g, num_blocks=1 << (need - 1).bit_length()))
+    return s.replace(groups=tuple(groups))
 
 
 PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp")
