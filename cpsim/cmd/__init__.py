@@ -38,7 +38,8 @@ def parse_paths(text: str) -> list[str]:
 def scenario_from_args(args) -> sc.Scenario:
     name = args.scenario
     if name in sc.PRESETS:
-        s = sc.preset(name, seed=args.seed)
+        # The preset sizes its caches for the CP layout it is given.
+        s = sc.preset(name, **{k: getattr(args, k, None) for k in ("dcp", "pcp", "interleave")}, seed=args.seed)
     elif Path(name).suffix in (".json", ".toml"):
         s = sc.load(name)
     else:
