@@ -26,6 +26,7 @@ class Knobs:
     sharded_width_undivided: bool = False  # attention tables not divided by CP size
     buffer_size: int = 0                  # slot buffer entries; 0 = the correct capacity
     draft_overwrite: bool = False         # draft slots written into the main buffer first
+    kernel_design: str = "per-request"    # "per-request" (vllm-ascend-faithful) | "tile" (tile-parallel)
 
 
 @dataclass

@@ -1,0 +1,45 @@
+"""Host side of the tile-parallel kernels: launch shape and the constexprs it needs.
+
+The launch shape depends on ``max_num_tokens`` and ``max_num_reqs`` only, never on
+the batch, so a captured graph stays valid for every batch of its capture size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cpsim.kernels import next_pow2
+
+INT32_MAX = 2**31 - 1
+CPU_TILE = 8192      # the interpreter pays per program: few, large tiles
+GPU_MIN_TILE = 64
+
+
+@dataclass(frozen=True)
+class TileLaunch:
+    tile: int
+    req_block: int
+    pos_int32: bool
+    num_warps: int
+
+    def grid(self, max_num_tokens: int) -> tuple[int]:
+        return (max(-(-max_num_tokens // self.tile), 1),)
+
+
+def gpu_tile(max_num_tokens: int) -> int:
+    """Tokens per program on a GPU: about two programs per SM, 64..1024 tokens."""
+    return min(max(next_pow2(-(-max_num_tokens // 264)), GPU_MIN_TILE), 1024)
+
+
+def plan(max_num_tokens: int, max_num_reqs: int, max_model_len: int, device_type: str,
+         tile: int | None = None) -> TileLaunch:
+    """Tile size, request vector size and whether int32 positions are provably safe.
+
+    Positions are below ``max_model_len``; every intermediate of the index math
+    (virtual offset, local offset, table index) is at most the position itself,
+    so int32 is exact when ``max_model_len <= 2**31 - 1``.
+    """
+    if tile is None:
+        tile = min(next_pow2(max_num_tokens), CPU_TILE) if device_type == "cpu" else gpu_tile(max_num_tokens)
+    return TileLaunch(tile=tile, req_block=next_pow2(max_num_reqs + 1),
+                      pos_int32=max_model_len <= INT32_MAX, num_warps=4 if tile <= 512 else 8)
