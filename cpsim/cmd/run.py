@@ -7,6 +7,7 @@ from rich.console import Console
 from cpsim import coordinator, report
 from cpsim.allocator import allocate_world
 from cpsim.cmd import add_path_args, add_scenario_args, parse_paths, scenario_from_args
+from cpsim.paths import KERNEL_DESIGNS, Knobs
 from cpsim.world import run_virtual
 
 
@@ -16,6 +17,8 @@ def register(sub) -> None:
     add_path_args(p)
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line")
+    p.add_argument("--kernel-design", choices=KERNEL_DESIGNS, default="per-request",
+                   help="Triton kernel design: per-request (vllm-ascend-faithful) or tile (tile-parallel)")
     p.set_defaults(func=main)
 
 
@@ -23,7 +26,7 @@ def main(args) -> int:
     s = scenario_from_args(args)
     paths = parse_paths(args.paths)
     console = Console()
-    gathered = run_virtual(s, paths)
+    gathered = run_virtual(s, paths, Knobs(kernel_design=getattr(args, "kernel_design", "per-request")))
     skipped = [p for p in paths if p not in gathered]
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     if not args.quiet:

@@ -12,8 +12,6 @@ from cpsim.kernels.tile import plan
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import KVGroup, Scenario
 
-DESIGNS = ("per-request", "tile")
-
 
 def _plan(s: Scenario, max_num_tokens: int, device: torch.device):
     return plan(max_num_tokens, s.limits.max_num_reqs, s.limits.max_model_len, device.type)
