@@ -3,7 +3,7 @@
 import triton
 import triton.language as tl
 
-INT32_BIG = 2147483647
+INT32_BIG = tl.constexpr(2147483647)
 
 
 @triton.jit

@@ -10,7 +10,7 @@ token. Padding entries are written by the same programs.
 import triton
 import triton.language as tl
 
-INT32_BIG = 2147483647
+INT32_BIG = tl.constexpr(2147483647)
 
 
 @triton.jit
@@ -61,9 +61,11 @@ def read_blocks(ptrs, stride, k, valid, FAULT: tl.constexpr):
 @triton.jit
 def slot_of(blk, block_size, o, FAULT: tl.constexpr):
     """``blk * block_size + o`` in int64 (FAULT 8: in int32, as the overflow bug does)."""
-    if FAULT & 8:
-        return blk * block_size.to(tl.int32) + o.to(tl.int32)
-    return blk.to(tl.int64) * block_size.to(tl.int64) + o.to(tl.int64)
+    if FAULT & 8:  # wraps in int32 first, then widens: the value the bug stores
+        slot = (blk * block_size.to(tl.int32) + o.to(tl.int32)).to(tl.int64)
+    else:
+        slot = blk.to(tl.int64) * block_size.to(tl.int64) + o.to(tl.int64)
+    return slot
 
 
 @triton.jit

@@ -65,7 +65,7 @@ def _tile_slot_mapping_kernel(
     ptrs = block_table_ptr + req.to(tl.int64) * block_table_stride
     blk = read_blocks(ptrs, block_table_stride, k, valid, FAULT)
     if FAULT & 8:
-        slot = blk * block_size + o.to(tl.int32)
+        slot = (blk * block_size + o.to(tl.int32)).to(tl.int64)
     else:
         slot = blk.to(tl.int64) * block_size + o.to(tl.int64)
     slot = tl.where(valid, slot, PAD_ID)

@@ -44,9 +44,8 @@ def _tile_slot_mappings_kernel(
     FAULT: tl.constexpr = 0,
     POS_INT32: tl.constexpr = True,
 ):
-    TILE: tl.constexpr = TRITON_BLOCK_SIZE
-    t = tl.program_id(0) * TILE + tl.arange(0, TILE)
-    req, actual = find_requests(query_start_loc, num_reqs, t, TILE, REQ_BLOCK)
+    t = tl.program_id(0) * TRITON_BLOCK_SIZE + tl.arange(0, TRITON_BLOCK_SIZE)
+    req, actual = find_requests(query_start_loc, num_reqs, t, TRITON_BLOCK_SIZE, REQ_BLOCK)
     ridx = tl.arange(0, REQ_BLOCK)
     rows = tl.load(idx_mapping + ridx, mask=ridx < num_reqs, other=-1)
     row = tl.gather(rows, req, 0)
