@@ -148,16 +148,17 @@ def torch_v2(torch, c: Case, out):
         out[gi] = torch.where(tok & local, blk * g.B + o, PAD)
 
 
-def make_versions(torch, c: Case, tile: int | None = None):
+def make_versions(torch, c: Case, tile: int | None = None, warps: int | None = None):
     from cpsim.kernels import window_size
-    from cpsim.kernels.tile import plan
+    from cpsim.kernels.tile import plan, pow2_sizes
     from cpsim.kernels.tile_v1 import _tile_slot_mapping_kernel
     from cpsim.kernels.tile_v2 import _tile_slot_mappings_kernel
     from cpsim.kernels.triton_v1 import _compute_slot_mapping_kernel
     from cpsim.kernels.triton_v2 import _compute_slot_mappings_kernel
 
     dev = c.out.device.type
-    p = plan(c.T, c.R, c.mml, dev, tile)
+    p = plan(c.T, c.R, c.mml, dev, tile, warps)
+    pow2 = pow2_sizes([g.B for g in c.groups], c.cp)
     Gn = len(c.groups)
     out = c.out
 
@@ -167,7 +168,7 @@ def make_versions(torch, c: Case, tile: int | None = None):
             CP_SIZE=c.cp, CP_INTERLEAVE=INTERLEAVE, PAD_ID=PAD, TRITON_BLOCK_SIZE=p.tile,
             slot_mapping_enabled=c.enabled, group_cp_sizes=c.cps, is_circular=c.circ,
             NUM_GROUPS=Gn, GROUP_BLOCK=next_pow2(Gn), REQ_BLOCK=p.req_block, POS_INT32=p.pos_int32,
-            num_warps=p.num_warps)
+            POW2=pow2, num_warps=p.num_warps)
 
     def v2_req():
         _compute_slot_mappings_kernel[(Gn, c.R + 1)](
@@ -255,7 +256,8 @@ def main() -> int:
     ap.add_argument("--out", help="write all numbers as JSON here")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter: tiny shapes, exactness only")
     ap.add_argument("--shapes", default="", help="comma-separated subset of shapes")
-    ap.add_argument("--sweep", default="128,256,512,1024,2048", help="tile sizes to sweep for v2-tile at CP 8")
+    ap.add_argument("--sweep", default="16/1,32/1,32/2,64/1,64/2,64/4,128/2,128/4,256/4,512/4,512/8,1024/8",
+                    help="TILE/num_warps pairs to sweep for v2-tile and v1-tile at CP 8")
     ap.add_argument("--replays", type=int, default=30)
     args = ap.parse_args()
     if args.smoke:
@@ -272,7 +274,7 @@ def main() -> int:
             "device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter)"}
     print(json.dumps(meta), flush=True)
     rows = []
-    sweep = [int(x) for x in args.sweep.split(",") if x]
+    sweep = [tuple(int(v) for v in x.split("/")) for x in args.sweep.split(",") if x]
     for sname, shape in shapes.items():
         for cp in (1, 8):
             for ng in (1, 4):
@@ -287,8 +289,11 @@ def main() -> int:
                 assert not bool((want == POISON).any()), "torch version left entries unwritten"
                 extra = {}
                 if cp == 8:
-                    for t in sweep:
-                        extra[f"v2-tile@{t}"] = make_versions(torch, c, t)[0]["v2-tile"]
+                    for t, w in sweep:
+                        vs = make_versions(torch, c, t, w)[0]
+                        extra[f"v2-tile@{t}/{w}"] = vs["v2-tile"]
+                        if ng == 1:
+                            extra[f"v1-tile@{t}/{w}"] = vs["v1-tile"]
                 big = nbytes > (1 << 20)
                 launches = 8 if big else 64
                 for name, fn in {**versions, **extra}.items():

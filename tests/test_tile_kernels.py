@@ -156,3 +156,14 @@ def test_unknown_design_is_a_config_error():
 
     with pytest.raises(ConfigError, match="kernel_design"):
         Knobs(kernel_design="warp")
+
+
+@pytest.mark.parametrize("B", [48, 64])
+def test_fused_and_v2_with_and_without_shift_path(B):
+    """Non-power-of-two block sizes take the division path, powers of two the shifts."""
+    s = _one_group(B, requests=((0, 50), (200, 3), (0, 0), (97, 1)), padded=70)
+    s = s.replace(groups=s.groups + (sc.KVGroup("swa", "sliding_window", 32, cp_sharded=False, num_blocks=16),))
+    s = sc.validate(s)
+    tile, verdicts = _check(s, KERNEL_PATHS)
+    assert coordinator.passed(verdicts), _failed(verdicts)
+    _same(run_virtual(s, KERNEL_PATHS), tile)

@@ -15,6 +15,7 @@ INT32_BIG = tl.constexpr(2147483647)
 
 @triton.jit
 def find_requests(qsl_ptr, num_reqs, t, TILE: tl.constexpr, REQ_BLOCK: tl.constexpr):
+    # t must be program_id(0) * TILE + arange(0, TILE).
     """(request of each token, query_start_loc[num_reqs], query_start_loc in registers).
 
     The request of token ``t`` is the largest ``r < num_reqs`` with
@@ -26,8 +27,8 @@ def find_requests(qsl_ptr, num_reqs, t, TILE: tl.constexpr, REQ_BLOCK: tl.conste
     q = tl.load(qsl_ptr + idx, mask=idx <= num_reqs, other=INT32_BIG)
     actual = tl.load(qsl_ptr + num_reqs)
     inner = tl.where((idx >= 1) & (idx < num_reqs), q, INT32_BIG)
-    t0 = tl.min(t, 0)
-    t1 = tl.minimum(tl.max(t, 0), actual - 1)
+    t0 = tl.program_id(0) * TILE
+    t1 = tl.minimum(t0 + TILE - 1, actual - 1)
     r0 = tl.sum((inner <= t0).to(tl.int32), 0)
     r1 = tl.sum((inner <= t1).to(tl.int32), 0)
     r1 = tl.maximum(r1, r0)
@@ -75,3 +76,9 @@ def write_mask(t, max_num_tokens, actual, num_tokens, FAULT: tl.constexpr):
     if FAULT & 1:
         m = m & ((t < actual) | (t >= num_tokens))
     return m
+
+
+@triton.jit
+def log2_pow2(x):
+    """Exact log2 of a power of two (int32 < 2**24), from the float exponent bits."""
+    return (x.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127

@@ -32,7 +32,7 @@ def gpu_tile(max_num_tokens: int) -> int:
 
 
 def plan(max_num_tokens: int, max_num_reqs: int, max_model_len: int, device_type: str,
-         tile: int | None = None) -> TileLaunch:
+         tile: int | None = None, num_warps: int | None = None) -> TileLaunch:
     """Tile size, request vector size and whether int32 positions are provably safe.
 
     Positions are below ``max_model_len``; every intermediate of the index math
@@ -42,4 +42,14 @@ def plan(max_num_tokens: int, max_num_reqs: int, max_model_len: int, device_type
     if tile is None:
         tile = min(next_pow2(max_num_tokens), CPU_TILE) if device_type == "cpu" else gpu_tile(max_num_tokens)
     return TileLaunch(tile=tile, req_block=next_pow2(max_num_reqs + 1),
-                      pos_int32=max_model_len <= INT32_MAX, num_warps=4 if tile <= 512 else 8)
+                      pos_int32=max_model_len <= INT32_MAX,
+                      num_warps=num_warps or (4 if tile <= 512 else 8))
+
+
+def is_pow2(x: int) -> bool:
+    return 0 < x < (1 << 24) and x & (x - 1) == 0
+
+
+def pow2_sizes(block_sizes, cp_size: int = 1) -> bool:
+    """Whether the tile kernels may replace divisions by these sizes with shifts."""
+    return is_pow2(cp_size) and all(is_pow2(int(b)) for b in block_sizes)

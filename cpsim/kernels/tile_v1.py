@@ -13,7 +13,7 @@ int64 (``FAULT`` 8 reproduces the int32 overflow on purpose).
 import triton
 import triton.language as tl
 
-from cpsim.kernels._tile import find_requests, read_blocks, slot_of, write_mask
+from cpsim.kernels._tile import find_requests, log2_pow2, read_blocks, slot_of, write_mask
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs"])
@@ -93,6 +93,7 @@ def _tile_slot_mapping_fused_kernel(
     GROUP_BLOCK: tl.constexpr,
     FAULT: tl.constexpr = 0,
     POS_INT32: tl.constexpr = True,
+    POW2: tl.constexpr = False,
 ):
     """All groups of a CP-size-1 model in one launch: a [groups, TILE] block per program."""
     t = tl.program_id(0) * TILE + tl.arange(0, TILE)
@@ -111,8 +112,12 @@ def _tile_slot_mapping_fused_kernel(
     circular = tl.load(is_circular + g, mask=has, other=0) != 0
     p = pos[None, :]
     b2 = bs[:, None]
-    k = tl.where(circular[:, None], 0, p // b2)
-    o = p % b2
+    if POW2:
+        k = tl.where(circular[:, None], 0, p >> log2_pow2(bs)[:, None])
+        o = p & (b2 - 1)
+    else:
+        k = tl.where(circular[:, None], 0, p // b2)
+        o = p % b2
     valid = has[:, None] & (tok & (pos >= 0))[None, :]
     ptrs = table[:, None] + (req.to(tl.int64)[None, :] * stride[:, None])
     blk = read_blocks(ptrs, stride[:, None], k, valid, FAULT)

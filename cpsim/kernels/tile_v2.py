@@ -5,7 +5,9 @@ minus the block-table window (every token reads its own entry). One program per
 ``TRITON_BLOCK_SIZE`` buffer entries handles every group as one
 ``[GROUP_BLOCK, TILE]`` block, so positions, the request search and
 ``idx_mapping`` are read once for all groups and all table loads are in flight
-together. Grid: ``(cdiv(max_num_tokens, TRITON_BLOCK_SIZE),)``.
+together. Grid: ``(cdiv(max_num_tokens, TRITON_BLOCK_SIZE),)``. ``POW2`` (the caller
+checks every block size and ``CP_SIZE`` are powers of two below 2**24) turns the
+runtime divisions by block sizes into shifts.
 
 Dummy requests (``idx_mapping == -1``) are never dereferenced; their tokens (none
 in a valid batch) are left unwritten, as the per-request kernel leaves them.
@@ -14,7 +16,7 @@ in a valid batch) are left unwritten, as the per-request kernel leaves them.
 import triton
 import triton.language as tl
 
-from cpsim.kernels._tile import find_requests, read_blocks, slot_of, write_mask
+from cpsim.kernels._tile import find_requests, log2_pow2, read_blocks, slot_of, write_mask
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "cp_rank"])
@@ -43,6 +45,7 @@ def _tile_slot_mappings_kernel(
     REQ_BLOCK: tl.constexpr,
     FAULT: tl.constexpr = 0,
     POS_INT32: tl.constexpr = True,
+    POW2: tl.constexpr = False,
 ):
     t = tl.program_id(0) * TRITON_BLOCK_SIZE + tl.arange(0, TRITON_BLOCK_SIZE)
     req, actual = find_requests(query_start_loc, num_reqs, t, TRITON_BLOCK_SIZE, REQ_BLOCK)
@@ -74,11 +77,21 @@ def _tile_slot_mappings_kernel(
     b2 = bs[:, None]
     sh = sharded[:, None]
     virtual = b2 * CP_SIZE
-    vo = p2 % virtual
+    if POW2:  # block sizes and CP size are powers of two: shifts and masks, no division
+        lb = log2_pow2(bs)[:, None]
+        vo = p2 & (virtual - 1)
+        k_sharded = (p2 >> lb) // CP_SIZE
+        k_plain = p2 >> lb
+        o_plain = p2 & (b2 - 1)
+    else:
+        vo = p2 % virtual
+        k_sharded = p2 // virtual
+        k_plain = p2 // b2
+        o_plain = p2 % b2
     lo = (vo // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + vo % CP_INTERLEAVE
     local = tl.where(sh, (vo // CP_INTERLEAVE) % CP_SIZE == cp_rank, p2 >= 0)
-    k = tl.where(sh, p2 // virtual, p2 // b2)
-    o = tl.where(sh, lo, p2 % b2)
+    k = tl.where(sh, k_sharded, k_plain)
+    o = tl.where(sh, lo, o_plain)
     k = tl.where(circular[:, None], 0, k)
     live = tok & (row >= 0)
     valid = (has & enabled)[:, None] & local & live[None, :]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from cpsim.kernels.tile import plan
+from cpsim.kernels.tile import plan, pow2_sizes
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import KVGroup, Scenario
 
@@ -43,7 +43,7 @@ def launch_v1_fused(s: Scenario, num_tokens: int, qsl: torch.Tensor, positions: 
         num_tokens, view.shape[1], s.batch.num_reqs, qsl, positions, ptrs, strides, sizes, circular,
         view, view.stride(0), PAD_ID=PAD_SLOT_ID, TILE=p.tile, REQ_BLOCK=p.req_block,
         NUM_GROUPS=view.shape[0], GROUP_BLOCK=next_pow2(view.shape[0]), FAULT=fault,
-        POS_INT32=p.pos_int32, num_warps=p.num_warps,
+        POS_INT32=p.pos_int32, POW2=pow2_sizes(sizes.tolist()), num_warps=p.num_warps,
     )
 
 
@@ -60,5 +60,5 @@ def launch_v2(s: Scenario, args: tuple, enabled, cp_sizes, circular, out: torch.
         CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=p.tile,
         slot_mapping_enabled=enabled, group_cp_sizes=cp_sizes, is_circular=circular,
         NUM_GROUPS=G, GROUP_BLOCK=next_pow2(G), REQ_BLOCK=p.req_block, FAULT=fault, POS_INT32=p.pos_int32,
-        num_warps=p.num_warps,
+        POW2=pow2_sizes(rest[5].tolist(), s.cp.world), num_warps=p.num_warps,
     )
