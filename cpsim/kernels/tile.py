@@ -12,7 +12,6 @@ from cpsim.kernels import next_pow2
 
 INT32_MAX = 2**31 - 1
 CPU_TILE = 8192      # the interpreter pays per program: few, large tiles
-GPU_MIN_TILE = 64
 
 
 @dataclass(frozen=True)
@@ -26,9 +25,16 @@ class TileLaunch:
         return (max(-(-max_num_tokens // self.tile), 1),)
 
 
-def gpu_tile(max_num_tokens: int) -> int:
-    """Tokens per program on a GPU: about two programs per SM, 64..1024 tokens."""
-    return min(max(next_pow2(-(-max_num_tokens // 264)), GPU_MIN_TILE), 1024)
+def gpu_tile(max_num_tokens: int) -> tuple[int, int]:
+    """(tokens per program, warps) on a GPU, from the H200 sweep in docs/BENCHMARKS.md.
+
+    Small buffers are latency-bound: short tiles keep the request search short.
+    Large ones want about 2048 programs of at most 512 tokens, 4 warps each.
+    """
+    if max_num_tokens <= 1024:
+        return 64, 4
+    tile = min(max(next_pow2(-(-max_num_tokens // 2048)), 32), 512)
+    return tile, min(max(tile // 32, 1), 4)
 
 
 def plan(max_num_tokens: int, max_num_reqs: int, max_model_len: int, device_type: str,
@@ -39,11 +45,14 @@ def plan(max_num_tokens: int, max_num_reqs: int, max_model_len: int, device_type
     (virtual offset, local offset, table index) is at most the position itself,
     so int32 is exact when ``max_model_len <= 2**31 - 1``.
     """
+    warps = 4
     if tile is None:
-        tile = min(next_pow2(max_num_tokens), CPU_TILE) if device_type == "cpu" else gpu_tile(max_num_tokens)
+        if device_type == "cpu":
+            tile = min(next_pow2(max_num_tokens), CPU_TILE)
+        else:
+            tile, warps = gpu_tile(max_num_tokens)
     return TileLaunch(tile=tile, req_block=next_pow2(max_num_reqs + 1),
-                      pos_int32=max_model_len <= INT32_MAX,
-                      num_warps=num_warps or (4 if tile <= 512 else 8))
+                      pos_int32=max_model_len <= INT32_MAX, num_warps=num_warps or warps)
 
 
 def is_pow2(x: int) -> bool:
