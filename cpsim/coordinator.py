@@ -161,16 +161,23 @@ def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
     B = g.block_size
     out = []
     for r in range(x.shape[0]):
-        held = _real(x[r])
-        if not held.any():
+        held = _real(x[r]).nonzero().flatten()  # only held tokens can break the rule
+        if not len(held):
             continue
-        j = layout.owned_before(ctx.pos, r if world > 1 else 0, world, ctx.s.cp.interleave)
+        j = layout.owned_before(ctx.pos[held], r if world > 1 else 0, world, ctx.s.cp.interleave)
         blocks = allocs[r].padded()
         bi = j // B
         inside = bi < blocks.shape[1]
-        want_block = torch.where(inside, blocks[ctx.req, bi.clamp(max=blocks.shape[1] - 1)], -1)
-        bad = held & (~inside | (x[r] // B != want_block) | (x[r] % B != j % B))
-        idx = bad.nonzero().flatten()
+        want_block = torch.where(inside, blocks[ctx.req[held], bi.clamp(max=blocks.shape[1] - 1)], -1)
+        got = x[r][held]
+        bad = ~inside | (got // B != want_block) | (got % B != j % B)
+        sel = bad.nonzero().flatten()
+        idx = held[sel]
+        # examples index per-token arrays: scatter what they read back to token positions
+        j = torch.zeros_like(ctx.pos).index_put_((held,), j)
+        bi = torch.zeros_like(ctx.pos).index_put_((held,), bi)
+        inside = torch.zeros_like(ctx.pos, dtype=torch.bool).index_put_((held,), inside)
+        want_block = torch.full_like(ctx.pos, -1).index_put_((held,), want_block)
         if len(idx):
             out.append(Violation(
                 "dense-local", path, g.name, len(idx),
@@ -197,14 +204,28 @@ def no_collision(ctx, path, g, x) -> list[Violation]:
         if g.circular:  # the ring overwrites within a request by design
             pairs = torch.unique(torch.stack([ctx.req[held], slots]), dim=1)
             slots = pairs[1]
-        srt, _ = torch.sort(slots)
-        dup = srt[1:][srt[1:] == srt[:-1]].unique()
+        dup = _duplicates(slots, cap)
         if len(dup):
             idx = (torch.isin(x[r], dup) & held).nonzero().flatten()
             out.append(Violation("no-collision", path, g.name, len(dup),
                                  f"rank {r}: {len(dup)} slot(s) written by more than one token", [r],
                                  _examples(ctx, idx, x[r], "a slot of its own", r)))
     return out
+
+
+def _duplicates(slots: torch.Tensor, cap: int) -> torch.Tensor:
+    """Sorted distinct values occurring more than once (a histogram when the cache is small)."""
+    inside = slots[(slots >= 0) & (slots < cap)]
+    if 0 < cap <= max(8 * slots.numel(), 1 << 20):
+        counts = torch.bincount(inside, minlength=cap)
+        dup = (counts > 1).nonzero().flatten()
+        outside = slots[(slots < 0) | (slots >= cap)]
+        if len(outside):
+            srt, _ = torch.sort(outside)
+            dup = torch.cat([dup, srt[1:][srt[1:] == srt[:-1]].unique()]).unique()
+        return dup
+    srt, _ = torch.sort(slots)
+    return srt[1:][srt[1:] == srt[:-1]].unique()
 
 
 def padding(ctx, path, g, full: torch.Tensor) -> list[Violation]:
@@ -231,10 +252,11 @@ def padding(ctx, path, g, full: torch.Tensor) -> list[Violation]:
 
 def matches_reference(ctx, path, g, gi, full, allocs_world) -> list[Violation]:
     out = []
+    index = reference.group_index(ctx.s, g, ctx.pos) if g.slot_mapped and not g.circular and ctx.n else None
     for r in range(full.shape[0]):
         want = torch.full((full.shape[1],), PAD_SLOT_ID, dtype=torch.int64)
         m = min(ctx.n, full.shape[1])
-        want[:m] = reference.group_slots(ctx.s, g, allocs_world[r][gi], r, ctx.pos, ctx.req)[:m]
+        want[:m] = reference.group_slots(ctx.s, g, allocs_world[r][gi], r, ctx.pos, ctx.req, index)[:m]
         bad = (full[r] != want).nonzero().flatten()
         if len(bad):
             out.append(Violation("matches-reference", path, g.name, len(bad),

@@ -15,27 +15,30 @@ from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import KVGroup, Scenario
 
 
+def group_index(s: Scenario, g: KVGroup, positions: torch.Tensor):
+    """(table index, offset, owner) of every position: the rank-independent part."""
+    return layout.table_index(positions, g.block_size, g.b, g.world(s.cp), s.cp.interleave)
+
+
 def group_slots(s: Scenario, g: KVGroup, alloc: Allocation, rank: int,
-                positions: torch.Tensor, req: torch.Tensor) -> torch.Tensor:
-    """Expected slot (or PAD) of every scheduled token for one group on one rank."""
-    out = torch.full_like(positions, PAD_SLOT_ID)
+                positions: torch.Tensor, req: torch.Tensor, index=None) -> torch.Tensor:
+    """Expected slot (or PAD) of every scheduled token for one group on one rank.
+
+    ``index`` is ``group_index(s, g, positions)`` when the caller already has it
+    (it is the same for every rank).
+    """
     if not g.slot_mapped or positions.numel() == 0:
-        return out
+        return torch.full_like(positions, PAD_SLOT_ID)
     blocks = alloc.padded()
     if g.circular:
-        ok = positions >= 0
         first = blocks[req, 0]
-        out[ok] = first[ok] * g.block_size + positions[ok] % g.b
-        return out
+        return torch.where(positions >= 0, first * g.block_size + positions % g.b, PAD_SLOT_ID)
     n = g.world(s.cp)
-    k, o, owner = layout.table_index(positions, g.block_size, g.b, n, s.cp.interleave)
-    mine = owner == (rank if n > 1 else 0)
+    k, o, owner = group_index(s, g, positions) if index is None else index
     phys_idx = k // g.bpk
-    inside = phys_idx < blocks.shape[1]
-    mine &= inside
-    phys = blocks[req[mine], phys_idx[mine]]
-    out[mine] = phys * g.block_size + (k[mine] % g.bpk) * g.b + o[mine]
-    return out
+    mine = (owner == (rank if n > 1 else 0)) & (phys_idx < blocks.shape[1])
+    phys = blocks[req, phys_idx.clamp(max=blocks.shape[1] - 1)]
+    return torch.where(mine, phys * g.block_size + (k % g.bpk) * g.b + o, PAD_SLOT_ID)
 
 
 def rank_slots(s: Scenario, allocs: list[Allocation], rank: int, num_entries: int) -> torch.Tensor:

@@ -39,7 +39,7 @@ def stack(path: str, outs: list[RankOutput]) -> Gathered:
 
 def knobs_for(rank: int, knobs: Knobs, inject_rank: int | None) -> Knobs:
     """A fault injected on one rank only leaves the others correct."""
-    return knobs if inject_rank is None or inject_rank == rank else Knobs()
+    return knobs if inject_rank is None or inject_rank == rank else Knobs(kernel_design=knobs.kernel_design)
 
 
 def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_rank: int | None = None,

@@ -26,6 +26,7 @@ from cpsim.progress import progress
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
 PROGRESS_MIN_WORK = 200_000
+from cpsim.paths import KERNEL_DESIGNS, Knobs
 
 
 def register(sub) -> None:
@@ -40,6 +41,8 @@ def register(sub) -> None:
                                                    "when the scenario is small enough to draw)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per path, group and invariant")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line; no progress bar")
+    p.add_argument("--kernel-design", choices=KERNEL_DESIGNS, default="per-request",
+                   help="built-in Triton kernels: per-request (vllm-ascend-faithful) or tile (tile-parallel)")
     p.set_defaults(func=main)
 
 
@@ -57,7 +60,8 @@ def main(args) -> int:
     work = s.cp.world * len(paths)
     quiet = args.quiet or s.batch.num_tokens * work < PROGRESS_MIN_WORK
     with progress(f"{s.name}: paths x ranks", total=work, quiet=quiet, console=console) as bar:
-        gathered = run_virtual(s, paths, device=dev.device, kernels=kernels,
+        gathered = run_virtual(s, paths, device=dev.device, knobs=Knobs(kernel_design=args.kernel_design),
+                               kernels=kernels,
                                on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
     skipped = [p for p in paths if p not in gathered]
     allocs = allocate_world(s)
@@ -115,7 +119,8 @@ def main_torchrun(args) -> int:
     label = args.scenario if args.scenario in sc.PRESETS else Path(args.scenario).stem
     paths = parse_paths(args.paths)
     from cpsim.dist import select_device
-    entry = Entry(label, build, n, paths, kernels=kernels_from_args(args, select_device(args.device).device, paths))
+    entry = Entry(label, build, n, paths, knobs=Knobs(kernel_design=args.kernel_design),
+                  kernels=kernels_from_args(args, select_device(args.device).device, paths))
 
     def report_(results, infos) -> int:
         console = Console()

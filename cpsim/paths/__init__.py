@@ -14,6 +14,7 @@ import torch
 from cpsim.layout import POISON  # noqa: F401  (re-exported for the paths)
 
 PATHS = ("v1", "v1-fused", "v1-torch", "v2")
+KERNEL_DESIGNS = ("per-request", "tile")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,13 @@ class Knobs:
     sharded_width_undivided: bool = False  # attention tables not divided by CP size
     buffer_size: int = 0                  # slot buffer entries; 0 = the correct capacity
     draft_overwrite: bool = False         # draft slots written into the main buffer first
+    kernel_design: str = "per-request"    # "per-request" (vllm-ascend-faithful) | "tile" (tile-parallel)
+
+    def __post_init__(self) -> None:
+        if self.kernel_design not in KERNEL_DESIGNS:
+            from cpsim.errors import ConfigError
+            raise ConfigError("kernel_design", f"must be one of {', '.join(KERNEL_DESIGNS)}, "
+                                               f"got {self.kernel_design!r}")
 
 
 @dataclass

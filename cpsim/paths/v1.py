@@ -11,7 +11,7 @@ import torch
 from cpsim import kernels, layout
 from cpsim.allocator import Allocation, logical_table, physical_table
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import POISON, Knobs, RankOutput
+from cpsim.paths import POISON, Knobs, RankOutput, _tile
 from cpsim.paths._inputs import batch_tensors, prepare_triton
 from cpsim.scenario import KVGroup, Scenario
 
@@ -73,6 +73,10 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
         n = g.world(s.cp)
         table = _tables(s, g, allocs[gi], knobs, device)
         kv_bs, bpk = _sizes(s, g, knobs)
+        if knobs.kernel_design == "tile":
+            _tile.launch_v1(s, g, min(bt.num_tokens, T), qsl, bt.positions, table, out[gi], kv_bs, bpk, rank,
+                            knobs.kernel_fault)
+            continue
         _compute_slot_mapping_kernel[(s.batch.num_reqs + 1,)](
             min(bt.num_tokens, T), T, qsl, bt.positions, table, table.stride(0), g.b, out[gi],
             KV_CACHE_BLOCK_SIZE=kv_bs, BLOCKS_PER_KV_BLOCK=bpk,
@@ -99,16 +103,21 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
     if groups:
         tables = [_tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
         view = out[[gi for gi, _ in groups]].contiguous()
-        _compute_slot_mapping_fused_kernel[(len(groups), s.batch.num_reqs + 1)](
-            min(bt.num_tokens, T), T, bt.query_start_loc.clamp(max=T), bt.positions,
-            torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device),
-            torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device),
-            torch.tensor([g.b for _, g in groups], dtype=torch.int32, device=device),
-            torch.tensor([int(g.circular) for _, g in groups], dtype=torch.int32, device=device),
-            view, view.stride(0), PAD_ID=PAD_SLOT_ID, TILE_BLOCK_SIZE=TILE,
-            BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(g.b for _, g in groups)),
-            FAULT=knobs.kernel_fault,
-        )
+        ptrs = torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device)
+        strides = torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device)
+        sizes = torch.tensor([g.b for _, g in groups], dtype=torch.int32, device=device)
+        circ = torch.tensor([int(g.circular) for _, g in groups], dtype=torch.int32, device=device)
+        qsl = bt.query_start_loc.clamp(max=T)
+        if knobs.kernel_design == "tile":
+            _tile.launch_v1_fused(s, min(bt.num_tokens, T), qsl, bt.positions, ptrs, strides, sizes, circ, view,
+                                  knobs.kernel_fault)
+        else:
+            _compute_slot_mapping_fused_kernel[(len(groups), s.batch.num_reqs + 1)](
+                min(bt.num_tokens, T), T, qsl, bt.positions, ptrs, strides, sizes, circ,
+                view, view.stride(0), PAD_ID=PAD_SLOT_ID, TILE_BLOCK_SIZE=TILE,
+                BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(g.b for _, g in groups)),
+                FAULT=knobs.kernel_fault,
+            )
         out[[gi for gi, _ in groups]] = view
     return _result(out, s, knobs, [g.slot_mapped for g in s.groups])
 

@@ -11,7 +11,7 @@ import torch
 from cpsim import kernels, layout
 from cpsim.allocator import Allocation, logical_table, physical_table
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import POISON, Knobs, RankOutput
+from cpsim.paths import POISON, Knobs, RankOutput, _tile
 from cpsim.paths._inputs import batch_tensors, prepare_triton
 from cpsim.scenario import KVGroup, Scenario
 
@@ -49,11 +49,16 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
         return torch.tensor(values, dtype=torch.int32, device=device)
 
     rows = s.batch.rows_v2()
+    args = (min(bt.num_tokens, T), T, i32(rows), bt.query_start_loc.clamp(max=T), bt.positions,
+            torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device),
+            torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device),
+            i32(list(entry)), out, out.stride(0), rank)
+    if knobs.kernel_design == "tile":
+        _tile.launch_v2(s, args, i32([int(g.slot_mapped) for g in s.groups]), i32([g.world(s.cp) for g in s.groups]),
+                        i32([int(g.circular) for g in s.groups]), out, knobs.kernel_fault)
+        return RankOutput(out, [True] * len(s.groups), [t.shape[1] for t in tables], list(entry))
     _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
-        min(bt.num_tokens, T), T, i32(rows), bt.query_start_loc.clamp(max=T), bt.positions,
-        torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device),
-        torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device),
-        i32(list(entry)), out, out.stride(0), rank,
+        *args,
         CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
         BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(entry)),
         slot_mapping_enabled=i32([int(g.slot_mapped) for g in s.groups]),
