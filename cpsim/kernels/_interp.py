@@ -1,0 +1,53 @@
+"""Speed-ups for Triton's CPU interpreter that change no result.
+
+Triton 3.x's interpreter re-patches ``triton.language`` (an ``inspect.getmembers``
+walk over the whole module, ~2 ms) on every call of a ``@triton.jit`` helper from
+inside a kernel, although the enclosing launch has already patched it. Kernels
+call helpers once per tile, so this dominated small launches. ``install()`` makes
+such a nested call skip the redundant re-patch when every ``triton.language``
+module the helper sees is already patched, and falls back to Triton's own code
+otherwise (or when the interpreter's internals are not the ones expected).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Idempotent; only call after TRITON_INTERPRET=1 and ``import triton``."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as it
+        original = it.InterpretedFunction.__call__
+        error = it.InterpreterError
+        is_builtin = tl.core.is_builtin
+    except (ImportError, AttributeError):
+        return
+    lang_modules = (tl, tl.core)
+    helper_langs: dict[int, list] = {}
+
+    def patched(fn) -> bool:
+        langs = helper_langs.get(id(fn))
+        if langs is None:
+            langs = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in lang_modules]
+            helper_langs[id(fn)] = langs
+        # A patched module's builtins are replaced by plain wrappers.
+        return bool(langs) and all(not is_builtin(getattr(m, "load", None)) for m in langs)
+
+    def device_call(self, *args, **kwargs):
+        if not patched(self.fn):
+            return original(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise error(repr(e)) from e
+
+    it.InterpretedFunction.__call__ = device_call
