@@ -31,6 +31,8 @@ REPRO_SCHEMA = "cpsim-repro/1"
 DEFAULT_DB = Path(".cpsim") / "hypothesis"
 DEFAULT_PATHS = ("v1", "v2")
 MAX_TABLE_ENTRIES = 1 << 22      # int32 entries per group table (16 MiB): bounds max_model_len
+MAX_MODEL_LEN = 1 << 24
+MAX_MODEL_LEN_INVALID = 1 << 20  # invalid layouts count blocks by scanning positions
 INT32_MAX = sc.INT32_MAX
 
 
@@ -101,7 +103,7 @@ def _programs(world: int, groups: int, reqs: int) -> int:
     return world * groups * (reqs + 1)
 
 
-def scenarios(allow_invalid: bool = False, max_programs: int = 96, max_tokens_per_request: int = 24,
+def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_per_request: int = 24,
               max_world: int = 16):
     """Hypothesis strategy of scenarios that ``scenario.validate`` accepts.
 
@@ -111,54 +113,64 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 96, max_tokens_pe
     from hypothesis import strategies as st
 
     def small_or(lo: int, small: int, hi: int):
-        """Mostly small values, sometimes anything up to ``hi``."""
-        return st.one_of(st.integers(lo, min(small, hi)), st.integers(lo, hi))
+        """Mostly small values (cheap to interpret, quick to shrink), sometimes anything up to ``hi``."""
+        small = min(small, hi)
+        return st.one_of(st.integers(lo, max(lo, small // 2)), st.integers(lo, small), st.integers(lo, hi))
 
     pow2 = [1 << i for i in range(13)]
 
     @st.composite
+    def group(draw) -> tuple[sc.KVGroup, int]:
+        """A group (num_blocks still open) and its spare blocks: a few, or a huge sparse cache."""
+        kind = draw(st.sampled_from(GROUP_CHOICES))
+        bpk = 1 if kind in ("sliding_window", "mamba") else draw(small_or(1, 4, 16))
+        b_max = 4096 // bpk
+        b = draw(st.one_of(st.sampled_from([p for p in pow2 if p <= b_max]), st.integers(1, b_max)))
+        # Hypothesis favours small magnitudes, so "the biggest cache the int32 table allows" is its own branch.
+        spare = draw(st.one_of(st.integers(0, 64), st.integers(0, INT32_MAX), st.just(INT32_MAX)))
+        g = sc.KVGroup(kind, "attention" if kind.startswith("attention") else kind, b * bpk,
+                       b if bpk > 1 else 0, kind == "attention", num_blocks=2)
+        return g, spare
+
+    @st.composite
+    def request(draw, mml: int, spec: int) -> sc.Request:
+        kind = draw(st.sampled_from(REQUEST_KINDS))
+        q = {"decode": 1, "spec": 1 + spec, "empty": 0}.get(kind)
+        if q is None:
+            q = draw(small_or(1, 4, max_tokens_per_request))
+        q = min(q, mml)
+        room = mml - q
+        # Few tokens, but anywhere up to max_model_len (or right below it): big positions are cheap.
+        ctx = 0 if kind == "prefill" else draw(st.one_of(st.integers(0, room), st.integers(max(0, room - 16), room)))
+        return sc.Request(ctx, q, kind)
+
+    @st.composite
     def build(draw) -> sc.Scenario:
+        # Lists (not counts + loops) so the shrinker can delete a group or a request outright.
         world = draw(small_or(1, 4, max_world))
         pcp = draw(st.sampled_from(_divisors(world)))
-        ngroups = draw(small_or(1, 2, 5))
-        groups = []
-        for gi in range(ngroups):
-            kind = draw(st.sampled_from(GROUP_CHOICES))
-            bpk = 1 if kind in ("sliding_window", "mamba") else draw(small_or(1, 4, 16))
-            b_max = 4096 // bpk
-            b = draw(st.one_of(st.sampled_from([p for p in pow2 if p <= b_max]), st.integers(1, b_max)))
-            B = b * bpk
-            sharded = kind == "attention"
-            groups.append(sc.KVGroup(f"g{gi}-{kind}", "attention" if kind.startswith("attention") else kind,
-                                     B, b if bpk > 1 else 0, sharded, num_blocks=2))
+        drawn = draw(st.lists(group(), min_size=1, max_size=draw(small_or(1, 2, 5))))
+        groups = [dataclasses.replace(g, name=f"g{i}-{g.name}") for i, (g, _) in enumerate(drawn)]
         # Interleave: a divisor of every CP-sharded block size (the global rule), or anything when allowed.
         sharded_b = [g.block_size for g in groups if world > 1 and g.cp_sharded and g.kind == "attention"]
         common = math.gcd(*sharded_b) if sharded_b else max(g.block_size for g in groups)
-        valid_i = st.sampled_from(_divisors(common))
         invalid = allow_invalid and draw(st.booleans())
-        interleave = draw(st.integers(1, 2 * max(g.block_size for g in groups)) if invalid else valid_i)
+        # I = B (the largest choice) is common in deployments and is where I > b bites with hybrid blocks.
+        interleave = draw(st.integers(1, 2 * max(g.block_size for g in groups)) if invalid
+                          else st.one_of(st.sampled_from(_divisors(common)), st.just(common)))
         cp = sc.CPConfig(dcp=world // pcp, pcp=pcp, interleave=interleave)
 
-        budget_reqs = max(1, min(64, max_programs // (world * ngroups) - 1))
-        nreq = draw(small_or(1, 3, budget_reqs))
-        max_num_reqs = nreq + draw(small_or(0, 2, 16))
+        budget_reqs = max(1, min(64, max_programs // (world * len(groups)) - 1))
         spec = draw(small_or(0, 2, 6))
+        extra_rows = draw(small_or(0, 2, 16))
         # Table memory bounds max_model_len (v1 tables of unsharded groups are N times wider).
-        cap = min(max(1, MAX_TABLE_ENTRIES // (max_num_reqs * g.bpk * world)) * g.block_size for g in groups)
-        mml = draw(st.one_of(st.integers(1, min(256, cap)), st.integers(1, min(cap, 1 << 21))))
-        reqs = []
-        for _ in range(nreq):
-            kind = draw(st.sampled_from(REQUEST_KINDS))
-            q = {"decode": 1, "spec": 1 + spec, "empty": 0}.get(kind)
-            if q is None:
-                q = draw(small_or(1, 4, max_tokens_per_request))
-            q = min(q, mml)
-            room = mml - q
-            if kind == "prefill":
-                ctx = 0
-            else:  # anywhere, or right below max_model_len
-                ctx = draw(st.one_of(st.integers(0, room), st.integers(max(0, room - 16), room)))
-            reqs.append(sc.Request(ctx, q, kind))
+        rows = budget_reqs + extra_rows
+        cap = min(max(1, MAX_TABLE_ENTRIES // (rows * g.bpk * world)) * g.block_size for g in groups)
+        cap = min(cap, MAX_MODEL_LEN_INVALID if invalid else MAX_MODEL_LEN)
+        mml = draw(st.one_of(st.integers(1, min(256, cap)), st.integers(1, cap), st.just(cap)))
+        reqs = draw(st.lists(request(mml, spec), min_size=1, max_size=draw(small_or(1, 3, budget_reqs))))
+        nreq = len(reqs)
+        max_num_reqs = nreq + extra_rows
         total = sum(r.num_tokens for r in reqs)
         draft = max(spec - 1, 0) * max_num_reqs
         # Batched-token limit from "draft slots nearly full" to some slack.
@@ -173,12 +185,9 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 96, max_tokens_pe
         s = sc.Scenario("fuzz", cp, tuple(groups), limits, sc.Batch(tuple(reqs), idx, padded),
                         seed=draw(st.integers(0, 2**16)), allow_invalid=invalid)
         sized = []
-        for g in s.groups:
+        for g, (_, spare) in zip(s.groups, drawn):
             need = sc.max_blocks_needed(s, g) + 1
-            top = max(need, INT32_MAX // g.bpk)
-            # A few spare blocks, or a huge sparsely sampled cache (int32 / float32 limits).
-            extra = draw(st.one_of(st.integers(0, 64), st.integers(0, top - need)))
-            sized.append(dataclasses.replace(g, num_blocks=max(2, need + extra)))
+            sized.append(dataclasses.replace(g, num_blocks=max(2, min(need + spare, max(need, INT32_MAX // g.bpk)))))
         return sc.validate(s.replace(groups=tuple(sized)))
 
     return build()
@@ -296,8 +305,9 @@ class FuzzConfig:
     allow_invalid: bool = False
     out: Path = Path("out")
     database: Path | None = DEFAULT_DB   # None: no example database
-    max_programs: int = 96
+    max_programs: int = 48
     max_tokens_per_request: int = 24
+    shrink_seconds: float = 60.0         # then stop shrinking and keep the smallest failure so far
     device: str = "cpu"
 
 
@@ -352,11 +362,27 @@ def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None)
     db = DirectoryBasedExampleDatabase(str(cfg.database)) if cfg.database else None
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
 
+    failing: dict[str, Outcome] = {}   # fingerprint -> outcome of every failing scenario seen
+    shrink_until: list[float] = []
+
     def check(s: sc.Scenario) -> None:
-        prog.examples += 1
-        out = evaluate(s, cfg.paths, knobs, cfg.device)
+        fp = s.fingerprint()
+        if fp in failing:  # Hypothesis replays its final (smallest) failure: same answer, no rerun
+            out = failing[fp]
+        elif shrink_until and time.monotonic() > shrink_until[0]:
+            # Shrink budget spent: report every new candidate as passing so the shrinker
+            # stops; the failures already seen stay failures, so the result is one of them.
+            prog.phase = "shrink (budget spent)"
+            return
+        else:
+            prog.examples += 1
+            out = evaluate(s, cfg.paths, knobs, cfg.device)
         if out.failed:
-            prog.failures += 1
+            if fp not in failing:
+                prog.failures += 1
+                failing[fp] = out
+            if not shrink_until:
+                shrink_until.append(time.monotonic() + cfg.shrink_seconds)
             prog.phase = "shrink"
             sz = size(s)
             if _smaller(sz, prog.shrink):
@@ -368,7 +394,7 @@ def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None)
             raise AssertionError(f"invariants violated: {', '.join(out.invariants())}")
 
     round_ = 0
-    while True:
+    while not failing:
         seed = None if cfg.seed is None else cfg.seed + round_
         test = settings(
             max_examples=cfg.max_examples, database=db, deadline=None, derandomize=False,

@@ -33,8 +33,9 @@ def register(sub) -> None:
     p.add_argument("--db", default=str(fz.DEFAULT_DB), metavar="DIR",
                    help="Hypothesis example database, so a rerun starts from known failures (default: .cpsim/hypothesis)")
     p.add_argument("--no-db", action="store_true", help="do not read or write the example database")
-    p.add_argument("--max-programs", type=int, default=96, metavar="P",
-                   help="bound on world x groups x (requests + 1) per scenario (interpreter cost; default 96)")
+    p.add_argument("--max-programs", type=int, default=48, metavar="P",
+                   help="bound on CP world x groups x (requests + 1), the interpreter programs one path "
+                        "launches per scenario; larger worlds get fewer requests (default 48)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=main)
 

@@ -13,6 +13,7 @@ def register(sub) -> None:
     p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json")
     p.add_argument("--device", default="cpu", help="torch device for the kernels (default: cpu, Triton interpreter)")
     # HOOK(lead): `--torchrun` / launch/local.sh N replay FILE once torchrun support lands.
+    p.add_argument("--json", metavar="FILE", help="write the report and the violation summary as JSON")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line")
     p.set_defaults(func=main)
 
@@ -30,6 +31,9 @@ def main(args) -> int:
             console.print(f"[red]error:[/red] {out.error}", highlight=False)
         else:
             report.print_report(console, r.scenario, out.verdicts)
+    if args.json:
+        report.write_json(args.json, report.to_dict(r.scenario, out.verdicts, {
+            "inject": r.inject, "violation": out.summary(), "recorded_violation": r.violation}))
     if not out.failed:
         console.print(f"[green]violation no longer shows[/green] (recorded: {', '.join(recorded) or 'none'})")
         return 0
