@@ -301,7 +301,7 @@ class FuzzConfig:
     knobs: Knobs | None = None           # overrides ``inject``'s knobs when given
     max_examples: int = 300
     minutes: float | None = None         # keep searching (in rounds) until this much time has passed
-    seed: int | None = 0
+    seed: int | None = 0                 # None: random, and the example database is used
     allow_invalid: bool = False
     out: Path = Path("out")
     database: Path | None = DEFAULT_DB   # None: no example database

@@ -38,7 +38,7 @@ def _fuzz(name: str, out: Path) -> fz.FuzzResult:
     return _RUNS[name]
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(fz.scenarios(max_programs=48))
 def test_strategy_draws_valid_scenarios_that_round_trip(s):
     assert sc.validate(s) is s
@@ -87,8 +87,9 @@ def test_fuzz_finds_each_injected_fault_and_shrinks_it(name, tmp_path):
     r = _fuzz(name, tmp_path)
     assert r.found, f"{name}: no violation in {r.examples} examples"
     z = fz.size(r.scenario)
+    # Seen with seed 0: every fault shrinks to 1 group, 1 request, 1 token, CP 1 or 2.
     assert z["requests"] <= FAULTS[name], z
-    assert z["groups"] <= 2, z
+    assert z["groups"] <= 2 and z["tokens"] <= 2 and z["world"] <= 2, z
     assert r.repro.exists() and r.repro.name == f"repro-{r.scenario.fingerprint()}.json"
     # The repro replays, in this process, to the invariants it recorded.
     repro = fz.load_repro(r.repro)
@@ -137,7 +138,8 @@ def test_fuzz_cli_bad_input_exits_2(tmp_path, capsys):
 
 
 def test_fuzz_cli_writes_repro_and_exits_1(tmp_path, capsys):
-    code = cli.main(["fuzz", "--inject", "stale-tail", "--max-examples", "300", "--seed", "0", "--quiet",
+    # No --seed: Hypothesis only uses its example database for unseeded runs.
+    code = cli.main(["fuzz", "--inject", "stale-tail", "--max-examples", "300", "--quiet",
                      "--out", str(tmp_path / "out"), "--db", str(tmp_path / "db")])
     assert code == 1
     files = list((tmp_path / "out").glob("repro-*.json"))

@@ -21,7 +21,8 @@ def register(sub) -> None:
                         help="scenarios to try per round (default: 300)")
     budget.add_argument("--minutes", type=float, metavar="M",
                         help="keep searching in rounds of 100 examples until M minutes have passed")
-    p.add_argument("--seed", type=int, default=0, help="Hypothesis seed; same seed and database, same run (default 0)")
+    p.add_argument("--seed", type=int, help="Hypothesis seed: the same seed gives the same run. Hypothesis then neither "
+                                            "reads nor writes the example database (default: random, database on)")
     add_path_args(p, default=",".join(fz.DEFAULT_PATHS))
     p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim fuzz --list-faults`)")
     p.add_argument("--list-faults", action="store_true", help="print the fault names --inject accepts and exit")
