@@ -19,6 +19,8 @@ COMMANDS = (
     "cpsim.cmd.run",
     "cpsim.cmd.sweep",
     "cpsim.cmd.draw",
+    "cpsim.cmd.fuzz",
+    "cpsim.cmd.replay",
 )
 
 

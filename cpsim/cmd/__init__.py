@@ -22,9 +22,9 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
                    help="run CP layouts that break the global owner rule, to see what breaks")
 
 
-def add_path_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--paths", default=",".join(PATHS),
-                   help=f"comma-separated paths to run (default: {','.join(PATHS)})")
+def add_path_args(p: argparse.ArgumentParser, default: str = ",".join(PATHS)) -> None:
+    p.add_argument("--paths", default=default,
+                   help=f"comma-separated paths to run, from {','.join(PATHS)} (default: {default})")
 
 
 def parse_paths(text: str) -> list[str]:

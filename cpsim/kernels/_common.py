@@ -33,8 +33,9 @@ def lookup_blocks(row_ptr, stride, k, valid, WINDOW: tl.constexpr, FAULT: tl.con
         near = valid & (rel < WINDOW)
         blk = tl.gather(win, tl.where(near, rel, 0).to(tl.int32), 0).to(tl.int32)
         far = valid & (rel >= WINDOW)
-        direct = tl.load(row_ptr + k, mask=far & (k < stride), other=0)
-        blk = tl.where(far, direct, blk)
+        if tl.max(far.to(tl.int32), 0) > 0:  # rare: skipping it saves interpreted ops
+            direct = tl.load(row_ptr + k, mask=far & (k < stride), other=0)
+            blk = tl.where(far, direct, blk)
     return blk
 
 
@@ -43,6 +44,14 @@ def make_slot(blk, block_size, o, FAULT: tl.constexpr):
     if FAULT & 8:  # int32-slot-overflow
         return blk * block_size.to(tl.int32) + o.to(tl.int32)
     return blk.to(tl.int64) * block_size + o
+
+
+@triton.jit
+def lookup_slots(row_ptr, stride, k, o, valid, block_size, PAD_ID: tl.constexpr, WINDOW: tl.constexpr,
+                 FAULT: tl.constexpr):
+    """int64 slots of one tile (table entry ``k``, offset ``o``), PAD where not ``valid``."""
+    blk = lookup_blocks(row_ptr, stride, k, valid, WINDOW, FAULT)
+    return tl.where(valid, make_slot(blk, block_size, o, FAULT), PAD_ID).to(tl.int64)
 
 
 @triton.jit

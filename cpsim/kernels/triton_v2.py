@@ -11,7 +11,7 @@ Per-group device arrays say whether a group is slot-mapped at all
 import triton
 import triton.language as tl
 
-from cpsim.kernels._common import lookup_blocks, make_slot, pad_tail
+from cpsim.kernels._common import lookup_slots, pad_tail
 
 
 @triton.jit
@@ -65,16 +65,26 @@ def _compute_slot_mappings_kernel(
         offs = tile + tl.arange(0, TRITON_BLOCK_SIZE)
         mask = offs < end
         p = tl.load(pos + offs, mask=mask, other=0).to(tl.int64)
-        # Sharded groups: virtual block of B * N positions, one physical block
-        # per rank holding that rank's interleaved share densely.
         virtual = block_size * CP_SIZE
-        vo = p % virtual
-        lo = (vo // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + vo % CP_INTERLEAVE
-        local = tl.where(sharded, (vo // CP_INTERLEAVE) % CP_SIZE == cp_rank, p >= 0)
-        k = tl.where(sharded, p // virtual, p // block_size)
-        o = tl.where(sharded, lo, p % block_size)
-        k = tl.where(circular, 0, k)
+        if sharded:
+            # Virtual block of B * N positions, one physical block per rank
+            # holding that rank's interleaved share densely.
+            vo = p % virtual
+            local = (vo // CP_INTERLEAVE) % CP_SIZE == cp_rank
+        else:
+            vo = p
+            local = p >= 0
         valid = mask & local & enabled
-        blk = lookup_blocks(row_ptr, stride, k, valid, BLOCK_TABLE_WINDOW_SIZE, FAULT)
-        slot = tl.where(valid, make_slot(blk, block_size, o, FAULT), PAD_ID)
+        slot = tl.full((TRITON_BLOCK_SIZE,), PAD_ID, tl.int64)
+        # A tile this rank owns nothing of skips the table walk (fewer interpreted ops; same result).
+        if tl.max(valid.to(tl.int32), 0) > 0:
+            if sharded:
+                k = p // virtual
+                o = (vo // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + vo % CP_INTERLEAVE
+            else:
+                k = p // block_size
+                o = p % block_size
+            if circular:
+                k = k * 0
+            slot = lookup_slots(row_ptr, stride, k, o, valid, block_size, PAD_ID, BLOCK_TABLE_WINDOW_SIZE, FAULT)
         tl.store(out_ptr + offs, slot.to(out_ptr.dtype.element_ty), mask=mask)

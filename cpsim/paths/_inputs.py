@@ -30,4 +30,8 @@ def batch_tensors(s: Scenario, device: torch.device) -> BatchTensors:
 def prepare_triton(device: torch.device):
     if device.type == "cpu":
         kernels.use_interpreter()
-    return kernels.import_triton()
+    triton = kernels.import_triton()
+    if device.type == "cpu":
+        from cpsim.kernels import _interp
+        _interp.install()
+    return triton

@@ -1,0 +1,99 @@
+"""Speed-ups for Triton's CPU interpreter that change no result.
+
+Each replaces interpreter internals with equivalent cheaper code; each is skipped
+when the internals are not there.
+
+Triton 3.x's interpreter re-patches ``triton.language`` (an ``inspect.getmembers``
+walk over the whole module, ~2 ms) on every call of a ``@triton.jit`` helper from
+inside a kernel, although the enclosing launch has already patched it. Kernels
+call helpers once per tile, so this dominated small launches. ``install()`` makes
+such a nested call skip the redundant re-patch when every ``triton.language``
+module the helper sees is already patched, and falls back to Triton's own code
+otherwise (or when the interpreter's internals are not the ones expected).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Idempotent; only call after TRITON_INTERPRET=1 and ``import triton``."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as it
+        original = it.InterpretedFunction.__call__
+        error = it.InterpreterError
+        is_builtin = tl.core.is_builtin
+    except (ImportError, AttributeError):
+        return
+    lang_modules = (tl, tl.core)
+    helper_langs: dict[int, list] = {}
+
+    def patched(fn) -> bool:
+        langs = helper_langs.get(id(fn))
+        if langs is None:
+            langs = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in lang_modules]
+            helper_langs[id(fn)] = langs
+        # A patched module's builtins are replaced by plain wrappers.
+        return bool(langs) and all(not is_builtin(getattr(m, "load", None)) for m in langs)
+
+    def device_call(self, *args, **kwargs):
+        if not patched(self.fn):
+            return original(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise error(repr(e)) from e
+
+    it.InterpretedFunction.__call__ = device_call
+    _cache_np_dtype(it)
+    _cache_builtin_names(it, is_builtin)
+
+
+def _cache_builtin_names(it, is_builtin) -> None:
+    """Each launch walks ``inspect.getmembers`` of four ``triton.language`` namespaces to
+    find the builtins it patches (~2 ms); the names never change, so walk once."""
+    original = getattr(it, "_patch_builtin", None)
+    patch_attr = getattr(it, "_patch_attr", None)
+    if original is None or patch_attr is None:
+        return
+    names: dict[int, tuple[object, list[str]]] = {}
+
+    def patch_builtin(pkg, builder, scope):
+        known = names.get(id(pkg))
+        if known is None or known[0] is not pkg:
+            known = (pkg, [n for n, m in inspect.getmembers(pkg) if is_builtin(m)])
+            names[id(pkg)] = known
+        for name in known[1]:
+            member = getattr(pkg, name)
+            if is_builtin(member):  # the original's filter: an already patched member is left alone
+                patch_attr(pkg, name, member, builder, scope)
+
+    it._patch_builtin = patch_builtin
+
+
+def _cache_np_dtype(it) -> None:
+    """``_get_np_dtype`` rebuilds a 20-entry dict on every interpreted op; it is a pure function of the dtype."""
+    original = getattr(it, "_get_np_dtype", None)
+    if original is None:
+        return
+    cache: dict = {}
+
+    def cached(tt_dtype):
+        try:
+            return cache[tt_dtype]
+        except KeyError:
+            cache[tt_dtype] = out = original(tt_dtype)
+            return out
+        except TypeError:  # unhashable: not expected, but never fail because of the cache
+            return original(tt_dtype)
+
+    it._get_np_dtype = cached
