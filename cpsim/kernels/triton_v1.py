@@ -62,6 +62,10 @@ def _compute_slot_mapping_kernel(
                 + vo % CP_KV_CACHE_INTERLEAVE_SIZE
             k = vb * BLOCKS_PER_KV_BLOCK + lo // block_size
             o = lo % block_size
+            if FAULT & 32:  # short-request-rank: no rank is left with an empty segment
+                last = tl.load(positions_ptr + end - 1).to(tl.int64)
+                empty = last < TOTAL_CP_RANK * CP_KV_CACHE_INTERLEAVE_SIZE
+                local = local | (empty & (offs == start))
         else:
             k = pos // block_size
             o = pos % block_size
