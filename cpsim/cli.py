@@ -17,6 +17,7 @@ from cpsim.errors import ConfigError, DistError
 # Each module registers one sub-command through ``register(subparsers)``.
 COMMANDS = (
     "cpsim.cmd.run",
+    "cpsim.cmd.bugs",
 )
 
 
