@@ -226,3 +226,15 @@ def test_cli_matrix_prints_rate_last(capsys):
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip()]
     assert lines[-1].strip() == "caught 2/2"
     assert main(["bugs", "matrix", "--presets", "nope"]) == 2
+
+
+def test_docs_catalogue_table_is_current():
+    from pathlib import Path
+
+    from cpsim.cmd.bugs import list_markdown
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "BUGS.md").read_text()
+    section = doc.split("<!-- bugs-list:begin -->\n")[1].split("<!-- bugs-list:end -->")[0]
+    assert section.strip() == list_markdown().strip(), "run scripts/update_bugs_doc.py"
+    matrix = doc.split("<!-- bugs-matrix:begin -->\n")[1].split("<!-- bugs-matrix:end -->")[0]
+    assert f"caught {len(NAMES)}/{len(NAMES)}" in matrix
+    assert all(f"`{n}`" in matrix for n in NAMES)

@@ -22,6 +22,7 @@ def register(sub) -> None:
     bsub = p.add_subparsers(dest="bugs_command", required=True, metavar="ACTION")
 
     q = bsub.add_parser("list", help="every catalogue entry: paths, invariants, references")
+    q.add_argument("--markdown", action="store_true", help="print a Markdown table (as in docs/BUGS.md)")
     q.set_defaults(func=main_list)
 
     q = bsub.add_parser("show", help="one entry: explanation, triggering scenario, expected violation")
@@ -51,7 +52,24 @@ def register(sub) -> None:
 
 # ---- list / show ------------------------------------------------------------------
 
+def trigger_size(s: Scenario) -> str:
+    return (f"CP {s.cp.world}, {s.batch.num_reqs} req, {s.batch.num_tokens} tok, "
+            f"max {max(g.num_blocks for g in s.groups)} blocks")
+
+
+def list_markdown() -> str:
+    lines = ["| fault | paths | injection | trigger | expected invariants | references |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for f in faults.registry().values():
+        lines.append(f"| `{f.name}` | {', '.join(f.paths)} | {knob_text(f.knobs)} | {trigger_size(f.trigger())} | "
+                     f"{', '.join(f.invariants)} | {'; '.join(f.references)} |")
+    return "\n".join(lines)
+
+
 def main_list(args) -> int:
+    if args.markdown:
+        Console().print(list_markdown(), highlight=False, markup=False, soft_wrap=True)
+        return 0
     t = Table(title="cpsim bug catalogue (SPEC §5)")
     t.add_column("name", style="bold", no_wrap=True)
     t.add_column("paths")

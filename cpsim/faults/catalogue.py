@@ -14,6 +14,7 @@ from cpsim.scenario import Batch, CPConfig, KVGroup, Limits, Request, Scenario, 
 
 ALL = ("v1", "v1-fused", "v1-torch", "v2")
 TRITON = ("v1", "v1-fused", "v2")
+SHARDED = ("v1", "v1-torch", "v2")  # what only changes with CP > 1 (v1-fused is CP 1 only)
 
 
 def _one(name: str, cp: CPConfig, groups: tuple[KVGroup, ...], limits: Limits, requests, padded: int = 0,
@@ -124,7 +125,7 @@ FAULTS: tuple[Fault, ...] = (
         "(vo // I) % N collapses: rank 0 keeps every position, other ranks keep none, and the slots rank 0 "
         "writes run past its blocks. The model compiles and serves, only accuracy drops.",
         ("vllm-ascend #10442", "vLLM #51031 (v2)"),
-        ("v1", "v1-torch", "v2"),
+        SHARDED,
         Knobs(virtual_from_kernel_block=True),
         _virtual_block,
         ("owner-rule", "dense-local", "matches-reference"),
@@ -137,7 +138,7 @@ FAULTS: tuple[Fault, ...] = (
         "an attention group leaves rows N times too narrow: a long request's block ids spill into the "
         "next row or past the table, and the state kernel reads out of range.",
         ("vllm-ascend #9724", "vLLM #40996", "vLLM #50287"),
-        ALL,
+        SHARDED,
         Knobs(unsharded_width_per_cp=True),
         _mamba_sized,
         ("block-sizing",),
@@ -179,7 +180,7 @@ FAULTS: tuple[Fault, ...] = (
         "using the per-layer spec, expected cdiv(max_model_len, B x DCP): 16384 vs 8192 columns and a "
         "shape error (or silent row truncation) at decode.",
         ("vLLM #50823", "vLLM #50825"),
-        ALL,
+        SHARDED,
         Knobs(sharded_width_undivided=True),
         _width,
         ("block-sizing",),
