@@ -238,3 +238,14 @@ def test_docs_catalogue_table_is_current():
     matrix = doc.split("<!-- bugs-matrix:begin -->\n")[1].split("<!-- bugs-matrix:end -->")[0]
     assert f"caught {len(NAMES)}/{len(NAMES)}" in matrix
     assert all(f"`{n}`" in matrix for n in NAMES)
+
+
+def test_old_mtp_formula_hides_up_to_mtp3():
+    # max_num_batched_tokens + 2 x max_num_reqs >= ... + (spec - 1) x max_num_reqs iff spec <= 3.
+    import dataclasses
+    f = faults.get("mtp-draft-capacity")
+    s = f.trigger()
+    assert f.knobs_for(s) == f.knobs
+    for spec, short in ((3, False), (4, True)):
+        t = s.replace(limits=dataclasses.replace(s.limits, num_speculative_tokens=spec))
+        assert (f.knobs_for(t).buffer_size < t.limits.slot_buffer_size) is short

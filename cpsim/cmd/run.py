@@ -53,4 +53,4 @@ def _injection(args, s) -> tuple[Knobs, int | None]:
     fault = faults.get(args.inject, "--inject")
     if rank is not None and not 0 <= rank < s.cp.world:
         raise ConfigError("--inject-on-rank", f"must lie in [0, {s.cp.world}) (CP world size {s.cp.world})")
-    return fault.knobs, rank
+    return fault.knobs_for(s), rank

@@ -26,10 +26,15 @@ class Fault:
     trigger: Callable[[], Scenario]   # smallest scenario that shows it
     invariants: tuple[str, ...]       # invariants expected to catch it
     limits: str = ""                  # what of the real bug the model does not capture
+    knobs_fn: Callable[[Scenario], Knobs] | None = None  # injection that depends on the scenario
 
     @property
     def fixed(self) -> Knobs:
         return Knobs()
+
+    def knobs_for(self, s: Scenario) -> Knobs:
+        """The injection on scenario ``s`` (``knobs`` unless it derives from the scenario's limits)."""
+        return self.knobs_fn(s) if self.knobs_fn else self.knobs
 
 
 def registry() -> dict[str, Fault]:

@@ -52,6 +52,11 @@ MTP_LIMITS = Limits(max_model_len=256, max_num_reqs=12, max_num_batched_tokens=8
 MTP_OLD_BUFFER = MTP_LIMITS.max_num_batched_tokens + 2 * MTP_LIMITS.max_num_reqs  # 104
 
 
+def _old_mtp_buffer(s: Scenario) -> Knobs:
+    """The pre-#14024 formula on any scenario: it over-provisions up to MTP 3 and falls short from MTP 4."""
+    return Knobs(buffer_size=s.limits.max_num_batched_tokens + 2 * s.limits.max_num_reqs)
+
+
 def _mtp() -> Scenario:
     # One MTP5 verify step: 12 requests x (1 + 5) tokens = 72; the draft input adds 12 x 4 = 48 -> 120 > 104.
     return _one("mtp-draft-capacity", CPConfig(dcp=4, interleave=1),
@@ -171,6 +176,7 @@ FAULTS: tuple[Fault, ...] = (
         ("capacity",),
         "cpsim's paths write only the scheduled tokens, so nothing is dropped here; the capacity "
         "invariant compares the buffer with what the draft input needs (SPEC §3 formula).",
+        knobs_fn=_old_mtp_buffer,
     ),
     Fault(
         "table-width-not-divided",

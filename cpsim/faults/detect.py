@@ -58,7 +58,8 @@ def run(s: Scenario, knobs: Knobs = Knobs(), paths: tuple[str, ...] | list[str] 
 
 def reproduce(fault: faults.Fault, fixed: bool = False, paths=PATHS, inject_rank: int | None = None,
               device: str = "cpu") -> Run:
-    return run(fault.trigger(), fault.fixed if fixed else fault.knobs, paths, inject_rank, device)
+    s = fault.trigger()
+    return run(s, fault.fixed if fixed else fault.knobs_for(s), paths, inject_rank, device)
 
 
 # ---- ownership: who holds which positions -----------------------------------
@@ -163,7 +164,7 @@ def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tu
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None
     s = f.trigger() if where == TRIGGER else preset(where, seed=seed)
-    r = run(s, f.knobs if (f and faulty) else Knobs(), paths)
+    r = run(s, f.knobs_for(s) if (f and faulty) else Knobs(), paths)
     return r.failed, bool(r.gathered), r.seconds
 
 
