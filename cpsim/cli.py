@@ -21,6 +21,7 @@ COMMANDS = (
     "cpsim.cmd.draw",
     "cpsim.cmd.fuzz",
     "cpsim.cmd.replay",
+    "cpsim.cmd.bugs",
 )
 
 

@@ -38,55 +38,26 @@ INT32_MAX = sc.INT32_MAX
 
 # ---- fault names -------------------------------------------------------------
 
-def _fallback_faults() -> dict[str, Knobs]:
-    """TEMPORARY until ``cpsim.faults`` lands (the lead switches ``resolve_fault`` to it at merge).
-
-    SPEC §5 names of the faults a ``Knobs`` value can express. ``draft-overwrite``
-    and ``short-request-rank`` have no knob a path honours yet and are left out.
-    """
-    from cpsim import kernels as k
-
-    return {
-        "virtual-block-uses-kernel-block": Knobs(virtual_from_kernel_block=True),
-        "mamba-sized-per-cp": Knobs(unsharded_width_per_cp=True),
-        "cp-applied-to-unsharded-groups": Knobs(kernel_fault=k.FAULT_FULL_CP),
-        "mtp-draft-capacity": Knobs(buffer_size=-1),  # sized per scenario: see knobs_for_scenario
-        "table-width-not-divided": Knobs(sharded_width_undivided=True),
-        "stale-tail": Knobs(kernel_fault=k.FAULT_STALE_TAIL),
-        "fixed-table-window": Knobs(kernel_fault=k.FAULT_FIXED_WINDOW),
-        "fp32-block-gather": Knobs(kernel_fault=k.FAULT_FP32_GATHER),
-        "int32-slot-overflow": Knobs(kernel_fault=k.FAULT_INT32_SLOT),
-    }
-
-
 def fault_names() -> list[str]:
-    try:
-        from cpsim.faults import names  # type: ignore[attr-defined]
-        return list(names())
-    except ImportError:
-        return list(_fallback_faults())
+    from cpsim import faults
+    return faults.names()
 
 
-def resolve_fault(name: str | None) -> Knobs:
-    """Knobs of a catalogue fault by name (``None`` = no fault)."""
+def resolve_fault(name: str | None):
+    """The injection of a catalogue fault by name: a function of the scenario (``None`` = no fault).
+
+    Some injections depend on the scenario (the old MTP buffer formula), so the
+    knobs are derived per scenario through the catalogue's ``knobs_for``.
+    """
     if not name:
-        return Knobs()
-    try:
-        from cpsim.faults import get_fault  # type: ignore[attr-defined]
-    except ImportError:
-        table = _fallback_faults()
-        if name not in table:
-            raise ConfigError("--inject", f"unknown fault {name!r}; choose from {', '.join(table)}") from None
-        return table[name]
-    return get_fault(name).knobs
+        return lambda s: Knobs()
+    from cpsim import faults
+    return faults.get(name, "--inject").knobs_for
 
 
-def knobs_for_scenario(knobs: Knobs, s: sc.Scenario) -> Knobs:
-    """Knobs whose value depends on the scenario (the buggy MTP buffer formula)."""
-    if knobs.buffer_size == -1:
-        lim = s.limits
-        return dataclasses.replace(knobs, buffer_size=lim.max_num_batched_tokens + 2 * lim.max_num_reqs)
-    return knobs
+def knobs_for_scenario(knobs, s: sc.Scenario) -> Knobs:
+    """``knobs`` as given, or derived from the scenario when it is a fault's ``knobs_for``."""
+    return knobs(s) if callable(knobs) else knobs
 
 
 # ---- the scenario strategy ---------------------------------------------------

@@ -106,11 +106,10 @@ def test_cli_draw_repro_knobs(tmp_path):
     assert cli.main(["draw", "--repro", str(f), "--paths", "v2", "--out", str(tmp_path / "r.png"), "--quiet"]) == 1
 
 
-def test_cli_inject_needs_fault_catalogue(tmp_path, capsys):
-    try:
-        import cpsim.faults  # noqa: F401
-    except ImportError:
-        assert cli.main(["draw", "--inject", "stale-tail", "--out", str(tmp_path / "x.png")]) == 2
-        assert "cpsim.faults" in capsys.readouterr().err
-    else:
-        pytest.skip("cpsim.faults exists: the missing-catalogue error cannot happen")
+def test_cli_draw_injected_catalogue_fault(tmp_path, capsys):
+    """``--inject NAME`` draws the fault's own trigger scenario with its violations."""
+    out = tmp_path / "x.png"
+    assert cli.main(["draw", "--inject", "stale-tail", "--out", str(out)]) == 1
+    assert out.stat().st_size > 1000
+    assert cli.main(["draw", "--inject", "no-such-bug", "--out", str(out)]) == 2
+    assert "no-such-bug" in capsys.readouterr().err

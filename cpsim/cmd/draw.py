@@ -35,14 +35,8 @@ def register(sub) -> None:
 
 
 def _fault(name: str):
-    try:
-        from cpsim.faults import get_fault
-    except ImportError:
-        raise ConfigError("--inject", "the fault catalogue (cpsim.faults) is not available in this build") from None
-    try:
-        return get_fault(name)
-    except KeyError:
-        raise ConfigError("--inject", f"unknown fault {name!r}") from None
+    from cpsim import faults
+    return faults.get(name, "--inject")
 
 
 def _repro(path: str) -> tuple[sc.Scenario, Knobs, int | None]:
@@ -72,10 +66,9 @@ def resolve(args) -> tuple[sc.Scenario, Knobs, int | None]:
         args.scenario = args.scenario or "default"
         s = scenario_from_args(args)
     else:
-        s = apply_overrides(fault.scenario(), args)
+        s = apply_overrides(fault.trigger(), args)
     if fault is not None:
-        knobs = fault.knobs
-        rank = getattr(fault, "inject_rank", rank)
+        knobs = fault.knobs_for(s)
     return s, knobs, rank
 
 

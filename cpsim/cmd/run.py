@@ -9,6 +9,7 @@ whole world (DCP = W // PCP) unless ``--dcp`` says otherwise.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import copy
 import os
 from pathlib import Path
@@ -22,11 +23,11 @@ from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, descri
                        parse_paths, scenario_from_args)
 from cpsim.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
+from cpsim.paths import KERNEL_DESIGNS, Knobs
 from cpsim.progress import progress
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
 PROGRESS_MIN_WORK = 200_000
-from cpsim.paths import KERNEL_DESIGNS, Knobs
 
 
 def register(sub) -> None:
@@ -43,6 +44,8 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="print only the verdict line; no progress bar")
     p.add_argument("--kernel-design", choices=KERNEL_DESIGNS, default="per-request",
                    help="built-in Triton kernels: per-request (vllm-ascend-faithful) or tile (tile-parallel)")
+    p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim bugs list`)")
+    p.add_argument("--inject-on-rank", type=int, metavar="R", help="inject it on CP rank R only")
     p.set_defaults(func=main)
 
 
@@ -57,10 +60,12 @@ def main(args) -> int:
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
     console = Console()
+    knobs, inject_rank = _injection(args, s)
     work = s.cp.world * len(paths)
     quiet = args.quiet or s.batch.num_tokens * work < PROGRESS_MIN_WORK
     with progress(f"{s.name}: paths x ranks", total=work, quiet=quiet, console=console) as bar:
-        gathered = run_virtual(s, paths, device=dev.device, knobs=Knobs(kernel_design=args.kernel_design),
+        gathered = run_virtual(s, paths, device=dev.device, knobs=knobs,
+                               inject_rank=inject_rank,
                                kernels=kernels,
                                on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
     skipped = [p for p in paths if p not in gathered]
@@ -74,7 +79,8 @@ def main(args) -> int:
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
     if args.json:
-        report.write_json(args.json, report.to_dict(s, verdicts, {"paths_skipped": skipped, "kernels": {
+        report.write_json(args.json, report.to_dict(s, verdicts, {"paths_skipped": skipped, "inject": args.inject,
+                                                                  "inject_rank": inject_rank, "kernels": {
             p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}))
     if args.junit:
         from cpsim.junit import write_junit
@@ -119,7 +125,8 @@ def main_torchrun(args) -> int:
     label = args.scenario if args.scenario in sc.PRESETS else Path(args.scenario).stem
     paths = parse_paths(args.paths)
     from cpsim.dist import select_device
-    entry = Entry(label, build, n, paths, knobs=Knobs(kernel_design=args.kernel_design),
+    knobs, inject_rank = _injection(args, s0)
+    entry = Entry(label, build, n, paths, knobs=knobs, inject_rank=inject_rank,
                   kernels=kernels_from_args(args, select_device(args.device).device, paths))
 
     def report_(results, infos) -> int:
@@ -144,3 +151,16 @@ def main_torchrun(args) -> int:
         return 0 if ok else 1
 
     return execute(args, [entry], report_)
+
+
+def _injection(args, s) -> tuple[Knobs, int | None]:
+    rank = getattr(args, "inject_on_rank", None)
+    if not getattr(args, "inject", None):
+        if rank is not None:
+            raise ConfigError("--inject-on-rank", "needs --inject NAME")
+        return Knobs(kernel_design=args.kernel_design), None
+    from cpsim import faults
+    fault = faults.get(args.inject, "--inject")
+    if rank is not None and not 0 <= rank < s.cp.world:
+        raise ConfigError("--inject-on-rank", f"must lie in [0, {s.cp.world}) (CP world size {s.cp.world})")
+    return dataclasses.replace(fault.knobs_for(s), kernel_design=args.kernel_design), rank

@@ -18,6 +18,7 @@ FAULT_FIXED_WINDOW = 2        # one fixed 4096-entry window from the start of th
 FAULT_FP32_GATHER = 4         # block ids pass through float32
 FAULT_INT32_SLOT = 8          # block * b + o computed in int32
 FAULT_FULL_CP = 16            # v2: CP owner transform applied to every group
+FAULT_SHORT_REQ = 32          # v1: a rank owning none of a short request still maps its first token
 
 
 def use_interpreter() -> None:

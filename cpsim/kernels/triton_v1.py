@@ -56,6 +56,10 @@ def _compute_slot_mapping_kernel(
             # positions; each rank keeps its share densely in one physical block.
             vo = pos % V
             local = (vo // CP_KV_CACHE_INTERLEAVE_SIZE) % TOTAL_CP_WORLD_SIZE == TOTAL_CP_RANK
+            if FAULT & 32:  # short-request-rank: no rank is left with an empty segment
+                last = tl.load(positions_ptr + end - 1).to(tl.int64)
+                empty = last < TOTAL_CP_RANK * CP_KV_CACHE_INTERLEAVE_SIZE
+                local = local | (empty & (offs == start))
         valid = mask & local
         slot = tl.full((TILE_BLOCK_SIZE,), PAD_ID, tl.int64)
         # A tile this rank owns nothing of skips the table walk (fewer interpreted ops; same result).

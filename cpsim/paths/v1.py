@@ -85,7 +85,47 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
             TILE_BLOCK_SIZE=TILE, BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, g.b),
             IS_CIRCULAR=g.circular, FAULT=knobs.kernel_fault,
         )
+        if knobs.draft_overwrite and not g.circular:
+            _write_draft(s, g, table, kv_bs, n, rank if n > 1 else 0, out[gi])
     return _result(out, s, knobs, enabled)
+
+
+def draft_positions(s: Scenario) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request index, position) of the MTP draft input, request-major.
+
+    Each request's scheduled positions followed by ``num_speculative_tokens - 1``
+    look-ahead positions (vllm-ascend ``generate_pcp_mtp_input``).
+    """
+    extra = max(s.limits.num_speculative_tokens - 1, 0)
+    req, pos = [], []
+    for i, r in enumerate(s.batch.requests):
+        if r.num_tokens == 0:
+            continue
+        p = torch.arange(r.context_len, r.seq_len + extra, dtype=torch.int64)
+        req.append(torch.full_like(p, i))
+        pos.append(p)
+    if not pos:
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    return torch.cat(req), torch.cat(pos)
+
+
+def _write_draft(s: Scenario, g: KVGroup, table: torch.Tensor, kv_bs: int, n: int, rank: int,
+                 out: torch.Tensor) -> None:
+    """draft-overwrite: the CPU draft mapping lands in the buffer the kernel just wrote.
+
+    Upstream the two writers share ``BlockTable.slot_mapping``; whichever lands
+    last wins. Here the draft copy lands last, so the main model's consumer (the
+    only one the oracle sees) reads draft slots.
+    """
+    from cpsim.kernels.torch_dcp import compute_dcp_slot_mapping
+
+    if s.limits.num_speculative_tokens < 2:
+        return
+    req, pos = draft_positions(s)
+    req, pos = req.to(out.device), pos.to(out.device)
+    slots = compute_dcp_slot_mapping(req, pos, table, g.b, kv_bs, n, rank, s.cp.interleave, PAD_SLOT_ID)
+    m = min(len(slots), out.shape[0])
+    out[:m] = slots[:m]
 
 
 def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device,

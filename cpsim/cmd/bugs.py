@@ -1,0 +1,260 @@
+"""``cpsim bugs``: the bug catalogue — list, show, reproduce by name, detection matrix."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cpsim import faults, report
+from cpsim.cmd import parse_paths
+from cpsim.errors import ConfigError
+from cpsim.paths import PATHS, Knobs
+from cpsim.scenario import PRESETS, Scenario
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bugs", help="the catalogue of real CP slot-mapping bugs: list, show, reproduce, matrix")
+    bsub = p.add_subparsers(dest="bugs_command", required=True, metavar="ACTION")
+
+    q = bsub.add_parser("list", help="every catalogue entry: paths, invariants, references")
+    q.add_argument("--markdown", action="store_true", help="print a Markdown table (as in docs/BUGS.md)")
+    q.set_defaults(func=main_list)
+
+    q = bsub.add_parser("show", help="one entry: explanation, triggering scenario, expected violation")
+    q.add_argument("name", help="fault name (see `cpsim bugs list`)")
+    q.add_argument("--dump", metavar="FILE", help="write the triggering scenario (.json/.toml) for `cpsim run`")
+    q.set_defaults(func=main_show)
+
+    q = bsub.add_parser("reproduce", help="run the triggering scenario with the fault (exit 1 when it shows)")
+    q.add_argument("name", help="fault name (see `cpsim bugs list`)")
+    q.add_argument("--fixed", action="store_true", help="run the fixed form instead (exit 0 when clean)")
+    q.add_argument("--paths", default=",".join(PATHS), help=f"paths to run (default: {','.join(PATHS)})")
+    q.add_argument("--inject-on-rank", type=int, metavar="R", help="inject the fault on CP rank R only")
+    q.add_argument("--device", default="cpu", help="torch device for the kernels (default: cpu, interpreter)")
+    q.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    q.set_defaults(func=main_reproduce)
+
+    q = bsub.add_parser("matrix", help="every fault against its trigger and the presets; catch rate last")
+    q.add_argument("--presets", default=",".join(PRESETS),
+                   help=f"comma-separated presets, or 'none' (default: {','.join(PRESETS)})")
+    q.add_argument("--faults", help="comma-separated fault names (default: all)")
+    q.add_argument("--seed", type=int, default=0, help="seed for the presets")
+    q.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count, at most 8)")
+    q.add_argument("--markdown", action="store_true", help="print the matrix as a Markdown table")
+    q.add_argument("--json", metavar="FILE", help="write the matrix as JSON")
+    q.set_defaults(func=main_matrix)
+
+
+# ---- list / show ------------------------------------------------------------------
+
+def trigger_size(s: Scenario) -> str:
+    return (f"CP {s.cp.world}, {s.batch.num_reqs} req, {s.batch.num_tokens} tok, "
+            f"max {max(g.num_blocks for g in s.groups)} blocks")
+
+
+def list_markdown() -> str:
+    lines = ["| fault | paths | injection | trigger | expected invariants | references |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for f in faults.registry().values():
+        lines.append(f"| `{f.name}` | {', '.join(f.paths)} | {knob_text(f.knobs)} | {trigger_size(f.trigger())} | "
+                     f"{', '.join(f.invariants)} | {'; '.join(f.references)} |")
+    return "\n".join(lines)
+
+
+def main_list(args) -> int:
+    if args.markdown:
+        Console().print(list_markdown(), highlight=False, markup=False, soft_wrap=True)
+        return 0
+    t = Table(title="cpsim bug catalogue (SPEC §5)")
+    t.add_column("name", style="bold", no_wrap=True)
+    t.add_column("paths")
+    t.add_column("caught by")
+    t.add_column("reference")
+    for f in faults.registry().values():
+        t.add_row(f.name, ", ".join(f.paths), ", ".join(f.invariants), "; ".join(f.references))
+    Console().print(t)
+    return 0
+
+
+def knob_text(k: Knobs) -> str:
+    from cpsim import kernels
+    bits = {v: n[len("FAULT_"):].lower() for n, v in vars(kernels).items()
+            if n.startswith("FAULT_") and isinstance(v, int) and v}
+    parts = []
+    for fld in dataclasses.fields(k):
+        v = getattr(k, fld.name)
+        if v == fld.default:
+            continue
+        if fld.name == "kernel_fault":
+            v = "|".join(f"FAULT_{name.upper()}" for bit, name in sorted(bits.items()) if v & bit)
+        parts.append(f"{fld.name}={v}")
+    return ", ".join(parts) or "none"
+
+
+def scenario_lines(s: Scenario) -> list[str]:
+    lim = s.limits
+    lines = [f"CP: DCP {s.cp.dcp} x PCP {s.cp.pcp} = {s.cp.world} rank(s), interleave {s.cp.interleave}"]
+    for g in s.groups:
+        kb = f", kernel block {g.b} (BPK {g.bpk})" if g.bpk > 1 else ""
+        lines.append(f"group {g.name}: {g.kind}, B {g.block_size}{kb}, "
+                     f"{'CP-sharded' if g.world(s.cp) > 1 else 'not sharded'}, {g.num_blocks} blocks per rank")
+    lines.append(f"limits: max_model_len {lim.max_model_len}, max_num_reqs {lim.max_num_reqs}, "
+                 f"max_num_batched_tokens {lim.max_num_batched_tokens}, "
+                 f"num_speculative_tokens {lim.num_speculative_tokens} -> slot buffer {lim.slot_buffer_size}")
+    reqs = s.batch.requests
+    shown = ", ".join(f"[{r.context_len}, {r.seq_len})" for r in reqs[:6]) + (" ..." if len(reqs) > 6 else "")
+    pad = f", padded to {s.batch.num_tokens_padded}" if s.batch.num_tokens_padded else ""
+    lines.append(f"batch: {len(reqs)} request(s), {s.batch.num_tokens} token(s){pad}; positions {shown}")
+    return lines
+
+
+def main_show(args) -> int:
+    f = faults.get(args.name, "name")
+    c = Console()
+    s = f.trigger()
+    c.print(f"[bold]{f.name}[/bold] — {f.summary}")
+    c.print(f.explanation, highlight=False)
+    c.print(f"[bold]references:[/bold] {'; '.join(f.references)}")
+    c.print(f"[bold]affects paths:[/bold] {', '.join(f.paths)}")
+    c.print(f"[bold]injection (Knobs):[/bold] {knob_text(f.knobs)}", highlight=False)
+    c.print(f"[bold]triggering scenario[/bold] ({s.name}, fingerprint {s.fingerprint()}):")
+    for line in scenario_lines(s):
+        c.print(f"  {line}", highlight=False)
+    c.print(f"[bold]expected violation:[/bold] {', '.join(f.invariants)}")
+    if f.limits:
+        c.print(f"[bold]modelling limit:[/bold] {f.limits}", highlight=False)
+    c.print(f"reproduce: cpsim bugs reproduce {f.name}   (fixed form: --fixed)")
+    if args.dump:
+        if Path(args.dump).suffix not in (".json", ".toml"):
+            raise ConfigError("--dump", f"{args.dump!r} must end in .json or .toml")
+        s.dump(args.dump)
+        c.print(f"scenario written to {args.dump} (cpsim run --scenario {args.dump} --inject {f.name})")
+    return 0
+
+
+# ---- reproduce --------------------------------------------------------------------
+
+def ownership_table(rows) -> Table:
+    from cpsim.faults.detect import ranges
+    t = Table(title="owned tokens per rank: expected (p // I) % N vs actually holding a slot")
+    for col in ("path", "group", "request", "rank", "expected", "actual", "expected positions", "actual positions"):
+        t.add_column(col, justify="right" if col in ("request", "rank", "expected", "actual") else "left")
+    for o in rows:
+        style = "" if o.expected == o.actual else "red"
+        t.add_row(o.path, o.group, str(o.request), str(o.rank), str(len(o.expected)), str(len(o.actual)),
+                  ranges(o.expected), ranges(o.actual), style=style)
+    return t
+
+
+def main_reproduce(args) -> int:
+    from cpsim.faults import detect
+
+    f = faults.get(args.name, "name")
+    paths = parse_paths(args.paths)
+    s = f.trigger()
+    if args.inject_on_rank is not None and not 0 <= args.inject_on_rank < s.cp.world:
+        raise ConfigError("--inject-on-rank", f"must lie in [0, {s.cp.world}) for {f.name}'s scenario "
+                                              f"(CP world size {s.cp.world})")
+    c = Console()
+    mode = "fixed form" if args.fixed else f"fault injected ({knob_text(f.knobs)})"
+    where = "" if args.inject_on_rank is None else f" on rank {args.inject_on_rank}"
+    c.print(f"[bold]{f.name}[/bold]: {mode}{where}; references {'; '.join(f.references)}", highlight=False)
+    r = detect.reproduce(f, args.fixed, paths, args.inject_on_rank, args.device)
+    report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]")
+    skipped = [p for p in paths if p not in r.gathered]
+    for p in skipped:
+        c.print(f"[dim]{p}: not applicable at CP world size {s.cp.world}[/dim]")
+    own = detect.ownership(r)
+    if own:
+        c.print(ownership_table(own[:32]))
+        if len(own) > 32:
+            c.print(f"… {len(own) - 32} more row(s); see --json")
+    failed = r.failed
+    if args.json:
+        report.write_json(args.json, report.to_dict(s, r.verdicts, {
+            "fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
+            "knobs": dataclasses.asdict(Knobs() if args.fixed else f.knobs), "paths_skipped": skipped,
+            "ownership": [dataclasses.asdict(o) for o in own]}))
+    if failed:
+        expected = [i for i in f.invariants if i in failed]
+        caught_by = "; ".join(f"{k} ({', '.join(v)})" for k, v in failed.items())
+        c.print(f"[bold red]{'fixed form still fails' if args.fixed else 'bug reproduced'}[/bold red]: "
+                f"{caught_by}; "
+                f"expected {', '.join(f.invariants)} -> {'hit ' + ', '.join(expected) if expected else 'MISSED'}",
+                highlight=False)
+        return 1
+    c.print("[bold green]fixed: every invariant holds[/bold green]" if args.fixed
+            else "[bold yellow]the fault did not show on this run[/bold yellow]")
+    return 0
+
+
+# ---- matrix -----------------------------------------------------------------------
+
+def _cell(c) -> str:
+    if not c.applicable:
+        return "n/a"
+    if c.baseline_failed:
+        return "baseline fails"
+    return ", ".join(c.failed) if c.failed else "-"
+
+
+def matrix_markdown(m, scenarios: list[str]) -> str:
+    lines = ["| fault | paths | " + " | ".join(scenarios) + " |",
+             "| --- | --- | " + " | ".join("---" for _ in scenarios) + " |"]
+    for name in m.faults:
+        cells = {c.scenario: c for c in m.for_fault(name)}
+        f = faults.get(name)
+        lines.append(f"| `{name}` | {', '.join(f.paths)} | "
+                     + " | ".join(_cell(cells[sc]) for sc in scenarios) + " |")
+    caught, total = m.rate
+    return "\n".join(lines) + f"\n\ncaught {caught}/{total}"
+
+
+def main_matrix(args) -> int:
+    from cpsim.faults import detect
+
+    presets = () if args.presets.strip() == "none" else tuple(x.strip() for x in args.presets.split(",") if x.strip())
+    bad = [p for p in presets if p not in PRESETS]
+    if bad:
+        raise ConfigError("--presets", f"unknown preset(s) {bad}; choose from {', '.join(PRESETS)} or 'none'")
+    names = [x.strip() for x in args.faults.split(",")] if args.faults else faults.names()
+    for n in names:
+        faults.get(n, "--faults")
+    if args.jobs < 0:
+        raise ConfigError("--jobs", f"must be >= 0, got {args.jobs}")
+    jobs = args.jobs or detect.default_jobs()
+    c = Console()
+    scenarios = [detect.TRIGGER, *presets]
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True,
+                  disable=not Console(stderr=True).is_terminal) as prog:
+        task = prog.add_task("detection matrix", total=detect.num_tasks(names, presets))
+        m = detect.matrix(names, presets, args.seed, jobs,
+                          on_done=lambda label: prog.update(task, advance=1, description=label))
+    caught, total = m.rate
+    if args.markdown:
+        c.print(matrix_markdown(m, scenarios), highlight=False, markup=False, soft_wrap=True)
+    else:
+        t = Table(title="detection matrix: invariants that caught each fault ('-' = not caught, n/a = no "
+                        "affected path runs there)")
+        t.add_column("fault", style="bold")
+        for sc in scenarios:
+            t.add_column(sc)
+        t.add_column("caught", justify="center")
+        for name in m.faults:
+            cells = {cl.scenario: cl for cl in m.for_fault(name)}
+            t.add_row(name, *[(f"[red]{_cell(cells[sc])}[/red]" if cells[sc].caught else _cell(cells[sc]))
+                              for sc in scenarios],
+                      "[green]yes[/green]" if m.caught(name) else "[bold red]NO[/bold red]")
+        c.print(t)
+        c.print(f"caught {caught}/{total}", style="bold green" if caught == total else "bold red")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "presets": list(presets), "seed": args.seed, "caught": caught, "total": total,
+            "cells": [dataclasses.asdict(cl) | {"caught": cl.caught} for cl in m.cells]}, indent=2) + "\n")
+    return 0 if caught == total else 1

@@ -1,0 +1,235 @@
+"""Run faults through the virtual world and the coordinator; build the detection matrix.
+
+A fault counts as caught on a scenario only if the faulty run breaks an invariant
+*and* the fault-free run of the same scenario and paths breaks none, so a
+catch is always attributable to the injected fault.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Callable
+
+import torch
+
+from cpsim import coordinator, faults
+from cpsim.allocator import allocate_world
+from cpsim.coordinator import Verdict
+from cpsim.layout import PAD_SLOT_ID, owner_rank
+from cpsim.paths import PATHS, Knobs
+from cpsim.scenario import PRESETS, Scenario, preset
+from cpsim.world import Gathered, run_virtual
+
+
+@dataclass
+class Run:
+    """One (scenario, knobs, paths) run: verdicts plus the gathered outputs."""
+
+    scenario: Scenario
+    verdicts: list[Verdict]
+    gathered: dict[str, Gathered]
+    seconds: float
+
+    @property
+    def failed(self) -> dict[str, list[str]]:
+        """invariant -> paths on which it failed, in INVARIANTS order."""
+        out: dict[str, list[str]] = {}
+        for v in self.verdicts:
+            if v.status == "fail":
+                out.setdefault(v.invariant, []).append(v.path)
+        return {k: out[k] for k in coordinator.INVARIANTS if k in out}
+
+    @property
+    def passed(self) -> bool:
+        return coordinator.passed(self.verdicts)
+
+
+def run(s: Scenario, knobs: Knobs = Knobs(), paths: tuple[str, ...] | list[str] = PATHS,
+        inject_rank: int | None = None, device: str = "cpu") -> Run:
+    t0 = time.perf_counter()
+    gathered = run_virtual(s, list(paths), knobs, inject_rank, device)
+    verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+    return Run(s, verdicts, gathered, time.perf_counter() - t0)
+
+
+def reproduce(fault: faults.Fault, fixed: bool = False, paths=PATHS, inject_rank: int | None = None,
+              device: str = "cpu") -> Run:
+    s = fault.trigger()
+    return run(s, fault.fixed if fixed else fault.knobs_for(s), paths, inject_rank, device)
+
+
+# ---- ownership: who holds which positions -----------------------------------
+
+@dataclass
+class Ownership:
+    path: str
+    group: str
+    request: int
+    rank: int
+    expected: list[int]    # positions the rank should hold
+    actual: list[int]      # positions it holds a real slot for
+
+
+def ownership(r: Run) -> list[Ownership]:
+    """Per (path, sharded group, request, rank): owned positions expected vs held.
+
+    Only (path, group, request) combinations where some rank differs are returned.
+    """
+    s = r.scenario
+    pos = torch.from_numpy(s.batch.positions())
+    req = torch.from_numpy(s.batch.token_request())
+    n = pos.numel()
+    out: list[Ownership] = []
+    for path, G in r.gathered.items():
+        for gi, g in enumerate(s.groups):
+            world = g.world(s.cp)
+            if world == 1 or not g.slot_mapped or not bool(G.enabled[:, gi].all()):
+                continue
+            x = G.slots[:, gi, :n]
+            if x.shape[1] < n:
+                continue
+            real = (x != PAD_SLOT_ID) & (x != coordinator.MISSING)
+            owner = owner_rank(pos, world, s.cp.interleave)
+            for i in range(s.batch.num_reqs):
+                sel = req == i
+                rows = [Ownership(path, g.name, i, rk, pos[sel & (owner == rk)].tolist(),
+                                  pos[sel & real[rk]].tolist()) for rk in range(x.shape[0])]
+                if any(o.expected != o.actual for o in rows):
+                    out += rows
+    return out
+
+
+def ranges(values: list[int]) -> str:
+    """Compact positions: [0,1,2,5] -> '0-2, 5'."""
+    if not values:
+        return "-"
+    parts, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(parts)
+
+
+# ---- the detection matrix -----------------------------------------------------
+
+@dataclass
+class Cell:
+    """One fault on one scenario."""
+
+    fault: str
+    scenario: str
+    failed: dict[str, list[str]]        # faulty run: invariant -> paths
+    baseline_failed: dict[str, list[str]]  # fault-free run of the same scenario and paths
+    applicable: bool                    # some affected path ran on this scenario
+    seconds: float
+
+    @property
+    def caught(self) -> bool:
+        return self.applicable and bool(self.failed) and not self.baseline_failed
+
+
+@dataclass
+class Matrix:
+    cells: list[Cell] = field(default_factory=list)
+
+    def for_fault(self, name: str) -> list[Cell]:
+        return [c for c in self.cells if c.fault == name]
+
+    def caught(self, name: str) -> bool:
+        return any(c.caught for c in self.for_fault(name))
+
+    @property
+    def faults(self) -> list[str]:
+        return list(dict.fromkeys(c.fault for c in self.cells))
+
+    @property
+    def rate(self) -> tuple[int, int]:
+        return sum(self.caught(f) for f in self.faults), len(self.faults)
+
+
+TRIGGER = "trigger"
+
+
+def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tuple[str, ...]) -> tuple:
+    """Worker: one run, summarised as (failed, applicable, seconds); picklable both ways."""
+    from cpsim.kernels import use_interpreter
+    use_interpreter()
+    f = faults.get(fault_name) if fault_name else None
+    s = f.trigger() if where == TRIGGER else preset(where, seed=seed)
+    r = run(s, f.knobs_for(s) if (f and faulty) else Knobs(), paths)
+    return r.failed, bool(r.gathered), r.seconds
+
+
+def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, seed: int = 0, jobs: int = 1,
+           on_done: Callable[[str], None] | None = None) -> Matrix:
+    """Every fault on its trigger and on each preset, on the paths it affects.
+
+    Each trigger also runs fault-free on the same paths, and each preset runs
+    fault-free once on all paths, so that a catch is attributable to the fault.
+    """
+    names = names or faults.names()
+    cat = {n: faults.get(n) for n in names}
+    tasks: dict[tuple, tuple] = {}
+    for n, f in cat.items():
+        tasks[(n, TRIGGER, True)] = (n, TRIGGER, True, seed, f.paths)
+        tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, f.paths)
+        for p in presets:
+            tasks[(n, p, True)] = (n, p, True, seed, f.paths)
+    for p in presets:
+        tasks[(None, p, False)] = (None, p, False, seed, PATHS)
+    results: dict[tuple, tuple] = {}
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+            futs = {ex.submit(_task, *a): k for k, a in tasks.items()}
+            for fut in as_completed(futs):
+                results[futs[fut]] = fut.result()
+                if on_done:
+                    on_done(_label(futs[fut]))
+    else:
+        for k, a in tasks.items():
+            results[k] = _task(*a)
+            if on_done:
+                on_done(_label(k))
+
+    m = Matrix()
+    for n, f in cat.items():
+        failed, applicable, secs = results[(n, TRIGGER, True)]
+        base, _, base_secs = results[(n, TRIGGER, False)]
+        m.cells.append(Cell(n, TRIGGER, failed, base, applicable, secs + base_secs))
+        for p in presets:
+            failed, applicable, secs = results[(n, p, True)]
+            base = _restrict(results[(None, p, False)][0], f.paths)
+            m.cells.append(Cell(n, p, failed, base, applicable, secs))
+    return m
+
+
+def num_tasks(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS) -> int:
+    n = len(names or faults.names())
+    return n * (2 + len(presets)) + len(presets)
+
+
+def _restrict(failed: dict[str, list[str]], paths: tuple[str, ...]) -> dict[str, list[str]]:
+    """Baseline failures on the given paths only (cross-path and whole-run ones kept)."""
+    out = {}
+    for inv, ps in failed.items():
+        keep = [p for p in ps if p in paths or p == "*" or ("~" in p and all(x in paths for x in p.split("~")))]
+        if keep:
+            out[inv] = keep
+    return out
+
+
+def _label(key: tuple) -> str:
+    n, where, faulty = key
+    return f"{n or 'fault-free'} on {where}{'' if faulty else ' (fixed)'}"
+
+
+def default_jobs() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
