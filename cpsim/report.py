@@ -73,7 +73,7 @@ def table(verdicts: list[Verdict], title: str = "") -> Table:
 
 def print_report(console: Console, s: Scenario, verdicts: list[Verdict], title: str = "",
                  max_violations: int = 12) -> None:
-    head = title or f"scenario {s.name} [{s.fingerprint()}]"
+    head = escape(title or f"scenario {s.name} [{s.fingerprint()}]")  # a fingerprint can read as markup
     console.print(f"[bold]{head}[/bold]: CP {s.cp.world} (DCP {s.cp.dcp} x PCP {s.cp.pcp}), "
                   f"interleave {s.cp.interleave}, {len(s.groups)} group(s), {s.batch.num_reqs} request(s), "
                   f"{s.batch.num_tokens} token(s)")
