@@ -56,7 +56,9 @@ def test_strategy_reaches_the_corners_the_faults_live_in():
     """Large caches, positions past 4096 blocks, BPK > 1 with CP, graph padding, dummies."""
     seen = set()
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    # Derandomized: a fixed example sequence, so the test cannot flake on an unlucky draw.
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+              derandomize=True)
     @given(fz.scenarios())
     def probe(s):
         n = s.cp.world
