@@ -278,6 +278,9 @@ def main_matrix(args) -> int:
     kernels = kernels_from_args(args)
     c = Console()
     describe_kernels(c, kernels)
+    if kernels:
+        c.print("[dim]fault switches compile into the built-in kernels only; on a path with a kernel under test "
+                "'baseline fails' means that kernel fails the fault-free scenario[/dim]")
     scenarios = [detect.TRIGGER, *presets]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True,
