@@ -9,6 +9,7 @@ from typing import Callable
 
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from cpsim.kernel_under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.paths import PATHS
 
 
@@ -64,7 +65,6 @@ def apply_overrides(s: sc.Scenario, args) -> sc.Scenario:
 # ---- kernel under test -------------------------------------------------------
 
 KERNEL_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2"}
-BUILTIN = "builtin"  # --kernel-v1 builtin: cpsim's own kernel (overrides a repro file's recorded one)
 
 
 def add_kernel_args(p: argparse.ArgumentParser) -> None:
