@@ -25,6 +25,7 @@ from typing import Any, Callable
 from cpsim import __version__, coordinator, layout
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from cpsim.kernel_under_test import to_record
 from cpsim.paths import Knobs
 
 REPRO_SCHEMA = "cpsim-repro/1"
@@ -178,6 +179,7 @@ class Outcome:
 
     verdicts: list[coordinator.Verdict]
     error: str = ""
+    gathered: dict = field(default_factory=dict, repr=False)  # path -> world.Gathered (for pictures)
 
     @property
     def failed(self) -> bool:
@@ -194,20 +196,23 @@ class Outcome:
         return {"invariants": self.invariants(), "failures": fails, "error": self.error}
 
 
-def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: str = "cpu") -> Outcome:
-    """Run the virtual world and the coordinator; an exception is an outcome too."""
+def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: str = "cpu",
+             kernels: dict | None = None) -> Outcome:
+    """Run the virtual world and the coordinator; an exception is an outcome too.
+
+    ``kernels`` maps a path to the user's kernel (``cpsim.kernel_under_test``) replacing the built-in one."""
     from cpsim.allocator import allocate_world
     from cpsim.world import run_virtual
 
     knobs = knobs_for_scenario(knobs, s)
     try:
-        gathered = run_virtual(s, paths, knobs, device=device)
+        gathered = run_virtual(s, paths, knobs, device=device, kernels=kernels)
         verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     except ConfigError:
         raise
     except Exception as e:  # a crash in a path is a finding, shrunk like any other
         return Outcome([], f"{type(e).__name__}: {e}"[:2000])
-    return Outcome(verdicts)
+    return Outcome(verdicts, gathered=gathered)
 
 
 # ---- repro files ---------------------------------------------------------------
@@ -219,7 +224,8 @@ class Repro:
     knobs: Knobs
     inject: str | None
     violation: dict[str, Any]
-    kernels: dict[str, str] = field(default_factory=lambda: {"v1": "builtin", "v2": "builtin"})
+    # path -> "builtin" or {spec, abi, v2_launch, shim_vllm} (kernel_under_test.to_record); empty = all built-in
+    kernels: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -233,7 +239,7 @@ def write_repro(out_dir: str | Path, r: Repro) -> Path:
         "fingerprint": r.scenario.fingerprint(),
         "scenario": r.scenario.to_dict(),
         "paths": list(r.paths),
-        "kernels": r.kernels,
+        "kernels": r.kernels or to_record({}, r.paths),
         "inject": r.inject,
         "knobs": dataclasses.asdict(r.knobs),
         "violation": r.violation,
@@ -258,9 +264,12 @@ def load_repro(path: str | Path) -> Repro:
         knobs = Knobs(**data.get("knobs", {}))
     except TypeError as e:
         raise ConfigError("knobs", f"unknown knob in {path}: {e}") from None
+    kernels = data.get("kernels") or {}
+    if not isinstance(kernels, dict):
+        raise ConfigError("kernels", f"{path}: expected {{path: 'builtin' | {{spec, abi, ...}}}}, got {kernels!r}")
     s = sc.validate(sc.Scenario.from_dict(data["scenario"]))
     return Repro(s, list(data.get("paths") or DEFAULT_PATHS), knobs, data.get("inject"),
-                 data.get("violation", {}), data.get("kernels", {}))
+                 data.get("violation", {}), kernels)
 
 
 # ---- the search ------------------------------------------------------------------
@@ -280,6 +289,7 @@ class FuzzConfig:
     max_tokens_per_request: int = 24
     shrink_seconds: float = 60.0         # then stop shrinking and keep the smallest failure so far
     device: str = "cpu"
+    kernels: dict = field(default_factory=dict)  # path -> KernelUnderTest replacing the built-in kernel
 
 
 @dataclass
@@ -347,7 +357,7 @@ def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None)
             return
         else:
             prog.examples += 1
-            out = evaluate(s, cfg.paths, knobs, cfg.device)
+            out = evaluate(s, cfg.paths, knobs, cfg.device, cfg.kernels)
         if out.failed:
             if fp not in failing:
                 prog.failures += 1
@@ -388,12 +398,14 @@ def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None)
         return FuzzResult(prog.examples, elapsed)
     s, outcome = last["s"], last["out"]
     repro = write_repro(cfg.out, Repro(s, cfg.paths, knobs_for_scenario(knobs, s), cfg.inject, outcome.summary(),
-                                       extra={"fuzz": {"seed": cfg.seed, "examples": prog.examples,
+                                       to_record(cfg.kernels, cfg.paths), extra={"fuzz": {"seed": cfg.seed, "examples": prog.examples,
                                                        "allow_invalid": cfg.allow_invalid}}))
     return FuzzResult(prog.examples, elapsed, s, outcome, repro)
 
 
-def replay(r: Repro, device: str = "cpu") -> Outcome:
-    """Rerun a repro in the virtual world with the knobs it recorded."""
-    # HOOK(lead): once torchrun support lands, `cpsim replay --torchrun` runs this under launch/local.sh.
-    return evaluate(r.scenario, r.paths, r.knobs, device)
+def replay(r: Repro, device: str = "cpu", kernels: dict | None = None) -> Outcome:
+    """Rerun a repro in the virtual world with the knobs it recorded.
+
+    ``kernels``: the loaded kernels under test (``cpsim replay`` loads the recorded ones,
+    ``kernel_under_test.from_record(r.kernels)``, with command-line overrides)."""
+    return evaluate(r.scenario, r.paths, r.knobs, device, kernels)

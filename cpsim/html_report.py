@@ -146,3 +146,39 @@ def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdic
     except ConfigError as e:
         return None, f"no picture: {e.rule}"
 
+
+
+def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]],
+                     skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> str:
+    """One page for many scenarios (a sweep, the CP groups of a torchrun job): a summary table, then
+    each scenario's invariant table and violations. No pictures: a sweep is too big to draw."""
+    ok = all(passed(v) for _, _, v in items)
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<title>cpsim {_e(title)}: {'pass' if ok else 'FAIL'}</title><style>{_CSS}</style></head><body>",
+             f"<h1>cpsim report: {_e(title)}</h1>",
+             f'<p><span class="verdict {"ok" if ok else "bad"}">'
+             f'{"every scenario passes" if ok else "invariants violated"}</span> '
+             f'<span class="muted">{len(items)} scenario run(s) · cpsim {_e(__version__)}</span></p>',
+             "<h2>Summary</h2><table><tr><th>scenario</th><th>CP</th><th>seed</th><th>fingerprint</th>"
+             "<th>result</th></tr>"]
+    for i, (label, s, verdicts) in enumerate(items):
+        bad = sum(v.count for v in verdicts if v.status == "fail")
+        cell = '<td class="pass">pass</td>' if passed(verdicts) else f'<td class="fail">FAIL {bad}</td>'
+        parts.append(f'<tr><td><a href="#s{i}">{_e(label)}</a></td><td>{s.cp.dcp}x{s.cp.pcp}</td>'
+                     f"<td>{s.seed}</td><td>{_e(s.fingerprint())}</td>{cell}</tr>")
+    for label, why in (skipped or {}).items():
+        parts.append(f'<tr><td>{_e(label)}</td><td></td><td></td><td></td><td class="na">skipped: {_e(why)}</td></tr>')
+    parts.append("</table>")
+    for i, (label, s, verdicts) in enumerate(items):
+        parts += [f'<h2 id="s{i}">{_e(label)} <span class="muted">[{_e(s.fingerprint())}]</span></h2>',
+                  "<details><summary>scenario</summary>", _scenario(s), "</details>",
+                  _grid(verdicts), _violations(verdicts)]
+    if extra:
+        parts.append("<h2>Details</h2><pre>" + _e(json.dumps(extra, indent=2, default=str)) + "</pre>")
+    parts.append("</body></html>\n")
+    return "".join(parts)
+
+
+def write_html_many(path: str | Path, title: str, items: list[tuple[str, Scenario, list[Verdict]]],
+                    skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
+    Path(path).write_text(render_html_many(title, items, skipped, extra), encoding="utf-8")

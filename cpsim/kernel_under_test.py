@@ -107,6 +107,7 @@ class KernelUnderTest:
     params: tuple[str, ...]
     v2_launch: str = "split"   # split: one launch per group CP size; single: one launch, as the runtime
     notes: list[str] = field(default_factory=list)
+    shim_vllm: bool = False    # loaded with the vLLM shim installed
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -275,4 +276,32 @@ def load(spec: Any, path: str, abi: str = "auto", *, shim_vllm: bool = False, de
         fits = [a for a, d in ABIS.items() if path in d.paths]
         raise ConfigError(where, f"{text} has the {name} ABI, which cannot stand in for the {path} path "
                                  f"(it takes {', '.join(fits)})")
-    return KernelUnderTest(text, obj, name, tuple(n for n, _ in parameters(obj)), v2_launch)
+    return KernelUnderTest(text, obj, name, tuple(n for n, _ in parameters(obj)), v2_launch, shim_vllm=shim_vllm)
+
+
+# ---- records: kernels in a repro file or handed to a worker process -----------------
+
+BUILTIN = "builtin"
+
+
+def to_record(kernels: dict[str, KernelUnderTest], paths) -> dict[str, Any]:
+    """``{path: "builtin" | {spec, abi, v2_launch, shim_vllm}}`` for every path: JSON, picklable, reloadable."""
+    return {p: BUILTIN if p not in kernels else {"spec": kernels[p].spec, "abi": kernels[p].abi,
+                                                 "v2_launch": kernels[p].v2_launch, "shim_vllm": kernels[p].shim_vllm}
+            for p in paths}
+
+
+def from_record(record: dict[str, Any], device: str = "cpu", where: str = "kernels") -> dict[str, KernelUnderTest]:
+    """Load what ``to_record`` wrote (a bare SPEC string is accepted too, with the ABI auto-detected)."""
+    out = {}
+    for path, item in (record or {}).items():
+        if item in (None, BUILTIN):
+            continue
+        if isinstance(item, str):
+            item = {"spec": item}
+        if not isinstance(item, dict) or not isinstance(item.get("spec"), str):
+            raise ConfigError(f"{where}.{path}", f"expected {BUILTIN!r}, a SPEC string or {{spec, abi, ...}}, "
+                                                 f"got {item!r}")
+        out[path] = load(item["spec"], path, item.get("abi", "auto"), shim_vllm=bool(item.get("shim_vllm")),
+                         device=device, v2_launch=item.get("v2_launch", "split"), where=f"{where}.{path}")
+    return out

@@ -11,9 +11,20 @@ fi
 # A fresh clone works without `pip install -e .`.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
-# cpsim sub-command: the first extra argument if it is one, else `run`.
+# The cpsim sub-command from the first extra arguments: sets CMD (the words, e.g. `bugs reproduce`)
+# and CMD_WORDS (how many arguments they took; 0 when the command defaults to `run`).
+# Launcher options such as --device go after CMD, so `bugs` takes its action with it.
 cpsim_command() {
-    case "${1:-}" in run|sweep) echo "$1" ;; *) echo run ;; esac
+    case "${1:-}" in
+        run|sweep|replay) CMD=("$1"); CMD_WORDS=1 ;;
+        bugs)
+            if [[ "${2:-}" != reproduce ]]; then
+                echo "error: under torchrun only \`bugs reproduce NAME\` runs (got \`bugs ${2:-}\`)" >&2
+                exit 2
+            fi
+            CMD=(bugs reproduce); CMD_WORDS=2 ;;
+        *) CMD=(run); CMD_WORDS=0 ;;
+    esac
 }
 
 need_nproc() {

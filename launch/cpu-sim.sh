@@ -3,18 +3,22 @@
 set -euo pipefail
 usage() {
     cat <<'TXT'
-usage: launch/cpu-sim.sh NPROC [run|sweep] [cpsim args...]
+usage: launch/cpu-sim.sh NPROC [run|sweep|replay|bugs reproduce] [cpsim args...]
 
 Simulate NPROC ranks on the CPU with torchrun: gloo for collectives, the Triton
 interpreter for the kernels (TRITON_INTERPRET=1), one thread per process so
 more ranks than cores still make progress. Extra arguments go to cpsim
-(the sub-command defaults to `run`).
+(the sub-command defaults to `run`; `replay FILE` and `bugs reproduce NAME`
+take their CP size from the file / the bug's scenario, and NPROC must be a
+multiple of it).
 
 examples:
   launch/cpu-sim.sh 8                                   # default preset, CP 8
   launch/cpu-sim.sh 8 --dcp 4 --json report.json        # 2 CP groups of 4
   launch/cpu-sim.sh 4 --scenario mtp --paths v1,v2 --timeout 60
   launch/cpu-sim.sh 8 sweep --presets default,mtp --cp 2,4,8 --junit report.xml
+  launch/cpu-sim.sh 4 replay out/repro-<fingerprint>.json --html replay.html
+  launch/cpu-sim.sh 2 bugs reproduce stale-tail          # exit 1: the bug shows on both CP groups
 
 environment: PY (python to use), TORCHRUN_ARGS (extra torchrun options).
 TXT
@@ -24,8 +28,8 @@ case "${1:-}" in -h|--help) usage 0 ;; "") usage 2 ;; esac
 source "$(dirname "$0")/_common.sh"
 need_nproc "$1"
 nproc=$1; shift
-cmd=$(cpsim_command "$@"); [[ "${1:-}" == "$cmd" ]] && shift
+cpsim_command "$@"; shift "$CMD_WORDS"
 export TRITON_INTERPRET=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # shellcheck disable=SC2086
 exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
-    -m cpsim "$cmd" --device cpu "$@"
+    -m cpsim "${CMD[@]}" --device cpu "$@"

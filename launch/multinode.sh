@@ -4,7 +4,7 @@ set -euo pipefail
 usage() {
     cat <<'TXT'
 usage: launch/multinode.sh --nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT
-                           [--node-rank K] [--rdzv-id ID] [--] [run|sweep] [cpsim args...]
+                           [--node-rank K] [--rdzv-id ID] [--] [run|sweep|replay|bugs reproduce] [cpsim args...]
 
 Start P ranks on this node and join the c10d rendezvous at HOST:PORT; the job
 starts once N nodes have joined (world size N x P). Run it on every node with
@@ -51,8 +51,8 @@ if [[ -n "$node_rank" ]]; then
     host=false; [[ "$node_rank" == 0 ]] && host=true
     extra+=(--node-rank "$node_rank" --rdzv-conf "is_host=$host")
 fi
-cmd=$(cpsim_command "$@"); [[ "${1:-}" == "$cmd" ]] && shift
+cpsim_command "$@"; shift "$CMD_WORDS"
 # shellcheck disable=SC2086
 exec "$PY" -m torch.distributed.run --nnodes "$nnodes" --nproc-per-node "$nproc" \
     --rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "$rdzv_id" "${extra[@]}" ${TORCHRUN_ARGS:-} \
-    -m cpsim "$cmd" "$@"
+    -m cpsim "${CMD[@]}" "$@"

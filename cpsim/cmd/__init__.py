@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import Callable
 
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from cpsim.kernel_under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.paths import PATHS
 
 
@@ -69,7 +72,8 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
     from cpsim.kernel_under_test import ABIS, V2_LAUNCHES
     g = p.add_argument_group("kernel under test",
                              "SPEC is package.module:attr or path/to/file.py:attr; "
-                             "'ascend' (v1, v1-fused, v2) or 'vllm' (v2) imports the installed upstream kernel")
+                             "'ascend' (v1, v1-fused, v2) or 'vllm' (v2) imports the installed upstream kernel; "
+                             "'builtin' is cpsim's own")
     g.add_argument("--kernel-v1", metavar="SPEC", help="kernel for the v1 path (vllm-ascend BlockTable)")
     g.add_argument("--kernel-v1-fused", metavar="SPEC", help="kernel for the v1-fused path (CP size 1 only)")
     g.add_argument("--kernel-v2", metavar="SPEC", help="kernel for the v2 path (vLLM BlockTables)")
@@ -91,6 +95,8 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None)
     out = {}
     for path, attr in KERNEL_FLAGS.items():
         spec = getattr(args, attr, None)
+        if spec == BUILTIN:
+            continue
         if spec and paths is not None and path not in paths:
             raise ConfigError("--" + attr.replace("_", "-"), f"the {path} path is not selected (--paths {','.join(paths)})")
         if spec:
@@ -107,3 +113,70 @@ def describe_kernels(console, kernels: dict) -> None:
         console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
         for note in k.notes:
             console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
+
+
+def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> dict:
+    """A repro file's recorded kernels on ``paths``, each replaced by the --kernel-* option given for its path."""
+    from cpsim.kernel_under_test import from_record
+    given = {p for p, attr in KERNEL_FLAGS.items() if getattr(args, attr, None)}
+    out = from_record({p: v for p, v in (record or {}).items() if p in paths and p not in given}, device,
+                      where="repro kernels")
+    out.update(kernels_from_args(args, device, paths))
+    return out
+
+
+# ---- torchrun ------------------------------------------------------------------
+
+def torchrun_world(cp_size: int, what: str, field: str) -> int:
+    """WORLD_SIZE, which must hold whole CP groups of ``cp_size`` ranks."""
+    world = int(os.environ["WORLD_SIZE"])
+    if world % cp_size:
+        raise ConfigError(field, f"world size {world} is not a multiple of the CP size {cp_size} of {what}")
+    return world
+
+
+def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict | None = None) -> int:
+    """Check one ``distrun.Entry`` on every CP group of the torchrun world.
+
+    Rank 0 prints the ranks, every group's report and the kernels under test, then
+    ``summary(console, results)`` (a command's own verdict line), and writes the
+    --json / --junit / --html files the command has. Exit 1 when any group fails.
+    """
+    from rich.console import Console
+
+    from cpsim import coordinator, report
+    from cpsim.distrun import execute, print_groups, print_ranks, to_dict
+
+    world = int(os.environ["WORLD_SIZE"])
+    quiet = getattr(args, "quiet", False)
+
+    def report_(results, infos) -> int:
+        console = Console()
+        ok = all(coordinator.passed(r.verdicts) for r in results)
+        s0 = results[0].scenario
+        if quiet:
+            console.print("pass" if ok else "FAIL")
+        else:
+            console.print(f"[bold]torchrun world {world}[/bold]: {world // entry.cp_size} CP group(s) of "
+                          f"{entry.cp_size} (DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
+            print_ranks(console, infos, results)
+            print_groups(console, results)
+            describe_kernels(console, entry.kernels)
+            console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
+                          f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
+                          f"{len(results)} CP group(s) fail[/bold red]")
+        if summary is not None:
+            summary(console, results)
+        if getattr(args, "json", None):
+            report.write_json(args.json, to_dict(results, infos, extra))
+        if getattr(args, "junit", None):
+            from cpsim.junit import write_junit
+            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results])
+        if getattr(args, "html", None):
+            from cpsim.html_report import write_html_many
+            write_html_many(args.html, f"{entry.label} on torchrun world {world}",
+                            [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})", r.scenario,
+                              r.verdicts) for r in results], extra=extra)
+        return 0 if ok else 1
+
+    return execute(args, [entry], report_)

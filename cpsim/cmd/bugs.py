@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -11,7 +12,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from cpsim import faults, report
-from cpsim.cmd import parse_paths
+from cpsim.cmd import (add_kernel_args, describe_kernels, execute_torchrun, kernels_from_args, parse_paths,
+                       torchrun_world)
+from cpsim.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.scenario import PRESETS, Scenario
@@ -35,8 +38,11 @@ def register(sub) -> None:
     q.add_argument("--fixed", action="store_true", help="run the fixed form instead (exit 0 when clean)")
     q.add_argument("--paths", default=",".join(PATHS), help=f"paths to run (default: {','.join(PATHS)})")
     q.add_argument("--inject-on-rank", type=int, metavar="R", help="inject the fault on CP rank R only")
-    q.add_argument("--device", default="cpu", help="torch device for the kernels (default: cpu, interpreter)")
+    add_kernel_args(q)
+    add_dist_args(q)
     q.add_argument("--json", metavar="FILE", help="write the full report as JSON")
+    q.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
+                                                   "when the scenario is small enough to draw)")
     q.set_defaults(func=main_reproduce)
 
     q = bsub.add_parser("matrix", help="every fault against its trigger and the presets; catch rate last")
@@ -47,6 +53,7 @@ def register(sub) -> None:
     q.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count, at most 8)")
     q.add_argument("--markdown", action="store_true", help="print the matrix as a Markdown table")
     q.add_argument("--json", metavar="FILE", help="write the matrix as JSON")
+    add_kernel_args(q)
     q.set_defaults(func=main_matrix)
 
 
@@ -151,6 +158,21 @@ def ownership_table(rows) -> Table:
     return t
 
 
+def _verdict(c: Console, f, fixed: bool, failed: dict[str, list[str]]) -> int:
+    """The closing line of a reproduction; exit 1 when an invariant broke."""
+    if failed:
+        expected = [i for i in f.invariants if i in failed]
+        caught_by = "; ".join(f"{k} ({', '.join(v)})" for k, v in failed.items())
+        c.print(f"[bold red]{'fixed form still fails' if fixed else 'bug reproduced'}[/bold red]: "
+                f"{caught_by}; "
+                f"expected {', '.join(f.invariants)} -> {'hit ' + ', '.join(expected) if expected else 'MISSED'}",
+                highlight=False)
+        return 1
+    c.print("[bold green]fixed: every invariant holds[/bold green]" if fixed
+            else "[bold yellow]the fault did not show on this run[/bold yellow]")
+    return 0
+
+
 def main_reproduce(args) -> int:
     from cpsim.faults import detect
 
@@ -160,12 +182,18 @@ def main_reproduce(args) -> int:
     if args.inject_on_rank is not None and not 0 <= args.inject_on_rank < s.cp.world:
         raise ConfigError("--inject-on-rank", f"must lie in [0, {s.cp.world}) for {f.name}'s scenario "
                                               f"(CP world size {s.cp.world})")
+    dev = select_device(args.device)
+    kernels = kernels_from_args(args, dev.device, paths)
     c = Console()
     mode = "fixed form" if args.fixed else f"fault injected ({knob_text(f.knobs)})"
     where = "" if args.inject_on_rank is None else f" on rank {args.inject_on_rank}"
-    c.print(f"[bold]{f.name}[/bold]: {mode}{where}; references {'; '.join(f.references)}", highlight=False)
-    r = detect.reproduce(f, args.fixed, paths, args.inject_on_rank, args.device)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 alone prints
+        c.print(f"[bold]{f.name}[/bold]: {mode}{where}; references {'; '.join(f.references)}", highlight=False)
+    if launched_by_torchrun():
+        return _reproduce_torchrun(args, f, s, paths, kernels)
+    r = detect.reproduce(f, args.fixed, paths, args.inject_on_rank, dev.device, kernels)
     report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]")
+    describe_kernels(c, kernels)
     skipped = [p for p in paths if p not in r.gathered]
     for p in skipped:
         c.print(f"[dim]{p}: not applicable at CP world size {s.cp.world}[/dim]")
@@ -174,23 +202,41 @@ def main_reproduce(args) -> int:
         c.print(ownership_table(own[:32]))
         if len(own) > 32:
             c.print(f"… {len(own) - 32} more row(s); see --json")
-    failed = r.failed
+    extra = {"fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
+             "knobs": dataclasses.asdict(detect.knobs(f, s, args.fixed)), "paths_skipped": skipped}
     if args.json:
         report.write_json(args.json, report.to_dict(s, r.verdicts, {
-            "fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
-            "knobs": dataclasses.asdict(Knobs() if args.fixed else f.knobs), "paths_skipped": skipped,
-            "ownership": [dataclasses.asdict(o) for o in own]}))
-    if failed:
-        expected = [i for i in f.invariants if i in failed]
-        caught_by = "; ".join(f"{k} ({', '.join(v)})" for k, v in failed.items())
-        c.print(f"[bold red]{'fixed form still fails' if args.fixed else 'bug reproduced'}[/bold red]: "
-                f"{caught_by}; "
-                f"expected {', '.join(f.invariants)} -> {'hit ' + ', '.join(expected) if expected else 'MISSED'}",
-                highlight=False)
-        return 1
-    c.print("[bold green]fixed: every invariant holds[/bold green]" if args.fixed
-            else "[bold yellow]the fault did not show on this run[/bold yellow]")
-    return 0
+            **extra, "ownership": [dataclasses.asdict(o) for o in own]}))
+    if args.html:
+        from cpsim.allocator import allocate_world
+        from cpsim.html_report import picture_for, write_html
+        png, note = picture_for(s, r.gathered, allocate_world(s), r.verdicts)
+        write_html(args.html, s, r.verdicts, png, extra, picture_note=note)
+    return _verdict(c, f, args.fixed, r.failed)
+
+
+def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict) -> int:
+    """Every CP group of the world runs the fault's trigger (CP size from the trigger)."""
+    from cpsim import coordinator
+    from cpsim.distrun import Entry
+    from cpsim.faults import detect
+
+    torchrun_world(s.cp.world, f"{f.name}'s trigger scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "name")
+    knobs = detect.knobs(f, s, args.fixed)
+    entry = Entry(f.name, lambda replica: s, s.cp.world, paths, knobs=knobs, inject_rank=args.inject_on_rank,
+                  kernels=kernels)
+
+    def summary(c: Console, results) -> None:
+        failed: dict[str, list[str]] = {}
+        for g in results:
+            for v in g.verdicts:
+                if v.status == "fail" and v.path not in failed.setdefault(v.invariant, []):
+                    failed[v.invariant].append(v.path)
+        _verdict(c, f, args.fixed, {k: failed[k] for k in coordinator.INVARIANTS if failed.get(k)})
+
+    return execute_torchrun(args, entry, summary, {"fault": f.name, "fixed": args.fixed,
+                                                   "inject_rank": args.inject_on_rank,
+                                                   "knobs": dataclasses.asdict(knobs)})
 
 
 # ---- matrix -----------------------------------------------------------------------
@@ -228,14 +274,21 @@ def main_matrix(args) -> int:
     if args.jobs < 0:
         raise ConfigError("--jobs", f"must be >= 0, got {args.jobs}")
     jobs = args.jobs or detect.default_jobs()
+    from cpsim.kernel_under_test import to_record
+    kernels = kernels_from_args(args)
     c = Console()
+    describe_kernels(c, kernels)
+    if kernels:
+        c.print("[dim]fault switches compile into the built-in kernels only; on a path with a kernel under test "
+                "'baseline fails' means that kernel fails the fault-free scenario[/dim]")
     scenarios = [detect.TRIGGER, *presets]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True,
                   disable=not Console(stderr=True).is_terminal) as prog:
         task = prog.add_task("detection matrix", total=detect.num_tasks(names, presets))
         m = detect.matrix(names, presets, args.seed, jobs,
-                          on_done=lambda label: prog.update(task, advance=1, description=label))
+                          on_done=lambda label: prog.update(task, advance=1, description=label),
+                          kernel_record=to_record(kernels, kernels) if kernels else None)
     caught, total = m.rate
     if args.markdown:
         c.print(matrix_markdown(m, scenarios), highlight=False, markup=False, soft_wrap=True)

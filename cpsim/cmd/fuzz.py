@@ -11,7 +11,7 @@ from rich.text import Text
 
 from cpsim import fuzz as fz
 from cpsim import report
-from cpsim.cmd import add_path_args, parse_paths
+from cpsim.cmd import add_kernel_args, add_path_args, describe_kernels, kernels_from_args, parse_paths
 
 
 def register(sub) -> None:
@@ -26,8 +26,7 @@ def register(sub) -> None:
     add_path_args(p, default=",".join(fz.DEFAULT_PATHS))
     p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim fuzz --list-faults`)")
     p.add_argument("--list-faults", action="store_true", help="print the fault names --inject accepts and exit")
-    # HOOK(lead): --kernel-v1 / --kernel-v2 SPEC go here once user-kernel plumbing lands; record the
-    # selection in Repro.kernels so `cpsim replay` loads the same kernels.
+    add_kernel_args(p)  # recorded in the repro file, so `cpsim replay` loads the same kernels
     p.add_argument("--allow-invalid", action="store_true",
                    help="also draw CP layouts that break the global owner rule (interleave not dividing B)")
     p.add_argument("--out", default="out", metavar="DIR", help="where repro-<fingerprint>.json goes (default: out)")
@@ -56,8 +55,10 @@ def main(args) -> int:
         print("\n".join(fz.fault_names()))
         return 0
     console = Console()
+    paths = parse_paths(args.paths)
+    kernels = kernels_from_args(args, "cpu", paths)
     cfg = fz.FuzzConfig(
-        paths=parse_paths(args.paths), inject=args.inject, max_examples=args.max_examples if not args.minutes else 100,
+        paths=paths, kernels=kernels, inject=args.inject, max_examples=args.max_examples if not args.minutes else 100,
         minutes=args.minutes, seed=args.seed, allow_invalid=args.allow_invalid, out=Path(args.out),
         database=None if args.no_db else Path(args.db), max_programs=args.max_programs,
     )
@@ -76,6 +77,8 @@ def main(args) -> int:
             result = fz.fuzz(cfg, show)
     else:
         result = fz.fuzz(cfg)
+    if not args.quiet:
+        describe_kernels(console, kernels)
     head = f"{result.examples} examples in {result.elapsed_s:.1f} s ({result.examples / max(result.elapsed_s, 1e-9):.1f}/s)"
     if not result.found:
         console.print(f"{head}: [bold green]no violation found[/bold green]"

@@ -1,29 +1,56 @@
-"""``cpsim replay FILE``: rerun a repro file and say whether the violation still shows."""
+"""``cpsim replay FILE``: rerun a repro file and say whether the violation still shows.
+
+The kernels the repro recorded (built-in, or the user's kernel fuzz ran with) are
+loaded again; ``--kernel-v1/--kernel-v2 SPEC`` replaces one (``builtin`` = cpsim's
+own). Without a launcher the CP ranks run in turn in one process; under torchrun
+(``launch/local.sh 8 replay FILE``) each process is one rank and every CP group
+of the world reruns the repro's scenario. Exit 1 while the violation shows.
+"""
 
 from __future__ import annotations
+
+import argparse
 
 from rich.console import Console
 
 from cpsim import fuzz as fz
 from cpsim import report
+from cpsim.cmd import add_kernel_args, describe_kernels, execute_torchrun, kernels_with_record, torchrun_world
+from cpsim.dist import add_dist_args, launched_by_torchrun, select_device
+from cpsim.kernel_under_test import to_record
 
 
 def register(sub) -> None:
-    p = sub.add_parser("replay", help="rerun a repro file written by `cpsim fuzz`")
+    p = sub.add_parser("replay", help="rerun a repro file written by `cpsim fuzz` (virtual world or torchrun)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json")
-    p.add_argument("--device", default="cpu", help="torch device for the kernels (default: cpu, Triton interpreter)")
-    # HOOK(lead): `--torchrun` / launch/local.sh N replay FILE once torchrun support lands.
+    add_kernel_args(p)
+    add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the report and the violation summary as JSON")
+    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
+                                                   "when the scenario is small enough to draw)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line")
     p.set_defaults(func=main)
 
 
+def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]) -> int:
+    if not failed:
+        console.print(f"[green]violation no longer shows[/green] (recorded: {', '.join(recorded) or 'none'})")
+        return 0
+    same = "same as recorded" if now == recorded else f"recorded: {', '.join(recorded) or 'none'}"
+    console.print(f"[bold red]violation reproduced[/bold red]: {', '.join(now)} ({same})", highlight=False)
+    return 1
+
+
 def main(args) -> int:
     r = fz.load_repro(args.file)
+    if launched_by_torchrun():
+        return main_torchrun(args, r)
+    dev = select_device(args.device)
+    kernels = kernels_with_record(args, r.kernels, dev.device, r.paths)
     console = Console()
-    out = fz.replay(r, args.device)
+    out = fz.replay(r, dev.device, kernels)
     recorded = r.violation.get("invariants", [])
-    now = out.invariants()
     if not args.quiet:
         if r.inject:
             console.print(f"injected fault: {r.inject}")
@@ -31,12 +58,34 @@ def main(args) -> int:
             console.print(f"[red]error:[/red] {out.error}", highlight=False)
         else:
             report.print_report(console, r.scenario, out.verdicts)
+        describe_kernels(console, kernels)
+    extra = {"inject": r.inject, "violation": out.summary(), "recorded_violation": r.violation,
+             "kernels": to_record(kernels, r.paths)}
     if args.json:
-        report.write_json(args.json, report.to_dict(r.scenario, out.verdicts, {
-            "inject": r.inject, "violation": out.summary(), "recorded_violation": r.violation}))
-    if not out.failed:
-        console.print(f"[green]violation no longer shows[/green] (recorded: {', '.join(recorded) or 'none'})")
-        return 0
-    same = "same as recorded" if now == recorded else f"recorded: {', '.join(recorded) or 'none'}"
-    console.print(f"[bold red]violation reproduced[/bold red]: {', '.join(now)} ({same})", highlight=False)
-    return 1
+        report.write_json(args.json, report.to_dict(r.scenario, out.verdicts, extra))
+    if args.html:
+        from cpsim.allocator import allocate_world
+        from cpsim.html_report import picture_for, write_html
+        png, note = (picture_for(r.scenario, out.gathered, allocate_world(r.scenario), out.verdicts)
+                     if out.gathered else (None, "no picture: the run raised before gathering"))
+        write_html(args.html, r.scenario, out.verdicts, png, extra, picture_note=note)
+    return _verdict(console, recorded, out.failed, out.invariants())
+
+
+def main_torchrun(args, r: fz.Repro) -> int:
+    """Every CP group of the world reruns the repro's scenario (CP size from the scenario)."""
+    from cpsim.distrun import Entry
+
+    s = r.scenario
+    torchrun_world(s.cp.world, f"the repro's scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "FILE")
+    kernels = kernels_with_record(args, r.kernels, select_device(args.device).device, r.paths)
+    entry = Entry(f"replay {s.fingerprint()}", lambda replica: s, s.cp.world, r.paths, knobs=r.knobs,
+                  kernels=kernels)
+    recorded = r.violation.get("invariants", [])
+
+    def summary(console: Console, results) -> None:
+        now = sorted({v.invariant for g in results for v in g.verdicts if v.status == "fail"})
+        _verdict(console, recorded, bool(now), now)
+
+    return execute_torchrun(args, entry, summary, {"inject": r.inject, "recorded_violation": r.violation,
+                                                   "kernels": to_record(kernels, r.paths)})

@@ -19,8 +19,8 @@ from rich.console import Console
 from cpsim import coordinator, report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
-from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, describe_kernels, kernels_from_args,
-                       parse_paths, scenario_from_args)
+from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, describe_kernels, execute_torchrun,
+                       kernels_from_args, parse_paths, scenario_from_args, torchrun_world)
 from cpsim.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import KERNEL_DESIGNS, Knobs
@@ -114,43 +114,19 @@ def replica_builder(args, world: int | None):
 
 
 def main_torchrun(args) -> int:
-    from cpsim.distrun import Entry, execute, print_groups, print_ranks, to_dict
+    from cpsim.dist import select_device
+    from cpsim.distrun import Entry
 
     world = int(os.environ["WORLD_SIZE"])
     build, s0 = replica_builder(args, world)
     n = s0.cp.world
-    if world % n:
-        raise ConfigError("--dcp/--pcp", f"world size {world} is not a multiple of the CP size "
-                                         f"{n} (DCP {s0.cp.dcp} x PCP {s0.cp.pcp})")
+    torchrun_world(n, f"the scenario (DCP {s0.cp.dcp} x PCP {s0.cp.pcp})", "--dcp/--pcp")
     label = args.scenario if args.scenario in sc.PRESETS else Path(args.scenario).stem
     paths = parse_paths(args.paths)
-    from cpsim.dist import select_device
     knobs, inject_rank = _injection(args, s0)
     entry = Entry(label, build, n, paths, knobs=knobs, inject_rank=inject_rank,
                   kernels=kernels_from_args(args, select_device(args.device).device, paths))
-
-    def report_(results, infos) -> int:
-        console = Console()
-        ok = all(coordinator.passed(r.verdicts) for r in results)
-        if args.quiet:
-            console.print("pass" if ok else "FAIL")
-        else:
-            console.print(f"[bold]torchrun world {world}[/bold]: {world // n} CP group(s) of {n} "
-                          f"(DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
-            print_ranks(console, infos, results)
-            print_groups(console, results)
-            describe_kernels(console, entry.kernels)
-            console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
-                          f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
-                          f"{len(results)} CP group(s) fail[/bold red]")
-        if args.json:
-            report.write_json(args.json, to_dict(results, infos))
-        if args.junit:
-            from cpsim.junit import write_junit
-            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results])
-        return 0 if ok else 1
-
-    return execute(args, [entry], report_)
+    return execute_torchrun(args, entry)
 
 
 def _injection(args, s) -> tuple[Knobs, int | None]:

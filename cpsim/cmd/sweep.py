@@ -27,7 +27,7 @@ from rich.table import Table
 
 from cpsim import coordinator, report
 from cpsim import scenario as sc
-from cpsim.cmd import parse_paths, scenario_from_args
+from cpsim.cmd import add_kernel_args, describe_kernels, kernels_from_args, parse_paths, scenario_from_args
 from cpsim.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS
@@ -45,8 +45,11 @@ def register(sub) -> None:
     p.add_argument("--interleaves", help="comma-separated interleave sizes (default: each preset's own)")
     p.add_argument("--paths", help="comma-separated paths (default: all)")
     p.add_argument("--seed", type=int, help="base seed (replica g of a torchrun job uses seed + g; default 0)")
+    add_kernel_args(p)
     add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the whole report as JSON")
+    p.add_argument("--html", metavar="FILE", help="write one self-contained HTML page with every scenario's "
+                                                   "invariant table and violations")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per (scenario, path, invariant)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
     p.set_defaults(func=main)
@@ -139,7 +142,7 @@ def _builder(cell: Cell, seed: int):
     return build
 
 
-def plan(matrix: dict, world: int | None):
+def plan(matrix: dict, world: int | None, kernels: dict | None = None):
     """(entries, skipped): the runnable cells and, for the others, why not. Deterministic on every rank."""
     from cpsim.distrun import Entry
 
@@ -155,7 +158,7 @@ def plan(matrix: dict, world: int | None):
         if world is not None and n > world:
             skipped[cell.label] = f"needs {n} ranks, the job has {world}"
             continue
-        entries.append(Entry(cell.label, build, n, matrix["paths"]))
+        entries.append(Entry(cell.label, build, n, matrix["paths"], kernels=kernels or {}))
     if not entries:
         raise ConfigError("sweep", "every cell was skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     return entries, skipped
@@ -164,16 +167,18 @@ def plan(matrix: dict, world: int | None):
 def main(args) -> int:
     matrix = load_matrix(args)
     world = int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else None
-    entries, skipped = plan(matrix, world)
+    from cpsim.dist import select_device
+    kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
+    entries, skipped = plan(matrix, world, kernels)
     console = Console()
     progress = _progress(console, args.quiet, len(entries))
     if world is None:
         results = run_virtual_sweep(args, entries, progress)
-        return finish(console, args, results, skipped, None, world)
+        return finish(console, args, results, skipped, None, world, kernels)
     from cpsim.distrun import execute
 
     def report_(results, infos) -> int:
-        return finish(console, args, results, skipped, infos, world)
+        return finish(console, args, results, skipped, infos, world, kernels)
 
     return execute(args, entries, report_, progress=progress.advance if progress else None)
 
@@ -209,7 +214,7 @@ def run_virtual_sweep(args, entries, progress):
     results = []
     for i, e in enumerate(entries):
         s = e.build(0)
-        gathered = run_virtual(s, e.paths, device=dev.device)
+        gathered = run_virtual(s, e.paths, device=dev.device, kernels=e.kernels)
         verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
         results.append(GroupResult(e.label, 0, list(range(s.cp.world)), s, verdicts,
                                    [p for p in e.paths if p not in gathered]))
@@ -222,7 +227,8 @@ def junit_label(r) -> str:
     return f"{r.label} [seed {r.scenario.seed}]"
 
 
-def finish(console: Console, args, results, skipped: dict, infos, world: int | None) -> int:
+def finish(console: Console, args, results, skipped: dict, infos, world: int | None,
+           kernels: dict | None = None) -> int:
     from cpsim.distrun import print_groups
 
     ok = all(coordinator.passed(r.verdicts) for r in results)
@@ -241,6 +247,8 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     failing = [r for r in results if not coordinator.passed(r.verdicts)]
     if failing and not args.quiet:
         print_groups(console, failing)
+    if not args.quiet and results:
+        describe_kernels(console, kernels or {})
     console.print("[bold green]every scenario passes[/bold green]" if ok else
                   f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
     if args.json:
@@ -251,5 +259,11 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     if args.junit:
         from cpsim.junit import write_junit
         write_junit(args.junit, [(r.scenario, r.verdicts, junit_label(r)) for r in results], skipped)
+    if args.html:
+        from cpsim.html_report import write_html_many
+        write_html_many(args.html, f"sweep of {len(results)} scenario run(s)"
+                        + (f" on {world} ranks" if world else " (virtual world)"),
+                        [(f"{junit_label(r)} · ranks {r.ranks[0]}-{r.ranks[-1]}", r.scenario, r.verdicts)
+                         for r in results], skipped)
     sys.stdout.flush()
     return 0 if ok else 1

@@ -49,17 +49,23 @@ class Run:
 
 
 def run(s: Scenario, knobs: Knobs = Knobs(), paths: tuple[str, ...] | list[str] = PATHS,
-        inject_rank: int | None = None, device: str = "cpu") -> Run:
+        inject_rank: int | None = None, device: str = "cpu", kernels: dict | None = None) -> Run:
+    """``kernels``: path -> the user's kernel replacing the built-in one (fault bits do not reach it)."""
     t0 = time.perf_counter()
-    gathered = run_virtual(s, list(paths), knobs, inject_rank, device)
+    gathered = run_virtual(s, list(paths), knobs, inject_rank, device, kernels)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     return Run(s, verdicts, gathered, time.perf_counter() - t0)
 
 
+def knobs(fault: faults.Fault, s: Scenario, fixed: bool = False) -> Knobs:
+    """The injection on ``s``, or the fixed form's knobs."""
+    return fault.fixed if fixed else fault.knobs_for(s)
+
+
 def reproduce(fault: faults.Fault, fixed: bool = False, paths=PATHS, inject_rank: int | None = None,
-              device: str = "cpu") -> Run:
+              device: str = "cpu", kernels: dict | None = None) -> Run:
     s = fault.trigger()
-    return run(s, fault.fixed if fixed else fault.knobs_for(s), paths, inject_rank, device)
+    return run(s, knobs(fault, s, fixed), paths, inject_rank, device, kernels)
 
 
 # ---- ownership: who holds which positions -----------------------------------
@@ -158,33 +164,40 @@ class Matrix:
 TRIGGER = "trigger"
 
 
-def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tuple[str, ...]) -> tuple:
-    """Worker: one run, summarised as (failed, applicable, seconds); picklable both ways."""
+def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tuple[str, ...],
+          kernel_record: dict | None = None) -> tuple:
+    """Worker: one run, summarised as (failed, applicable, seconds); picklable both ways.
+
+    Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded in the worker."""
+    from cpsim.kernel_under_test import from_record
     from cpsim.kernels import use_interpreter
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None
     s = f.trigger() if where == TRIGGER else preset(where, seed=seed)
-    r = run(s, f.knobs_for(s) if (f and faulty) else Knobs(), paths)
+    r = run(s, f.knobs_for(s) if (f and faulty) else Knobs(), paths,
+            kernels={p: k for p, k in from_record(kernel_record or {}).items() if p in paths})
     return r.failed, bool(r.gathered), r.seconds
 
 
 def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, seed: int = 0, jobs: int = 1,
-           on_done: Callable[[str], None] | None = None) -> Matrix:
+           on_done: Callable[[str], None] | None = None, kernel_record: dict | None = None) -> Matrix:
     """Every fault on its trigger and on each preset, on the paths it affects.
 
     Each trigger also runs fault-free on the same paths, and each preset runs
     fault-free once on all paths, so that a catch is attributable to the fault.
+    With ``kernel_record`` (user kernels) a fault-free run that fails is the
+    kernel's own bug: the cell shows "baseline fails" and the fault is not caught.
     """
     names = names or faults.names()
     cat = {n: faults.get(n) for n in names}
     tasks: dict[tuple, tuple] = {}
     for n, f in cat.items():
-        tasks[(n, TRIGGER, True)] = (n, TRIGGER, True, seed, f.paths)
-        tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, f.paths)
+        tasks[(n, TRIGGER, True)] = (n, TRIGGER, True, seed, f.paths, kernel_record)
+        tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, f.paths, kernel_record)
         for p in presets:
-            tasks[(n, p, True)] = (n, p, True, seed, f.paths)
+            tasks[(n, p, True)] = (n, p, True, seed, f.paths, kernel_record)
     for p in presets:
-        tasks[(None, p, False)] = (None, p, False, seed, PATHS)
+        tasks[(None, p, False)] = (None, p, False, seed, PATHS, kernel_record)
     results: dict[tuple, tuple] = {}
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
