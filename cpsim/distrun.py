@@ -19,11 +19,13 @@ import hashlib
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+import cpsim
 from cpsim import coordinator
 from cpsim.allocator import allocate_rank, allocate_world
 from cpsim.coordinator import Verdict
@@ -65,6 +67,25 @@ class RankInfo:
     host: str
     pid: int
     device: str
+    timings: dict = field(default_factory=dict)  # seconds per phase (see PHASES)
+
+
+# Per-rank wall time by phase: start-up (cpsim import to process group ready), the
+# kernels of every path, the all-gathers of their outputs, the coordinator (first
+# rank of a CP group only).
+PHASES = ("startup", "kernels", "gather", "check")
+_TIMES: dict[str, float] = {}
+
+
+class _timed:
+    def __init__(self, phase: str):
+        self.phase = phase
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        _TIMES[self.phase] = _TIMES.get(self.phase, 0.0) + time.perf_counter() - self.t0
 
 
 @dataclass(frozen=True)
@@ -186,11 +207,15 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
         comm.state(f"{entry.label}: running {path}")
         if hooks.raise_rank == comm.rank:
             raise RuntimeError(f"test hook CPSIM_TEST_RAISE_RANK: rank {comm.rank} raised inside path {path}")
-        out = run_path(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
+        with _timed("kernels"):
+            out = run_path(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
+            if out is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)  # count the launches' GPU time here, not in the gather
         if N == 1:
             outs = None if out is None else [out]
         else:
-            outs = _gather_path(comm, pg, N, s, path, out, pos, entry.label)
+            with _timed("gather"):
+                outs = _gather_path(comm, pg, N, s, path, out, pos, entry.label)
         if outs is None:
             skipped.append(path)
         elif pos == 0:
@@ -198,12 +223,14 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     if pos != 0:
         return None
     comm.state(f"{entry.label}: checking")
-    verdicts = coordinator.check(s, allocate_world(s), gathered, fps)
+    with _timed("check"):
+        verdicts = coordinator.check(s, allocate_world(s), gathered, fps)
     return GroupResult(entry.label, g, ranks, s, verdicts, skipped)
 
 
 def rank_info(comm) -> RankInfo:
-    return RankInfo(comm.rank, socket.gethostname(), os.getpid(), comm.dev.describe())
+    return RankInfo(comm.rank, socket.gethostname(), os.getpid(), comm.dev.describe(),
+                    {k: round(_TIMES.get(k, 0.0), 3) for k in PHASES})
 
 
 def execute(args, entries: list[Entry], report: Callable, progress: Callable | None = None) -> int:
@@ -223,6 +250,7 @@ def _execute(args, entries, report, progress) -> int:
     dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
     hooks = Hooks.from_environ()
     comm = Comm.init(env, dev, args.timeout)
+    _TIMES["startup"] = time.time() - cpsim.STARTED
     try:
         results: list[GroupResult] = []
         for i, entry in enumerate(entries):
@@ -250,12 +278,14 @@ def print_ranks(console, infos: list[RankInfo], results: list[GroupResult]) -> N
         for i, rank in enumerate(r.ranks):
             where[rank] = (r.group, i, i // dcp, i % dcp)
     t = Table(title=f"{len(infos)} rank(s)", title_justify="left")
-    for col in ("rank", "host", "pid", "device", "CP group", "total CP rank", "pcp", "dcp"):
-        t.add_column(col, justify="right" if col not in ("host", "device") else "left")
+    for col in ("rank", "host", "pid", "device", "CP group", "total CP rank", "pcp", "dcp") + PHASES:
+        t.add_column(col if col not in PHASES else f"{col} s",
+                     justify="right" if col not in ("host", "device") else "left")
     for info in infos:
         g = where.get(info.rank)
         cells = [str(x) for x in g] if g else ["idle", "", "", ""]
-        t.add_row(str(info.rank), info.host, str(info.pid), info.device, *cells)
+        secs = [f"{info.timings[k]:.2f}" if k in info.timings else "" for k in PHASES]
+        t.add_row(str(info.rank), info.host, str(info.pid), info.device, *cells, *secs)
     console.print(t)
 
 

@@ -77,6 +77,10 @@ def test_four_ranks_default_preset(tmp_path):
     report = json.loads(out.read_text())
     assert report["passed"] is True and report["world_size"] == 4
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2, 3]
+    # Per-rank phase times: every rank starts and runs kernels; only the group's first rank checks.
+    times = [r["timings"] for r in report["ranks"]]
+    assert all(t["startup"] > 0 and t["kernels"] > 0 and t["gather"] > 0 for t in times)
+    assert times[0]["check"] > 0 and all(t["check"] == 0 for t in times[1:])
     (group,) = report["groups"]
     assert group["ranks"] == [0, 1, 2, 3] and group["scenario"]["cp"]["dcp"] == 4
     assert {v["invariant"] for v in group["verdicts"]} == set(INVARIANTS)
