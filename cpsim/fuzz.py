@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cpsim import __version__, coordinator, layout
+from cpsim import __version__, coordinator
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 from cpsim.kernel_under_test import to_record

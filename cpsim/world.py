@@ -6,7 +6,7 @@ coordinator cannot tell a virtual run from a torchrun one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch

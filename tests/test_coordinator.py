@@ -112,7 +112,6 @@ def test_offset_past_block_size(world):
 
 
 def test_collision_across_requests(world):
-    s = world[0]
     g, G = broken(world)
     # Request 2 (positions 90..92) on its owner rank takes a slot of request 0 on that rank.
     t = 301 + 1  # second token of request 2

@@ -7,7 +7,7 @@ other ranks, processes or collectives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
