@@ -133,6 +133,16 @@ def write_html(path: str | Path, scenario: Scenario, verdicts: list[Verdict],
     Path(path).write_text(render_html(scenario, verdicts, picture_png_bytes, extra, picture_note), encoding="utf-8")
 
 
+def write_checked(path: str | Path, s: Scenario, gathered: dict | None, verdicts: list[Verdict],
+                  extra: dict[str, Any] | None = None) -> None:
+    """The page of one checked scenario, with its picture when it can be drawn."""
+    from cpsim.allocator import allocate_world
+
+    png, note = (picture_for(s, gathered, allocate_world(s), verdicts) if gathered
+                 else (None, "no picture: the run raised before gathering"))
+    write_html(path, s, verdicts, png, extra, picture_note=note)
+
+
 def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdict]) -> tuple[bytes | None, str]:
     """PNG of the layout for the page, or why there is none (too big, no matplotlib)."""
     from cpsim import draw

@@ -208,10 +208,8 @@ def main_reproduce(args) -> int:
         report.write_json(args.json, report.to_dict(s, r.verdicts, {
             **extra, "ownership": [dataclasses.asdict(o) for o in own]}))
     if args.html:
-        from cpsim.allocator import allocate_world
-        from cpsim.html_report import picture_for, write_html
-        png, note = picture_for(s, r.gathered, allocate_world(s), r.verdicts)
-        write_html(args.html, s, r.verdicts, png, extra, picture_note=note)
+        from cpsim.html_report import write_checked
+        write_checked(args.html, s, r.gathered, r.verdicts, extra)
     return _verdict(c, f, args.fixed, r.failed)
 
 

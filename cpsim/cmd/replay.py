@@ -64,11 +64,8 @@ def main(args) -> int:
     if args.json:
         report.write_json(args.json, report.to_dict(r.scenario, out.verdicts, extra))
     if args.html:
-        from cpsim.allocator import allocate_world
-        from cpsim.html_report import picture_for, write_html
-        png, note = (picture_for(r.scenario, out.gathered, allocate_world(r.scenario), out.verdicts)
-                     if out.gathered else (None, "no picture: the run raised before gathering"))
-        write_html(args.html, r.scenario, out.verdicts, png, extra, picture_note=note)
+        from cpsim.html_report import write_checked
+        write_checked(args.html, r.scenario, out.gathered, out.verdicts, extra)
     return _verdict(console, recorded, out.failed, out.invariants())
 
 

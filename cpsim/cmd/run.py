@@ -69,8 +69,7 @@ def main(args) -> int:
                                kernels=kernels,
                                on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
     skipped = [p for p in paths if p not in gathered]
-    allocs = allocate_world(s)
-    verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
+    verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     if not args.quiet:
         report.print_report(console, s, verdicts)
         for p in skipped:
@@ -86,9 +85,8 @@ def main(args) -> int:
         from cpsim.junit import write_junit
         write_junit(args.junit, [(s, verdicts)])
     if args.html:
-        from cpsim.html_report import picture_for, write_html
-        png, note = picture_for(s, gathered, allocs, verdicts)
-        write_html(args.html, s, verdicts, png, {"paths_skipped": skipped}, picture_note=note)
+        from cpsim.html_report import write_checked
+        write_checked(args.html, s, gathered, verdicts, {"paths_skipped": skipped})
     return 0 if coordinator.passed(verdicts) else 1
 
 
