@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cpsim import __version__, coordinator
+from cpsim import __version__
+from cpsim.check import coordinator
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
-from cpsim.kernel_under_test import to_record
+from cpsim.plugin.kernel_under_test import to_record
 from cpsim.paths import Knobs
 
 REPRO_SCHEMA = "cpsim-repro/1"
@@ -200,9 +201,9 @@ def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: s
              kernels: dict | None = None) -> Outcome:
     """Run the virtual world and the coordinator; an exception is an outcome too.
 
-    ``kernels`` maps a path to the user's kernel (``cpsim.kernel_under_test``) replacing the built-in one."""
+    ``kernels`` maps a path to the user's kernel (``cpsim.plugin.kernel_under_test``) replacing the built-in one."""
     from cpsim.allocator import allocate_world
-    from cpsim.world import run_virtual
+    from cpsim.run.world import run_virtual
 
     knobs = knobs_for_scenario(knobs, s)
     try:

@@ -1,7 +1,7 @@
 """CPU side of the testbed: coordinator throughput and virtual-world time.
 
 1. ``coordinator.check`` on 8 ranks x 1M tokens x 2 groups. The gathered tensors
-   are built from ``cpsim.reference.rank_slots`` (what correct kernels return), so
+   are built from ``cpsim.check.reference.rank_slots`` (what correct kernels return), so
    no kernel runs; the time and the process's peak RSS are the check's.
 2. ``run_virtual`` + ``check`` for the ``long-prefill`` preset (8 ranks x 128K
    tokens) with each kernel design, on the Triton interpreter.
@@ -44,9 +44,11 @@ def big_scenario(tokens: int):
 def bench_check(tokens: int) -> dict:
     import torch
 
-    from cpsim import coordinator, layout, reference
+    from cpsim.check import coordinator, reference
+
+    from cpsim import layout
     from cpsim.allocator import allocate_world
-    from cpsim.world import Gathered
+    from cpsim.run.world import Gathered
 
     s = big_scenario(tokens)
     allocs = allocate_world(s)
@@ -78,11 +80,11 @@ def bench_world() -> list[dict]:
     from cpsim.kernels import use_interpreter
 
     use_interpreter()
-    from cpsim import coordinator
+    from cpsim.check import coordinator
     from cpsim import scenario as sc
     from cpsim.allocator import allocate_world
     from cpsim.paths import PATHS, Knobs
-    from cpsim.world import run_virtual
+    from cpsim.run.world import run_virtual
 
     s = sc.preset("long-prefill")
     rows = []

@@ -24,11 +24,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 
-from cpsim import coordinator  # noqa: E402
+from cpsim.check import coordinator  # noqa: E402
 from cpsim import fuzz as fz  # noqa: E402
 from cpsim import scenario as sc  # noqa: E402
 from cpsim.allocator import allocate_world  # noqa: E402
-from cpsim.world import run_virtual  # noqa: E402
+from cpsim.run.world import run_virtual  # noqa: E402
 
 PATH_SETS = {"interpreter (v1,v2)": ["v1", "v2"], "torch (v1-torch)": ["v1-torch"]}
 SMALL_SHAPES = [(1, 1, 1), (2, 1, 1), (2, 2, 2), (4, 2, 2)]

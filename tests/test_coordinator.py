@@ -5,11 +5,11 @@ import copy
 import pytest
 import torch
 
-from cpsim import coordinator
+from cpsim.check import coordinator
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.layout import PAD_SLOT_ID, POISON, owner_rank
-from cpsim.world import run_virtual
+from cpsim.run.world import run_virtual
 
 SHARDED, UNSHARDED, RING, MAMBA = 0, 1, 2, 3
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cpsim.coordinator import INVARIANTS
+from cpsim.check.coordinator import INVARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch"

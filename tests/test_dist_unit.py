@@ -15,11 +15,11 @@ import torch
 
 from cpsim.cli import main
 from cpsim.cmd import sweep
-from cpsim.coordinator import Verdict, Violation
-from cpsim.dist import select_device
+from cpsim.check.coordinator import Verdict, Violation
+from cpsim.run.dist import select_device
 from cpsim.errors import ConfigError
 from cpsim import scenario as sc
-from cpsim.junit import write_junit
+from cpsim.report.junit import write_junit
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,8 @@ import torch
 from matplotlib.text import Annotation, Text
 
 from report_cases import STALE_TAIL, VIRTUAL_FROM_KERNEL_BLOCK, small
-from cpsim import cli, draw, layout
+from cpsim import cli, layout
+from cpsim.report import draw
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 

@@ -11,7 +11,9 @@ from cpsim.kernels import use_interpreter
 
 use_interpreter()
 
-from cpsim import coordinator, faults  # noqa: E402
+from cpsim.check import coordinator  # noqa: E402
+
+from cpsim import faults  # noqa: E402
 from cpsim.allocator import allocate_rank  # noqa: E402
 from cpsim.cli import main  # noqa: E402
 from cpsim.errors import ConfigError  # noqa: E402

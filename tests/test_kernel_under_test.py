@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from cpsim import cli, kernels, vllm_shim
+from cpsim import cli, kernels
+from cpsim.plugin import vllm_shim
 from cpsim.errors import ConfigError
-from cpsim.kernel_under_test import ABIS, load
+from cpsim.plugin.kernel_under_test import ABIS, load
 from cpsim.scenario import preset
-from cpsim.testing import check_kernel
+from cpsim.plugin.testing import check_kernel
 
 kernels.use_interpreter()
 

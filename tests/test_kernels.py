@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from cpsim import kernels, reference
+from cpsim import kernels
+from cpsim.check import reference
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_rank
 from cpsim.layout import PAD_SLOT_ID

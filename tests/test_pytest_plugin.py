@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from cpsim import kernels, testing
+from cpsim import kernels
+from cpsim.plugin import testing
 
 pytest_plugins = ["pytester"]
 
 KERNELS = Path(__file__).parent / "kernels"
 GOOD = f"{KERNELS}/ascend_v1_abi.py:_compute_slot_mapping_kernel"
-FAST = ["--cpsim-scenarios", "mtp,random:1", "-p", "cpsim.testing", "-p", "no:warnings"]
+FAST = ["--cpsim-scenarios", "mtp,random:1", "-p", "cpsim.plugin.testing", "-p", "no:warnings"]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -47,7 +48,7 @@ def test_broken_kernel_fails_with_the_violation_report(pytester):
 
 def test_plugin_is_inert_without_its_options(pytester):
     pytester.makepyfile(test_user="def test_theirs():\n    assert True\n")
-    res = pytester.runpytest("-p", "cpsim.testing", "-p", "no:warnings")
+    res = pytester.runpytest("-p", "cpsim.plugin.testing", "-p", "no:warnings")
     res.assert_outcomes(passed=1)
     res.stdout.fnmatch_lines(["collected 1 item"])
     res.stdout.no_fnmatch_line("*cpsim::*")

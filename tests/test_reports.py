@@ -17,12 +17,14 @@ import pytest
 from rich.console import Console
 
 from report_cases import VIRTUAL_FROM_KERNEL_BLOCK, small
-from cpsim import cli, coordinator, report
+from cpsim import cli
+from cpsim.check import coordinator
+from cpsim.report import report
 from cpsim.allocator import allocate_world
-from cpsim.html_report import picture_for, render_html, write_html
-from cpsim.junit import write_junit
-from cpsim.progress import progress
-from cpsim.world import run_virtual
+from cpsim.report.html import picture_for, render_html, write_html
+from cpsim.report.junit import write_junit
+from cpsim.report.progress import progress
+from cpsim.run.world import run_virtual
 
 GROUP_LEVEL = set(coordinator.INVARIANTS) - {"capacity", "same-scenario"}
 

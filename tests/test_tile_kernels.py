@@ -12,11 +12,13 @@ import dataclasses
 import pytest
 import torch
 
-from cpsim import coordinator, kernels
+from cpsim.check import coordinator
+
+from cpsim import kernels
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.paths import Knobs
-from cpsim.world import run_virtual
+from cpsim.run.world import run_virtual
 
 kernels.use_interpreter()
 

@@ -9,7 +9,7 @@ from typing import Callable
 
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
-from cpsim.kernel_under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
+from cpsim.plugin.kernel_under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.paths import PATHS
 
 
@@ -69,7 +69,7 @@ KERNEL_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_
 
 def add_kernel_args(p: argparse.ArgumentParser) -> None:
     """``--kernel-v1/--kernel-v1-fused/--kernel-v2 SPEC``: the user's kernel replaces the built-in one."""
-    from cpsim.kernel_under_test import ABIS, V2_LAUNCHES
+    from cpsim.plugin.kernel_under_test import ABIS, V2_LAUNCHES
     g = p.add_argument_group("kernel under test",
                              "SPEC is package.module:attr or path/to/file.py:attr; "
                              "'ascend' (v1, v1-fused, v2) or 'vllm' (v2) imports the installed upstream kernel; "
@@ -91,7 +91,7 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None)
 
     With ``paths``, a kernel for a path that will not run is an error, not a silent no-op.
     """
-    from cpsim.kernel_under_test import load
+    from cpsim.plugin.kernel_under_test import load
     out = {}
     for path, attr in KERNEL_FLAGS.items():
         spec = getattr(args, attr, None)
@@ -117,7 +117,7 @@ def describe_kernels(console, kernels: dict) -> None:
 
 def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> dict:
     """A repro file's recorded kernels on ``paths``, each replaced by the --kernel-* option given for its path."""
-    from cpsim.kernel_under_test import from_record
+    from cpsim.plugin.kernel_under_test import from_record
     given = {p for p, attr in KERNEL_FLAGS.items() if getattr(args, attr, None)}
     out = from_record({p: v for p, v in (record or {}).items() if p in paths and p not in given}, device,
                       where="repro kernels")
@@ -144,8 +144,10 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     """
     from rich.console import Console
 
-    from cpsim import coordinator, report
-    from cpsim.distrun import execute, print_groups, print_ranks, to_dict
+    from cpsim.check import coordinator
+
+    from cpsim.report import report
+    from cpsim.run.distrun import execute, print_groups, print_ranks, to_dict
 
     world = int(os.environ["WORLD_SIZE"])
     quiet = getattr(args, "quiet", False)
@@ -170,10 +172,10 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
         if getattr(args, "json", None):
             report.write_json(args.json, to_dict(results, infos, extra))
         if getattr(args, "junit", None):
-            from cpsim.junit import write_junit
+            from cpsim.report.junit import write_junit
             write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results])
         if getattr(args, "html", None):
-            from cpsim.html_report import write_html_many
+            from cpsim.report.html import write_html_many
             write_html_many(args.html, f"{entry.label} on torchrun world {world}",
                             [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})", r.scenario,
                               r.verdicts) for r in results], extra=extra)

@@ -11,10 +11,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cpsim import faults, report
+from cpsim import faults
+from cpsim.report import report
 from cpsim.cmd import (add_kernel_args, describe_kernels, execute_torchrun, kernels_from_args, parse_paths,
                        torchrun_world)
-from cpsim.dist import add_dist_args, launched_by_torchrun, select_device
+from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.scenario import PRESETS, Scenario
@@ -208,15 +209,15 @@ def main_reproduce(args) -> int:
         report.write_json(args.json, report.to_dict(s, r.verdicts, {
             **extra, "ownership": [dataclasses.asdict(o) for o in own]}))
     if args.html:
-        from cpsim.html_report import write_checked
+        from cpsim.report.html import write_checked
         write_checked(args.html, s, r.gathered, r.verdicts, extra)
     return _verdict(c, f, args.fixed, r.failed)
 
 
 def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict) -> int:
     """Every CP group of the world runs the fault's trigger (CP size from the trigger)."""
-    from cpsim import coordinator
-    from cpsim.distrun import Entry
+    from cpsim.check import coordinator
+    from cpsim.run.distrun import Entry
     from cpsim.faults import detect
 
     torchrun_world(s.cp.world, f"{f.name}'s trigger scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "name")
@@ -272,7 +273,7 @@ def main_matrix(args) -> int:
     if args.jobs < 0:
         raise ConfigError("--jobs", f"must be >= 0, got {args.jobs}")
     jobs = args.jobs or detect.default_jobs()
-    from cpsim.kernel_under_test import to_record
+    from cpsim.plugin.kernel_under_test import to_record
     kernels = kernels_from_args(args)
     c = Console()
     describe_kernels(c, kernels)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cpsim import coordinator
+from cpsim.check import coordinator
 from cpsim import scenario as sc
 from cpsim.cmd import add_path_args, add_scenario_args, apply_overrides, parse_paths, scenario_from_args
 from cpsim.errors import ConfigError
@@ -73,7 +73,7 @@ def resolve(args) -> tuple[sc.Scenario, Knobs, int | None]:
 
 
 def main(args) -> int:
-    from cpsim import draw
+    from cpsim.report import draw
 
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".svg"):

@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.text import Text
 
 from cpsim import fuzz as fz
-from cpsim import report
+from cpsim.report import report
 from cpsim.cmd import add_kernel_args, add_path_args, describe_kernels, kernels_from_args, parse_paths
 
 

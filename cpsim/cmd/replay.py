@@ -14,10 +14,10 @@ import argparse
 from rich.console import Console
 
 from cpsim import fuzz as fz
-from cpsim import report
+from cpsim.report import report
 from cpsim.cmd import add_kernel_args, describe_kernels, execute_torchrun, kernels_with_record, torchrun_world
-from cpsim.dist import add_dist_args, launched_by_torchrun, select_device
-from cpsim.kernel_under_test import to_record
+from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
+from cpsim.plugin.kernel_under_test import to_record
 
 
 def register(sub) -> None:
@@ -64,14 +64,14 @@ def main(args) -> int:
     if args.json:
         report.write_json(args.json, report.to_dict(r.scenario, out.verdicts, extra))
     if args.html:
-        from cpsim.html_report import write_checked
+        from cpsim.report.html import write_checked
         write_checked(args.html, r.scenario, out.gathered, out.verdicts, extra)
     return _verdict(console, recorded, out.failed, out.invariants())
 
 
 def main_torchrun(args, r: fz.Repro) -> int:
     """Every CP group of the world reruns the repro's scenario (CP size from the scenario)."""
-    from cpsim.distrun import Entry
+    from cpsim.run.distrun import Entry
 
     s = r.scenario
     torchrun_world(s.cp.world, f"the repro's scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "FILE")

@@ -16,15 +16,17 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cpsim import coordinator, report
+from cpsim.check import coordinator
+
+from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, describe_kernels, execute_torchrun,
                        kernels_from_args, parse_paths, scenario_from_args, torchrun_world)
-from cpsim.dist import add_dist_args, launched_by_torchrun
+from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import KERNEL_DESIGNS, Knobs
-from cpsim.progress import progress
+from cpsim.report.progress import progress
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
 PROGRESS_MIN_WORK = 200_000
@@ -52,8 +54,8 @@ def register(sub) -> None:
 def main(args) -> int:
     if launched_by_torchrun():
         return main_torchrun(args)
-    from cpsim.dist import select_device
-    from cpsim.world import run_virtual
+    from cpsim.run.dist import select_device
+    from cpsim.run.world import run_virtual
 
     s = scenario_from_args(args)
     paths = parse_paths(args.paths)
@@ -82,10 +84,10 @@ def main(args) -> int:
                                                                   "inject_rank": inject_rank, "kernels": {
             p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}))
     if args.junit:
-        from cpsim.junit import write_junit
+        from cpsim.report.junit import write_junit
         write_junit(args.junit, [(s, verdicts)])
     if args.html:
-        from cpsim.html_report import write_checked
+        from cpsim.report.html import write_checked
         write_checked(args.html, s, gathered, verdicts, {"paths_skipped": skipped})
     return 0 if coordinator.passed(verdicts) else 1
 
@@ -112,8 +114,8 @@ def replica_builder(args, world: int | None):
 
 
 def main_torchrun(args) -> int:
-    from cpsim.dist import select_device
-    from cpsim.distrun import Entry
+    from cpsim.run.dist import select_device
+    from cpsim.run.distrun import Entry
 
     world = int(os.environ["WORLD_SIZE"])
     build, s0 = replica_builder(args, world)

@@ -25,10 +25,12 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from cpsim import coordinator, report
+from cpsim.check import coordinator
+
+from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.cmd import add_kernel_args, describe_kernels, kernels_from_args, parse_paths, scenario_from_args
-from cpsim.dist import add_dist_args, launched_by_torchrun
+from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS
 
@@ -144,7 +146,7 @@ def _builder(cell: Cell, seed: int):
 
 def plan(matrix: dict, world: int | None, kernels: dict | None = None):
     """(entries, skipped): the runnable cells and, for the others, why not. Deterministic on every rank."""
-    from cpsim.distrun import Entry
+    from cpsim.run.distrun import Entry
 
     entries, skipped = [], {}
     for cell in cells(matrix):
@@ -167,7 +169,7 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None):
 def main(args) -> int:
     matrix = load_matrix(args)
     world = int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else None
-    from cpsim.dist import select_device
+    from cpsim.run.dist import select_device
     kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
     entries, skipped = plan(matrix, world, kernels)
     console = Console()
@@ -175,7 +177,7 @@ def main(args) -> int:
     if world is None:
         results = run_virtual_sweep(args, entries, progress)
         return finish(console, args, results, skipped, None, world, kernels)
-    from cpsim.distrun import execute
+    from cpsim.run.distrun import execute
 
     def report_(results, infos) -> int:
         return finish(console, args, results, skipped, infos, world, kernels)
@@ -206,9 +208,9 @@ def _progress(console: Console, quiet: bool, total: int) -> _Bar | None:
 
 def run_virtual_sweep(args, entries, progress):
     from cpsim.allocator import allocate_world
-    from cpsim.dist import select_device
-    from cpsim.distrun import GroupResult
-    from cpsim.world import run_virtual
+    from cpsim.run.dist import select_device
+    from cpsim.run.distrun import GroupResult
+    from cpsim.run.world import run_virtual
 
     dev = select_device(args.device)
     results = []
@@ -229,7 +231,7 @@ def junit_label(r) -> str:
 
 def finish(console: Console, args, results, skipped: dict, infos, world: int | None,
            kernels: dict | None = None) -> int:
-    from cpsim.distrun import print_groups
+    from cpsim.run.distrun import print_groups
 
     ok = all(coordinator.passed(r.verdicts) for r in results)
     t = Table(title=f"sweep: {len(results)} scenario run(s)"
@@ -252,15 +254,15 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     console.print("[bold green]every scenario passes[/bold green]" if ok else
                   f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
     if args.json:
-        from cpsim.distrun import to_dict
+        from cpsim.run.distrun import to_dict
         data = to_dict(results, infos or [], {"mode": "sweep" if world is None else "sweep-torchrun",
                                               "skipped": skipped})
         report.write_json(args.json, data)
     if args.junit:
-        from cpsim.junit import write_junit
+        from cpsim.report.junit import write_junit
         write_junit(args.junit, [(r.scenario, r.verdicts, junit_label(r)) for r in results], skipped)
     if args.html:
-        from cpsim.html_report import write_html_many
+        from cpsim.report.html import write_html_many
         write_html_many(args.html, f"sweep of {len(results)} scenario run(s)"
                         + (f" on {world} ranks" if world else " (virtual world)"),
                         [(f"{junit_label(r)} · ranks {r.ranks[0]}-{r.ranks[-1]}", r.scenario, r.verdicts)

@@ -16,13 +16,15 @@ from typing import Callable
 
 import torch
 
-from cpsim import coordinator, faults
+from cpsim.check import coordinator
+
+from cpsim import faults
 from cpsim.allocator import allocate_world
-from cpsim.coordinator import Verdict
+from cpsim.check.coordinator import Verdict
 from cpsim.layout import PAD_SLOT_ID, owner_rank
 from cpsim.paths import PATHS, Knobs
 from cpsim.scenario import PRESETS, Scenario, preset
-from cpsim.world import Gathered, run_virtual
+from cpsim.run.world import Gathered, run_virtual
 
 
 @dataclass
@@ -169,7 +171,7 @@ def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tu
     """Worker: one run, summarised as (failed, applicable, seconds); picklable both ways.
 
     Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded in the worker."""
-    from cpsim.kernel_under_test import from_record
+    from cpsim.plugin.kernel_under_test import from_record
     from cpsim.kernels import use_interpreter
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None

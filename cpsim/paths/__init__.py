@@ -50,7 +50,7 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
              knobs: Knobs = Knobs(), kernel=None) -> RankOutput | None:
     """Run one path for one rank; None when the path does not apply to the scenario.
 
-    ``kernel`` (a ``cpsim.kernel_under_test.KernelUnderTest``) replaces the path's
+    ``kernel`` (a ``cpsim.plugin.kernel_under_test.KernelUnderTest``) replaces the path's
     built-in kernel; tables and buffers are built the same way.
     """
     from cpsim.paths import v1, v2

@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from cpsim.coordinator import Verdict, Violation
+from cpsim.check.coordinator import Verdict, Violation
 from cpsim.scenario import KVGroup, Scenario
 
 PER_PATH = ("capacity",)

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cpsim import __version__
-from cpsim.coordinator import INVARIANTS, Verdict, passed
+from cpsim.check.coordinator import INVARIANTS, Verdict, passed
 from cpsim.scenario import Scenario
 
 SCHEMA_VERSION = 1
@@ -33,7 +33,7 @@ def to_dict(s: Scenario, verdicts: list[Verdict], extra: dict[str, Any] | None =
 def json_schema() -> dict[str, Any]:
     """The JSON Schema that ``to_dict`` output follows (docs/REPORT_SCHEMA.md)."""
     from importlib.resources import files
-    return json.loads(files("cpsim").joinpath("report.schema.json").read_text())
+    return json.loads(files("cpsim.report").joinpath("report.schema.json").read_text())
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:

@@ -49,7 +49,7 @@ def _for_path(s, path: str):
 def report_text(s, verdicts, kernel=None) -> str:
     from rich.console import Console
 
-    from cpsim import report
+    from cpsim.report import report
     buf = io.StringIO()
     console = Console(file=buf, width=120, color_system=None, soft_wrap=True)
     report.print_report(console, s, verdicts)
@@ -62,9 +62,9 @@ def report_text(s, verdicts, kernel=None) -> str:
 
 def run_one(kernel, path: str, s, device: str = "cpu"):
     """Verdicts of one scenario for a loaded kernel on one path."""
-    from cpsim import coordinator
+    from cpsim.check import coordinator
     from cpsim.allocator import allocate_world
-    from cpsim.world import run_virtual
+    from cpsim.run.world import run_virtual
     s = _for_path(s, path)
     gathered = run_virtual(s, [path], device=device, kernels={path: kernel})
     return s, coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
@@ -78,7 +78,7 @@ def exercised(verdicts) -> bool:
 def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim_vllm: bool = False,
                 device: str = "cpu", v2_launch: str = "split"):
     """A KernelUnderTest from a SPEC string, a kernel object or an already loaded one."""
-    from cpsim.kernel_under_test import ABIS, KernelUnderTest, detect_abi, load, resolve
+    from cpsim.plugin.kernel_under_test import ABIS, KernelUnderTest, detect_abi, load, resolve
     if isinstance(kernel, KernelUnderTest):
         return kernel
     if path is None:
@@ -86,7 +86,7 @@ def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim
         if str(device).startswith("cpu"):
             kernels.use_interpreter()
         if shim_vllm:
-            from cpsim import vllm_shim
+            from cpsim.plugin import vllm_shim
             vllm_shim.install()
         obj = resolve(kernel, "v1", "kernel") if isinstance(kernel, str) else kernel
         path = ABIS[detect_abi(obj, abi)].paths[0]
@@ -102,7 +102,7 @@ def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
     ``scenarios`` are presets, .json/.toml files, ``random:SEED`` or Scenario
     objects. Returns {scenario name: verdicts} when everything holds.
     """
-    from cpsim import coordinator
+    from cpsim.check import coordinator
     k = load_kernel(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
     path = path or next(p for p in ("v1", "v1-fused", "v2") if p in _paths_of(k.abi))
     results, failures = {}, []
@@ -121,7 +121,7 @@ def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
 
 
 def _paths_of(abi: str) -> tuple[str, ...]:
-    from cpsim.kernel_under_test import ABIS
+    from cpsim.plugin.kernel_under_test import ABIS
     return ABIS[abi].paths
 
 
@@ -158,7 +158,7 @@ class CpsimKernelItem(pytest.Item):
         return cache[self.kernel_path]
 
     def runtest(self) -> None:
-        from cpsim import coordinator
+        from cpsim.check import coordinator
         k = self._kernel()
         s, verdicts = run_one(k, self.kernel_path, scenario(self.scenario_spec), self.config.getoption("cpsim_device"))
         if not coordinator.passed(verdicts):

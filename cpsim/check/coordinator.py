@@ -2,7 +2,7 @@
 
 Pure functions of (scenario, allocation, gathered tensors). No processes, no I/O,
 and no import of the kernels being judged: expected values come from
-``cpsim.layout`` and ``cpsim.reference`` only. Everything is vectorised over
+``cpsim.layout`` and ``cpsim.check.reference`` only. Everything is vectorised over
 tokens; the only Python loops run over paths, groups and ranks.
 """
 
@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cpsim import layout, reference
+from cpsim import layout
+from cpsim.check import reference
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID, POISON
 from cpsim.scenario import Scenario

@@ -30,7 +30,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from cpsim import coordinator, layout, reference
+from cpsim.check import coordinator, reference
+
+from cpsim import layout
 from cpsim.allocator import Allocation, allocate_world
 from cpsim.errors import ConfigError
 from cpsim.layout import PAD_SLOT_ID, POISON
@@ -317,7 +319,7 @@ def _strip_row(s: Scenario, request: int, position: int, w: int) -> int:
 def simulate(s: Scenario, paths: list[str] | tuple[str, ...] = DEFAULT_PATHS, knobs: Knobs = Knobs(),
              inject_rank: int | None = None) -> Picture:
     """Run the virtual world, check it, and lay out the picture's data."""
-    from cpsim.world import run_virtual
+    from cpsim.run.world import run_virtual
 
     check_size(s)
     gathered = run_virtual(s, list(paths), knobs, inject_rank)

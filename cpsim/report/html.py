@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cpsim import __version__
-from cpsim.coordinator import INVARIANTS, Verdict, passed
+from cpsim.check.coordinator import INVARIANTS, Verdict, passed
 from cpsim.scenario import Scenario
 
 MAX_VIOLATIONS = 200
@@ -145,7 +145,7 @@ def write_checked(path: str | Path, s: Scenario, gathered: dict | None, verdicts
 
 def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdict]) -> tuple[bytes | None, str]:
     """PNG of the layout for the page, or why there is none (too big, no matplotlib)."""
-    from cpsim import draw
+    from cpsim.report import draw
     from cpsim.errors import ConfigError
 
     try:

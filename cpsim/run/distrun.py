@@ -26,14 +26,14 @@ from typing import Callable
 import torch
 
 import cpsim
-from cpsim import coordinator
+from cpsim.check import coordinator
 from cpsim.allocator import allocate_rank, allocate_world
-from cpsim.coordinator import Verdict
+from cpsim.check.coordinator import Verdict
 from cpsim.errors import DistError
 from cpsim.layout import POISON
 from cpsim.paths import Knobs, RankOutput, run_path
 from cpsim.scenario import Scenario
-from cpsim.world import knobs_for, stack
+from cpsim.run.world import knobs_for, stack
 
 
 @dataclass
@@ -244,7 +244,7 @@ def execute(args, entries: list[Entry], report: Callable, progress: Callable | N
 
 
 def _execute(args, entries, report, progress) -> int:
-    from cpsim.dist import Comm, Env, select_device
+    from cpsim.run.dist import Comm, Env, select_device
 
     env = Env.from_environ()
     dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
@@ -290,7 +290,7 @@ def print_ranks(console, infos: list[RankInfo], results: list[GroupResult]) -> N
 
 
 def print_groups(console, results: list[GroupResult]) -> None:
-    from cpsim import report
+    from cpsim.report import report
 
     for r in results:
         title = (f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]}) · seed {r.scenario.seed} "
@@ -303,7 +303,7 @@ def print_groups(console, results: list[GroupResult]) -> None:
 def to_dict(results: list[GroupResult], infos: list[RankInfo], extra: dict | None = None) -> dict:
     import dataclasses
 
-    from cpsim import report
+    from cpsim.report import report
 
     return {
         "schema_version": report.SCHEMA_VERSION,

@@ -1,0 +1,1 @@
+"""What a check tells people: terminal table, JSON, JUnit, HTML, pictures, progress."""

@@ -1,0 +1,1 @@
+"""Running the ranks: the virtual world in one process, or one process per rank under torchrun."""
