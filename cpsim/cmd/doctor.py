@@ -16,6 +16,7 @@ import socket
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cpsim import doctor
@@ -47,6 +48,13 @@ def report(console: Console, per_rank: list[list[doctor.Row]], ranks: list[dict]
     """Print the table (one column per rank set under torchrun) and the verdict; write --json."""
     world = len(per_rank)
     merged = doctor.merge(per_rank)
+    if world > 1:
+        rt = Table(title=f"{world} rank(s)", title_justify="left")
+        for col in ("rank", "host", "pid", "device"):
+            rt.add_column(col, justify="right" if col in ("rank", "pid") else "left")
+        for r in ranks:
+            rt.add_row(str(r["rank"]), r["host"], str(r.get("pid", "")), r["device"])
+        console.print(rt)
     t = Table(title=f"cpsim doctor · {world} rank(s)" if world > 1 else "cpsim doctor", title_justify="left")
     t.add_column("check", no_wrap=True)
     if world > 1:
@@ -59,11 +67,13 @@ def report(console: Console, per_rank: list[list[doctor.Row]], ranks: list[dict]
     for m in merged:
         r = m.row
         cells = [r.check] + ([doctor.rank_list(m.ranks, world)] if world > 1 else [])
-        t.add_row(*cells, f"[{STYLE[r.status]}]{r.status}[/]", r.detail, *([r.fix] if fixes else []))
+        t.add_row(*cells, f"[{STYLE[r.status]}]{r.status}[/]", escape(r.detail),
+                  *([escape(r.fix)] if fixes else []))
     console.print(t, soft_wrap=False)
     bad = [m for m in merged if m.row.status == "fail"]
     if bad:
-        console.print(f"[bold red]{len(bad)} problem(s)[/bold red]; fix first: {bad[0].row.check}: {bad[0].row.fix}",
+        console.print(f"[bold red]{len(bad)} problem(s)[/bold red]; fix first: {bad[0].row.check}: "
+                      f"{escape(bad[0].row.detail)}: {escape(bad[0].row.fix)}",
                       highlight=False, soft_wrap=True)
     else:
         console.print("[bold green]all checks ok[/bold green]")
@@ -108,7 +118,6 @@ def _torchrun(args) -> int:
         rows, _ = doctor.collect(args.device, env.local_rank, env.local_world, args.oversubscribe,
                                  kernels=not args.skip_kernels)
         rows.append(gather)
-        rows.insert(0, doctor.Row("rank device", "info", f"{socket.gethostname()} {dev.describe()}"))
         mine = {"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": dev.describe()}
         everyone = comm.all_gather_objects((mine, rows), "doctor rows")
         code = 0
