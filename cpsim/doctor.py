@@ -201,10 +201,12 @@ def cuda_row(requested: str) -> Row:
     return Row("cuda devices", "ok", f"{n} x {torch.cuda.get_device_name(0)}")
 
 
-def env_rows(kind: str) -> list[Row]:
+def env_rows(kind: str, environ: dict | None = None) -> list[Row]:
+    """``environ``: the environment as the user gave it (choosing the cpu device sets TRITON_INTERPRET)."""
+    environ = os.environ if environ is None else environ
     rows = []
     for var in ENV_VARS:
-        value = os.environ.get(var)
+        value = environ.get(var)
         row = Row(f"${var}", "info", "unset" if value is None else repr(value))
         if var == "TRITON_INTERPRET" and value == "1" and kind in ("npu", "cuda"):
             row = Row(row.check, "warn", f"'1': kernels would run in the interpreter, not compiled for {kind}",
@@ -310,7 +312,8 @@ def kernel_row(path: str, design: str, cp: int, device, fault: int = 0) -> Row:
                    f"the kernel misbehaves on this device: `cpsim run --paths {path} --kernel-design {design} "
                    f"--device {torch_device_type(device)}` shows every violation", seconds)
     n = next(v.checked for v in verdicts if v.invariant == "matches-reference")
-    return Row(name, "ok", f"exact on {device}: CP {cp}, {n} slot entries match the reference", seconds=seconds)
+    return Row(name, "ok", f"exact on {device}: CP {cp}, {n} slot entries (block ids > 2^24, slots > 2^31) "
+                                  f"match the reference", seconds=seconds)
 
 
 def torch_device_type(device) -> str:
@@ -326,11 +329,12 @@ def kernel_rows(device, fault: int = 0) -> list[Row]:
 def collect(requested: str = "auto", local_rank: int = 0, local_world: int = 1, oversubscribe: bool = False,
             kernels: bool = True):
     """(rows, DeviceChoice or None): every check of this process, in the order the table shows them."""
+    given = dict(os.environ)
     rows = [python_row(), *torch_rows()]
     dev_rows, dev = device_rows(requested, local_rank, local_world, oversubscribe)
     rows += triton_rows(dev.kind if dev is not None else requested)
     rows += dev_rows
-    rows += env_rows(dev.kind if dev is not None else requested)
+    rows += env_rows(dev.kind if dev is not None else requested, given)
     if not kernels:
         rows.append(Row("kernels", "info", "skipped (--skip-kernels)"))
     elif dev is None:

@@ -110,16 +110,18 @@ def test_cpu_table_every_kernel_exact_exit_0(tmp_path, capsys):
 def test_the_tiny_scenario_reaches_past_fp32_and_int32():
     """Block ids above 2^24 and slots above 2^31 occur, so an inexact kernel cannot pass."""
     from cpsim.allocator import allocate_world
-    s = doctor.tiny_scenario(2)
-    ids = [int(b.max()) for rank in allocate_world(s) for b in rank[0].blocks if len(b)]
-    assert max(ids) > 2**24
-    assert max(ids) * s.groups[0].block_size > 2**31
+    for cp in (1, 2):
+        s = doctor.tiny_scenario(cp)
+        ids = [int(b.max()) for rank in allocate_world(s) for b in rank[0].blocks if len(b)]
+        assert max(ids) > 2**24
+        assert max(ids) * s.groups[0].block_size > 2**31
 
 
 @pytest.mark.parametrize("fault", [FAULT_FP32_GATHER, FAULT_INT32_SLOT])
 def test_an_inexact_kernel_fails_its_row(fault):
     rows = rows_by_check(doctor.kernel_rows("cpu", fault=fault))
-    for path in ("v1", "v2"):
+    # Every Triton kernel writes a slot that fp32 block ids or int32 slot math get wrong.
+    for path in ("v1", "v1-fused", "v2"):
         for design in ("per-request", "tile"):
             r = rows[f"kernel {path} {design}"]
             assert r.status == "fail" and r.detail.startswith("wrong slots on cpu"), r
