@@ -183,8 +183,8 @@ def npu_row(requested: str) -> Row:
     except Exception as e:  # noqa: BLE001  (a broken CANN install shows here; doctor reports, never raises)
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return Row("npu", "fail", f"import torch_npu failed: {type(e).__name__}: {first}",
-                   "source CANN's set_env.sh (e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh) and install the "
-                   "torch-npu built for this torch")
+                   "source CANN's set_env.sh (/usr/local/Ascend/ascend-toolkit/set_env.sh; from CANN 8.5 "
+                   "/usr/local/Ascend/cann/set_env.sh) and install the torch-npu built for this torch")
     if count == 0:
         return Row("npu", "fail" if requested == "npu" else "warn", "torch_npu imports but sees no NPU",
                    "check `npu-smi info` and ASCEND_RT_VISIBLE_DEVICES")
@@ -312,8 +312,8 @@ def kernel_row(path: str, design: str, cp: int, device, fault: int = 0) -> Row:
                    f"the kernel misbehaves on this device: `cpsim run --paths {path} --kernel-design {design} "
                    f"--device {torch_device_type(device)}` shows every violation", seconds)
     n = next(v.checked for v in verdicts if v.invariant == "matches-reference")
-    return Row(name, "ok", f"exact on {device}: CP {cp}, {n} slot entries (block ids > 2^24, slots > 2^31) "
-                                  f"match the reference", seconds=seconds)
+    return Row(name, "ok", f"exact on {device}, CP {cp}: {n} entries match the reference "
+                                  f"(block ids > 2^24, slots > 2^31)", seconds=seconds)
 
 
 def torch_device_type(device) -> str:
