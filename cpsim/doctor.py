@@ -327,8 +327,11 @@ def kernel_rows(device, fault: int = 0) -> list[Row]:
 # ---- everything --------------------------------------------------------------------
 
 def collect(requested: str = "auto", local_rank: int = 0, local_world: int = 1, oversubscribe: bool = False,
-            kernels: bool = True):
-    """(rows, DeviceChoice or None): every check of this process, in the order the table shows them."""
+            kernels: bool = True, fault: int = 0):
+    """(rows, DeviceChoice or None): every check of this process, in the order the table shows them.
+
+    ``fault``: FAULT_* bits compiled into the kernels under check (tests only).
+    """
     given = dict(os.environ)
     rows = [python_row(), *torch_rows()]
     dev_rows, dev = device_rows(requested, local_rank, local_world, oversubscribe)
@@ -342,7 +345,7 @@ def collect(requested: str = "auto", local_rank: int = 0, local_world: int = 1, 
     elif failed([r for r in rows if r.check == "triton"]):
         rows.append(Row("kernels", "fail", "not run: no usable triton", "fix the triton row first"))
     else:
-        rows += kernel_rows(dev.device)
+        rows += kernel_rows(dev.device, fault)
     return rows, dev
 
 

@@ -245,12 +245,20 @@ def test_merge_keeps_what_differs_per_rank():
     assert doctor.rank_list([0, 1, 2, 5, 7], 8) == "0-2,5,7" and doctor.rank_list([0, 1], 2) == "all"
 
 
+def cpu_sim_doctor(out: Path, **extra_env) -> subprocess.CompletedProcess:
+    """``launch/cpu-sim.sh 2 doctor``: two ranks, gloo, bounded by --timeout and a wall-clock limit."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+           and not k.startswith("CPSIM_TEST_")}
+    env.update(PY=sys.executable, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", OMP_NUM_THREADS="1", **extra_env)
+    return subprocess.run([str(ROOT / "launch" / "cpu-sim.sh"), "2", "doctor", "--timeout", "60",
+                           "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.dist
 def test_two_ranks_under_torchrun(tmp_path):
     out = tmp_path / "d.json"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env.update(PY=sys.executable, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([str(ROOT / "launch" / "cpu-sim.sh"), "2", "doctor", "--timeout", "60",
-                           "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = cpu_sim_doctor(out)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
@@ -262,6 +270,18 @@ def test_two_ranks_under_torchrun(tmp_path):
         assert rows[name]["status"] == "ok" and rows[name]["ranks"] == [0, 1], rows[name]
     # Only rank 0 prints the table.
     assert proc.stdout.count("cpsim doctor · 2 rank(s)") == 1 and "all checks ok" in proc.stdout
+
+
+@pytest.mark.dist
+def test_a_wrong_kernel_on_one_rank_fails_that_rank_only(tmp_path):
+    out = tmp_path / "d.json"
+    proc = cpu_sim_doctor(out, CPSIM_TEST_FAULT_RANK="1", CPSIM_TEST_FAULT=str(FAULT_FP32_GATHER))
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["passed"] is False
+    v1 = [r for r in report["rows"] if r["check"] == "kernel v1 per-request"]
+    assert [(r["status"], r["ranks"]) for r in v1] == [("ok", [0]), ("fail", [1])]
+    assert all(r["ranks"] == [0, 1] for r in report["rows"] if r["check"] == "kernel v1-torch")
 
 
 # ---- the npu extra ----------------------------------------------------------------------

@@ -6,6 +6,9 @@ kernel once on the device against the coordinator. Under ``torchrun``
 (``launch/local.sh N doctor``) every rank checks its own device, one bounded
 all-gather crosses all ranks, and rank 0 prints every rank's rows.
 Exit 0 when nothing is off, 1 with the fix named when something is.
+
+Test hook (as for ``cpsim run``, see cpsim/run/distrun.py): ``CPSIM_TEST_FAULT_RANK=r``
+checks rank r's kernels compiled with ``CPSIM_TEST_FAULT`` fault bits.
 """
 
 from __future__ import annotations
@@ -96,8 +99,10 @@ def _torchrun(args) -> int:
     import torch
 
     from cpsim.run.dist import Comm, Env, select_device
+    from cpsim.run.distrun import Hooks
 
     env = Env.from_environ()
+    hooks = Hooks.from_environ()
     # The device as `cpsim run` picks it under torchrun; a bad --device is exit 2 on every rank, as for run.
     dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
     comm = Comm.init(env, dev, args.timeout)
@@ -116,7 +121,8 @@ def _torchrun(args) -> int:
                                 "the collective library is broken: check HCCL / NCCL logs and the interconnect")
         comm.state("doctor: checks")
         rows, _ = doctor.collect(args.device, env.local_rank, env.local_world, args.oversubscribe,
-                                 kernels=not args.skip_kernels)
+                                 kernels=not args.skip_kernels,
+                                 fault=hooks.fault if hooks.fault_rank == comm.rank else 0)
         rows.append(gather)
         mine = {"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": dev.describe()}
         everyone = comm.all_gather_objects((mine, rows), "doctor rows")
