@@ -77,12 +77,13 @@ def python_row() -> Row:
 
 def torch_rows() -> list[Row]:
     """torch, its CUDA build, torch_npu and whether torch_npu was built for this torch."""
-    tv = dist_version("torch")
-    if tv is None:
-        return [Row("torch", "fail", "not installed", "pip install torch (on an NPU server: the version "
-                                                       "your torch-npu names, see docs/ASCEND.md)")]
+    try:
+        import torch
+    except ImportError as e:
+        return [Row("torch", "fail", f"not importable: {e}", "pip install torch (on an NPU server: the version "
+                                                             "your torch-npu names, see docs/ASCEND.md)")]
+    tv = dist_version("torch") or torch.__version__  # a source build may have no distribution metadata
     rows = [Row("torch", "ok", tv)]
-    import torch
     cuda = torch.version.cuda
     rows.append(Row("cuda", "info", f"torch built with CUDA {cuda}" if cuda else "CPU-only torch build (no CUDA)"))
     nv = dist_version("torch-npu")
@@ -174,6 +175,9 @@ def triton_rows(kind: str) -> list[Row]:
 
 def npu_row(requested: str) -> Row:
     if dist_version("torch-npu") is None:
+        if requested == "npu":
+            return Row("npu", "fail", "torch_npu is not installed",
+                       "install CANN, then the torch-npu built for this torch (docs/ASCEND.md)")
         return Row("npu", "info", "none (torch_npu not installed)")
     try:
         import torch_npu  # noqa: F401  (registers torch.npu)
@@ -335,8 +339,8 @@ def collect(requested: str = "auto", local_rank: int = 0, local_world: int = 1, 
     given = dict(os.environ)
     rows = [python_row(), *torch_rows()]
     dev_rows, dev = device_rows(requested, local_rank, local_world, oversubscribe)
-    rows += triton_rows(dev.kind if dev is not None else requested)
     rows += dev_rows
+    rows += triton_rows(dev.kind if dev is not None else requested)
     rows += env_rows(dev.kind if dev is not None else requested, given)
     if not kernels:
         rows.append(Row("kernels", "info", "skipped (--skip-kernels)"))
