@@ -234,6 +234,11 @@ def device_rows(requested: str, local_rank: int = 0, local_world: int = 1, overs
         rows.append(Row("device", "fail", f"--device {requested}: {e.rule}", "pick a device that is there "
                                                                              "(--device npu|cuda|cpu)"))
         return rows, None
+    except Exception as e:  # noqa: BLE001  (torch_npu without CANN's libraries raises more than ImportError)
+        first = (str(e).strip().splitlines() or [""])[0]
+        rows.append(Row("device", "fail", f"--device {requested}: {type(e).__name__}: {first}"[:300],
+                        "see the npu row: source CANN's set_env.sh, check `npu-smi info`"))
+        return rows, None
     how = "Triton interpreter on the host" if dev.kind == "cpu" else "compiled kernels"
     rows.append(Row("device", "ok", f"{dev.device} ({how})"))
     if not torch.distributed.is_available():

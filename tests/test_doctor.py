@@ -222,6 +222,26 @@ def test_interpreter_on_an_accelerator_is_a_warning(monkeypatch):
     assert rows_by_check(doctor.env_rows("cpu"))["$TRITON_INTERPRET"].status == "info"
 
 
+def test_a_broken_torch_npu_is_a_row_not_a_traceback(tmp_path, capsys, monkeypatch):
+    from cpsim.run import dist
+    fake_env(monkeypatch, torch_npu=(real_metadata.version("torch").split("+")[0], [], {}),
+             triton=("3.6.0", [], {}))
+
+    def no_cann(*a, **kw):
+        raise RuntimeError("libascendcl.so: cannot open shared object file")
+
+    monkeypatch.setattr(dist, "select_device", no_cann)
+    out = tmp_path / "d.json"
+    code = main(["doctor", "--json", str(out)])
+    rows = {r["check"]: r for r in json.loads(out.read_text())["rows"]}
+    assert code == 1
+    # Here torch_npu is not importable at all; on a server without CANN's environment it raises on import.
+    assert rows["npu"]["status"] == "fail" and rows["npu"]["detail"].startswith("import torch_npu failed")
+    assert "set_env.sh" in rows["npu"]["fix"]
+    assert rows["device"]["status"] == "fail" and "libascendcl.so" in rows["device"]["detail"]
+    assert rows["kernels"]["status"] == "fail"
+
+
 def test_a_missing_device_fails_the_device_row(tmp_path, capsys):
     import torch
     if torch.cuda.is_available():
