@@ -3,7 +3,7 @@
 set -euo pipefail
 usage() {
     cat <<'TXT'
-usage: launch/cpu-sim.sh NPROC [run|sweep|replay|bugs reproduce] [cpsim args...]
+usage: launch/cpu-sim.sh NPROC [run|sweep|replay|doctor|bugs reproduce] [cpsim args...]
 
 Simulate NPROC ranks on the CPU with torchrun: gloo for collectives, the Triton
 interpreter for the kernels (TRITON_INTERPRET=1), one thread per process so
@@ -19,6 +19,7 @@ examples:
   launch/cpu-sim.sh 8 sweep --presets default,mtp --cp 2,4,8 --junit report.xml
   launch/cpu-sim.sh 4 replay out/repro-<fingerprint>.json --html replay.html
   launch/cpu-sim.sh 2 bugs reproduce stale-tail          # exit 1: the bug shows on both CP groups
+  launch/cpu-sim.sh 2 doctor                             # environment, kernels and one all-gather per rank
 
 environment: PY (python to use), TORCHRUN_ARGS (extra torchrun options).
 TXT

@@ -3,7 +3,7 @@
 set -euo pipefail
 usage() {
     cat <<'TXT'
-usage: launch/local.sh NPROC [run|sweep|replay|bugs reproduce] [cpsim args...]
+usage: launch/local.sh NPROC [run|sweep|replay|doctor|bugs reproduce] [cpsim args...]
 
 Start NPROC cpsim ranks on this machine with torchrun (--standalone). The
 device is picked per rank (--device auto: npu, then cuda, then cpu); pass
@@ -19,6 +19,7 @@ examples:
   launch/local.sh 8 sweep --presets all --cp 2,4,8 --junit report.xml
   launch/local.sh 8 replay out/repro-<fingerprint>.json  # exit 1 while the violation shows
   launch/local.sh 2 bugs reproduce stale-tail --fixed    # exit 0: the fixed form is clean
+  launch/local.sh 8 doctor                         # every rank checks its device; one all-gather
 
 environment: PY (python to use), TORCHRUN_ARGS (extra torchrun options),
 ASCEND_RT_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES (which devices are visible).

@@ -4,7 +4,7 @@ set -euo pipefail
 usage() {
     cat <<'TXT'
 usage: launch/multinode.sh --nnodes N --nproc-per-node P --rdzv-endpoint HOST:PORT
-                           [--node-rank K] [--rdzv-id ID] [--] [run|sweep|replay|bugs reproduce] [cpsim args...]
+                           [--node-rank K] [--rdzv-id ID] [--] [run|sweep|replay|doctor|bugs reproduce] [cpsim args...]
 
 Start P ranks on this node and join the c10d rendezvous at HOST:PORT; the job
 starts once N nodes have joined (world size N x P). Run it on every node with
