@@ -65,7 +65,7 @@ def config_error(e: ValidationError, model: type[BaseModel], root: str, source: 
     if more:
         rule += f" (and {more} more problem{'s' if more > 1 else ''})"
     if source:
-        label = f"{label} ({source})" if label else str(source)
+        rule += f" (in {source})"
     return ConfigError(label or root or "input", rule)
 
 
@@ -150,6 +150,16 @@ def _show(value: Any) -> str:
     return repr(value)[:60]
 
 
+def _nested_keys(model: Any) -> dict[str, str]:
+    """{key: "field.key"} for the keys of the model's nested (non-list) models."""
+    out: dict[str, str] = {}
+    for name, f in (model.model_fields.items() if _is_model(model) else ()):
+        t = _unwrap(f.annotation)
+        if _is_model(t):
+            out.update({g.alias or k: f"{name}.{g.alias or k}" for k, g in t.model_fields.items()})
+    return out
+
+
 def _rule(err: dict, parent: Any, here: Any, parts: list[str]) -> str:
     kind, msg, value = err["type"], err["msg"], err.get("input")
     field = next((p for p in reversed(parts) if not p.startswith("[")), "")
@@ -157,6 +167,9 @@ def _rule(err: dict, parent: Any, here: Any, parts: list[str]) -> str:
         key = str(err["loc"][-1])
         allowed = [f.alias or n for n, f in parent.model_fields.items()] if _is_model(parent) else []
         close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+        if not close:  # a key one level too high, e.g. "interleave" beside "cp" instead of inside it
+            nested = _nested_keys(parent)
+            close = [nested[k] for k in difflib.get_close_matches(key, list(nested), n=1, cutoff=0.75)]
         hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(allowed)}"
         return f"unknown key {key!r}; {hint}"
     if kind == "missing":
@@ -215,12 +228,14 @@ def _first_nonfinite(data: Any, where: str) -> str | None:
     return None
 
 
-def read_data(path: str | Path, what: str = "scenario") -> dict:
+def read_data(path: str | Path, what: str = "scenario", noun: str | None = None) -> dict:
     """A JSON / TOML file as a dict: refused when it is not a readable text file holding one object.
 
     Any other suffix than ``.toml`` is read as JSON. NaN / inf (which Python's JSON and
     TOML readers both accept) are refused wherever they appear, as are duplicate JSON keys.
+    ``what`` names the option in errors, ``noun`` the kind of file (default: ``what``).
     """
+    noun = noun or what
     p = Path(path)
     if not p.exists():
         raise ConfigError(what, f"file {p} does not exist")
@@ -230,7 +245,7 @@ def read_data(path: str | Path, what: str = "scenario") -> dict:
         raise ConfigError(what, f"{p} is not a regular file")
     size = p.stat().st_size
     if size > MAX_FILE_BYTES:
-        raise ConfigError(what, f"{p} is {size} bytes; {what} files are far below {MAX_FILE_BYTES >> 20} MiB")
+        raise ConfigError(what, f"{p} is {size} bytes; {noun} files are far below {MAX_FILE_BYTES >> 20} MiB")
     try:
         raw = p.read_bytes()
     except OSError as e:
@@ -249,12 +264,12 @@ def read_data(path: str | Path, what: str = "scenario") -> dict:
     except _Duplicate as e:
         raise ConfigError(what, f"{p}: key {e.args[0]!r} appears twice in one object") from None
     except RecursionError:
-        raise ConfigError(what, f"{p} nests too deeply to be a {what} file") from None
+        raise ConfigError(what, f"{p} nests too deeply to be a {noun} file") from None
     if not isinstance(data, dict):
-        raise ConfigError(what, f"{p} must hold one {kind} object of {what} fields, got {_show(data)}")
+        raise ConfigError(what, f"{p} must hold one {kind} object of {noun} fields, got {_show(data)}")
     bad = _first_nonfinite(data, "")
     if bad is not None:
-        raise ConfigError(f"{bad} ({p})", "NaN and infinity are not allowed; use a finite number")
+        raise ConfigError(bad, f"NaN and infinity are not allowed; use a finite number (in {p})")
     return data
 
 
@@ -280,19 +295,19 @@ def load_repro(path: str | Path, accept_edited: bool = False):
     from cpsim import scenario as sc
     from cpsim.paths import Knobs
 
-    data = read_data(path, "FILE")
+    data = read_data(path, "FILE", "repro")
     if "schema" not in data:
         raise ConfigError("FILE", f"{path} is not a cpsim repro file (no \"schema\": {schema.REPRO_SCHEMA!r})")
     m = parse(schema.ReproModel, data, "repro", str(path))
     s = sc.validate(sc.Scenario.from_dict(m.scenario.model_dump()))
     if not accept_edited:
         if m.fingerprint is None:
-            raise ConfigError(f"repro.fingerprint ({path})", "is required: replay checks the scenario against it "
-                                                             "(--accept-edited replays without the check)")
+            raise ConfigError("repro.fingerprint", f"is required: replay checks the scenario against it "
+                                                   f"(--accept-edited replays without the check) (in {path})")
         if s.fingerprint() != m.fingerprint:
-            raise ConfigError(f"repro.scenario ({path})", f"was edited: its fingerprint is {s.fingerprint()}, the "
-                                                          f"repro recorded {m.fingerprint}; pass --accept-edited "
-                                                          f"to replay the edited scenario")
+            raise ConfigError("repro.scenario", f"was edited: its fingerprint is {s.fingerprint()}, the repro "
+                                                f"recorded {m.fingerprint}; pass --accept-edited to replay the "
+                                                f"edited scenario (in {path})")
     kernels = {p: (v.model_dump() if isinstance(v, BaseModel) else v) for p, v in m.kernels.items()}
     return fz.Repro(s, list(m.paths or fz.DEFAULT_PATHS), Knobs(**m.knobs.model_dump()), m.inject,
                     m.violation.model_dump(), kernels)
@@ -300,8 +315,8 @@ def load_repro(path: str | Path, accept_edited: bool = False):
 
 def load_sweep_config(path: str | Path) -> dict[str, Any]:
     """``sweep --config FILE``: the matrix keys only, typed."""
-    data = read_data(path, "--config")
-    return parse(schema.SweepConfigModel, data, "sweep config", str(path)).model_dump(exclude_none=True)
+    data = read_data(path, "--config", "sweep config")
+    return parse(schema.SweepConfigModel, data, "config", str(path)).model_dump(exclude_none=True)
 
 
 # ---- CLI values and output paths ----------------------------------------------------------
