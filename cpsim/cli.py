@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)  # option bounds and output paths, before any work
         return int(args.func(args) or 0)
     except ConfigError as e:
-        err.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)  # one line, unwrapped
+        err.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     except DistError as e:
         err.print(f"[bold red]distributed run failed:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
