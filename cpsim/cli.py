@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from cpsim import __version__
 from cpsim.errors import ConfigError, DistError
@@ -26,8 +27,15 @@ COMMANDS = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line (exit 2 as before); sub-parsers inherit it."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cpsim", description=__doc__.splitlines()[0])
+    parser = Parser(prog="cpsim", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"cpsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
@@ -37,15 +45,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, a usage error: the code argparse chose, returned
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     err = Console(stderr=True)
     try:
+        from cpsim.validate import check_args
+        check_args(args)  # option bounds and output paths, before any work
         return int(args.func(args) or 0)
     except ConfigError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
+        err.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     except DistError as e:
-        err.print(f"[bold red]distributed run failed:[/bold red] {e}", highlight=False)
+        err.print(f"[bold red]distributed run failed:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 1
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,6 +136,8 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Scenario":
+        from cpsim.validate import scenario_data
+        d = scenario_data(d)  # unknown keys, loose types and unbounded sizes are refused here
         try:
             batch = d.get("batch", {})
             return cls(
@@ -176,19 +177,9 @@ class Scenario:
 
 
 def load(path: str | Path) -> Scenario:
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError("scenario", f"file {path} does not exist")
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(path.read_text())
-        else:
-            data = json.loads(path.read_text())
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as e:
-        raise ConfigError("scenario", f"{path} is not valid {path.suffix[1:].upper()}: {e}") from None
-    if "scenario" in data and "groups" not in data:  # a repro file wraps the scenario
-        data = data["scenario"]
-    return Scenario.from_dict(data)
+    """A .json / .toml scenario file (or a repro file's scenario), checked by cpsim.validate."""
+    from cpsim.validate import load_scenario
+    return load_scenario(path)
 
 
 # ---- validation --------------------------------------------------------

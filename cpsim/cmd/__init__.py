@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 from pathlib import Path
 from typing import Callable
@@ -11,6 +12,8 @@ from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 from cpsim.plugin.kernel_under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.paths import PATHS
+from cpsim.run.dist import launched_by_torchrun
+from cpsim.validate import check_world, write_outputs
 
 
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
@@ -23,10 +26,16 @@ def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed for the preset's batch and the allocator")
     g.add_argument("--allow-invalid", action="store_true",
                    help="run CP layouts that break the global owner rule, to see what breaks")
+    g.add_argument("--allow-large", action="store_true",
+                   help="run a CP world size above 64 in the virtual world (every rank in turn: minutes)")
+
+
+class DefaultPaths(str):
+    """--paths when the user did not give it: paths that do not apply are skipped quietly then."""
 
 
 def add_path_args(p: argparse.ArgumentParser, default: str = ",".join(PATHS)) -> None:
-    p.add_argument("--paths", default=default,
+    p.add_argument("--paths", default=DefaultPaths(default),
                    help=f"comma-separated paths to run, from {','.join(PATHS)} (default: {default})")
 
 
@@ -46,8 +55,9 @@ def scenario_from_args(args) -> sc.Scenario:
     elif Path(name).suffix in (".json", ".toml"):
         s = sc.load(name)
     else:
+        close = difflib.get_close_matches(name, sc.PRESETS, n=1)
         raise ConfigError("--scenario", f"{name!r} is neither a preset ({', '.join(sc.PRESETS)}) "
-                                        f"nor a .json/.toml file")
+                                        f"nor a .json/.toml file" + (f"; did you mean {close[0]!r}?" if close else ""))
     return apply_overrides(s, args)
 
 
@@ -59,7 +69,42 @@ def apply_overrides(s: sc.Scenario, args) -> sc.Scenario:
         s = s.replace(cp=dataclasses.replace(s.cp, **cp))
     if getattr(args, "allow_invalid", False):
         s = s.replace(allow_invalid=True)
-    return sc.validate(s)
+    s = sc.validate(s)
+    if not launched_by_torchrun():  # under torchrun every rank is a real process: no virtual-world cost
+        check_world(s, getattr(args, "allow_large", False))
+    return s
+
+
+def not_applicable(s: sc.Scenario, path: str) -> str | None:
+    """Why ``path`` does not run on ``s`` (the path returns no mapping), or None."""
+    if path == "v1-fused" and s.cp.world > 1:
+        return f"the v1-fused path runs at CP world size 1 only, this scenario has {s.cp.world}"
+    return None
+
+
+def check_paths_apply(scenarios: list[sc.Scenario], paths: list[str], args, explicit: bool | None = None) -> None:
+    """A kernel, or an explicitly chosen path, that runs on none of ``scenarios`` is bad input, not a pass.
+
+    ``explicit``: the user chose ``paths`` (default: --paths was given on the command line).
+    """
+    def nowhere(path: str) -> str | None:
+        whys = [not_applicable(s, path) for s in scenarios]
+        return whys[0] if whys and all(whys) else None
+
+    for path, attr in KERNEL_FLAGS.items():
+        spec = getattr(args, attr, None)
+        why = nowhere(path) if spec and spec != BUILTIN and path in paths else None
+        if why:
+            raise ConfigError("--" + attr.replace("_", "-"), f"{why}: the kernel would never run")
+    if explicit is None:
+        explicit = not isinstance(getattr(args, "paths", None), DefaultPaths)
+    if explicit:
+        for path in paths:
+            why = nowhere(path)
+            if why:
+                raise ConfigError("--paths", f"{why}; drop {path} from --paths")
+    if all(nowhere(p) for p in paths):
+        raise ConfigError("--paths", f"none of {', '.join(paths)} runs on this scenario: nothing would be checked")
 
 
 # ---- kernel under test -------------------------------------------------------
@@ -169,16 +214,25 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
                           f"{len(results)} CP group(s) fail[/bold red]")
         if summary is not None:
             summary(console, results)
-        if getattr(args, "json", None):
-            report.write_json(args.json, to_dict(results, infos, extra))
-        if getattr(args, "junit", None):
+
+        def junit() -> None:
             from cpsim.report.junit import write_junit
             write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results])
-        if getattr(args, "html", None):
+
+        def html() -> None:
             from cpsim.report.html import write_html_many
             write_html_many(args.html, f"{entry.label} on torchrun world {world}",
                             [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})", r.scenario,
                               r.verdicts) for r in results], extra=extra)
+
+        try:  # every output that can be written is, even when another fails
+            write_outputs([("--json", getattr(args, "json", None),
+                            lambda: report.write_json(args.json, to_dict(results, infos, extra))),
+                           ("--junit", getattr(args, "junit", None), junit),
+                           ("--html", getattr(args, "html", None), html)])
+        except ConfigError as e:
+            Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            return 2
         return 0 if ok else 1
 
     return execute(args, [entry], report_)

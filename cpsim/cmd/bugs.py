@@ -13,12 +13,13 @@ from rich.table import Table
 
 from cpsim import faults
 from cpsim.report import report
-from cpsim.cmd import (add_kernel_args, describe_kernels, execute_torchrun, kernels_from_args, parse_paths,
-                       torchrun_world)
+from cpsim.cmd import (DefaultPaths, add_kernel_args, check_paths_apply, describe_kernels, execute_torchrun,
+                       kernels_from_args, parse_paths, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.scenario import PRESETS, Scenario
+from cpsim.validate import write_outputs
 
 
 def register(sub) -> None:
@@ -37,7 +38,7 @@ def register(sub) -> None:
     q = bsub.add_parser("reproduce", help="run the triggering scenario with the fault (exit 1 when it shows)")
     q.add_argument("name", help="fault name (see `cpsim bugs list`)")
     q.add_argument("--fixed", action="store_true", help="run the fixed form instead (exit 0 when clean)")
-    q.add_argument("--paths", default=",".join(PATHS), help=f"paths to run (default: {','.join(PATHS)})")
+    q.add_argument("--paths", default=DefaultPaths(",".join(PATHS)), help=f"paths to run (default: {','.join(PATHS)})")
     q.add_argument("--inject-on-rank", type=int, metavar="R", help="inject the fault on CP rank R only")
     add_kernel_args(q)
     add_dist_args(q)
@@ -183,6 +184,7 @@ def main_reproduce(args) -> int:
     if args.inject_on_rank is not None and not 0 <= args.inject_on_rank < s.cp.world:
         raise ConfigError("--inject-on-rank", f"must lie in [0, {s.cp.world}) for {f.name}'s scenario "
                                               f"(CP world size {s.cp.world})")
+    check_paths_apply([s], paths, args)
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
     c = Console()
@@ -205,13 +207,16 @@ def main_reproduce(args) -> int:
             c.print(f"… {len(own) - 32} more row(s); see --json")
     extra = {"fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
              "knobs": dataclasses.asdict(detect.knobs(f, s, args.fixed)), "paths_skipped": skipped}
-    if args.json:
-        report.write_json(args.json, report.to_dict(s, r.verdicts, {
-            **extra, "ownership": [dataclasses.asdict(o) for o in own]}))
-    if args.html:
+
+    def html() -> None:
         from cpsim.report.html import write_checked
         write_checked(args.html, s, r.gathered, r.verdicts, extra)
-    return _verdict(c, f, args.fixed, r.failed)
+
+    code = _verdict(c, f, args.fixed, r.failed)
+    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, r.verdicts, {
+                       **extra, "ownership": [dataclasses.asdict(o) for o in own]}))),
+                   ("--html", args.html, html)])
+    return code
 
 
 def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict) -> int:

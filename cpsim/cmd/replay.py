@@ -18,12 +18,17 @@ from cpsim.report import report
 from cpsim.cmd import add_kernel_args, describe_kernels, execute_torchrun, kernels_with_record, torchrun_world
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.plugin.kernel_under_test import to_record
+from cpsim.validate import check_world, load_repro, write_outputs
 
 
 def register(sub) -> None:
     p = sub.add_parser("replay", help="rerun a repro file written by `cpsim fuzz` (virtual world or torchrun)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json")
+    p.add_argument("--accept-edited", action="store_true",
+                   help="replay a repro whose scenario was edited (its fingerprint no longer matches)")
+    p.add_argument("--allow-large", action="store_true",
+                   help="replay a CP world size above 64 in the virtual world (every rank in turn: minutes)")
     add_kernel_args(p)
     add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the report and the violation summary as JSON")
@@ -43,9 +48,10 @@ def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]
 
 
 def main(args) -> int:
-    r = fz.load_repro(args.file)
+    r = load_repro(args.file, accept_edited=args.accept_edited)
     if launched_by_torchrun():
         return main_torchrun(args, r)
+    check_world(r.scenario, args.allow_large)
     dev = select_device(args.device)
     kernels = kernels_with_record(args, r.kernels, dev.device, r.paths)
     console = Console()
@@ -61,12 +67,16 @@ def main(args) -> int:
         describe_kernels(console, kernels)
     extra = {"inject": r.inject, "violation": out.summary(), "recorded_violation": r.violation,
              "kernels": to_record(kernels, r.paths)}
-    if args.json:
-        report.write_json(args.json, report.to_dict(r.scenario, out.verdicts, extra))
-    if args.html:
+
+    def html() -> None:
         from cpsim.report.html import write_checked
         write_checked(args.html, r.scenario, out.gathered, out.verdicts, extra)
-    return _verdict(console, recorded, out.failed, out.invariants())
+
+    code = _verdict(console, recorded, out.failed, out.invariants())
+    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(r.scenario, out.verdicts,
+                                                                                             extra))),
+                   ("--html", args.html, html)])
+    return code
 
 
 def main_torchrun(args, r: fz.Repro) -> int:

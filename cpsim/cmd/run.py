@@ -21,12 +21,13 @@ from cpsim.check import coordinator
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
-from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, describe_kernels, execute_torchrun,
-                       kernels_from_args, parse_paths, scenario_from_args, torchrun_world)
+from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, check_paths_apply, describe_kernels,
+                       execute_torchrun, kernels_from_args, parse_paths, scenario_from_args, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import KERNEL_DESIGNS, Knobs
 from cpsim.report.progress import progress
+from cpsim.validate import write_outputs
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
 PROGRESS_MIN_WORK = 200_000
@@ -59,6 +60,7 @@ def main(args) -> int:
 
     s = scenario_from_args(args)
     paths = parse_paths(args.paths)
+    check_paths_apply([s], paths, args)
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
     console = Console()
@@ -79,16 +81,19 @@ def main(args) -> int:
         describe_kernels(console, kernels)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
-    if args.json:
-        report.write_json(args.json, report.to_dict(s, verdicts, {"paths_skipped": skipped, "inject": args.inject,
-                                                                  "inject_rank": inject_rank, "kernels": {
-            p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}))
-    if args.junit:
+    extra = {"paths_skipped": skipped, "inject": args.inject, "inject_rank": inject_rank,
+             "kernels": {p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}
+
+    def junit() -> None:
         from cpsim.report.junit import write_junit
         write_junit(args.junit, [(s, verdicts)])
-    if args.html:
+
+    def html() -> None:
         from cpsim.report.html import write_checked
         write_checked(args.html, s, gathered, verdicts, {"paths_skipped": skipped})
+
+    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, verdicts, extra))),
+                   ("--junit", args.junit, junit), ("--html", args.html, html)])
     return 0 if coordinator.passed(verdicts) else 1
 
 
@@ -123,6 +128,7 @@ def main_torchrun(args) -> int:
     torchrun_world(n, f"the scenario (DCP {s0.cp.dcp} x PCP {s0.cp.pcp})", "--dcp/--pcp")
     label = args.scenario if args.scenario in sc.PRESETS else Path(args.scenario).stem
     paths = parse_paths(args.paths)
+    check_paths_apply([s0], paths, args)
     knobs, inject_rank = _injection(args, s0)
     entry = Entry(label, build, n, paths, knobs=knobs, inject_rank=inject_rank,
                   kernels=kernels_from_args(args, select_device(args.device).device, paths))

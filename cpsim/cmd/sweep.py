@@ -16,6 +16,7 @@ or a TOML file (``--config``); flags win. TOML keys:
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from argparse import Namespace
@@ -29,10 +30,13 @@ from cpsim.check import coordinator
 
 from cpsim.report import report
 from cpsim import scenario as sc
-from cpsim.cmd import add_kernel_args, describe_kernels, kernels_from_args, parse_paths, scenario_from_args
+from cpsim import schema
+from cpsim.cmd import (add_kernel_args, check_paths_apply, describe_kernels, kernels_from_args, parse_paths,
+                       scenario_from_args)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS
+from cpsim.validate import load_sweep_config, write_outputs
 
 KEYS = ("presets", "cp", "interleaves", "paths", "seed")
 
@@ -47,6 +51,8 @@ def register(sub) -> None:
     p.add_argument("--interleaves", help="comma-separated interleave sizes (default: each preset's own)")
     p.add_argument("--paths", help="comma-separated paths (default: all)")
     p.add_argument("--seed", type=int, help="base seed (replica g of a torchrun job uses seed + g; default 0)")
+    p.add_argument("--allow-large", action="store_true",
+                   help="run CP world sizes above 64 in the virtual world (every rank in turn: minutes)")
     add_kernel_args(p)
     add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the whole report as JSON")
@@ -80,13 +86,13 @@ def _items(value, field: str) -> list:
     return items
 
 
-def _int(x, field: str) -> int:
+def _int(x, field: str, hi: int) -> int:
     try:
-        v = int(x)
+        v = int(str(x).strip())
     except (TypeError, ValueError):
         raise ConfigError(field, f"{x!r} is not an integer") from None
-    if v < 1:
-        raise ConfigError(field, f"{v} must be >= 1")
+    if not 1 <= v <= hi:
+        raise ConfigError(field, f"{v} must lie in [1, {hi}]")
     return v
 
 
@@ -94,22 +100,25 @@ def _cp(x) -> tuple[int, int]:
     text = str(x).lower()
     if "x" in text:
         d, _, p = text.partition("x")
-        return _int(d, "cp"), _int(p, "cp")
-    return _int(text, "cp"), 1
+        return _int(d, "cp", schema.MAX_CP), _int(p, "cp", schema.MAX_CP)
+    return _int(text, "cp", schema.MAX_CP), 1
+
+
+def _scenario_spec(name: str) -> str:
+    """A preset name, or a scenario file that loads: a sweep never skips a misspelt entry as a row."""
+    if name in sc.PRESETS:
+        return name
+    if Path(name).suffix in (".json", ".toml"):
+        sc.load(name)
+        return name
+    close = difflib.get_close_matches(name, sc.PRESETS, n=1)
+    raise ConfigError("presets", f"unknown preset {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                      + f"; presets: {', '.join(sc.PRESETS)}, 'all', or .json/.toml files")
 
 
 def load_matrix(args) -> dict:
     """The matrix: TOML values overridden by flags."""
-    conf: dict = {}
-    if args.config:
-        import tomllib
-        try:
-            conf = tomllib.loads(Path(args.config).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError("--config", f"cannot read {args.config}: {e}") from None
-        unknown = sorted(set(conf) - set(KEYS))
-        if unknown:
-            raise ConfigError("--config", f"unknown key(s) {unknown}; allowed: {', '.join(KEYS)}")
+    conf: dict = load_sweep_config(args.config) if args.config else {}
     for k in KEYS:
         v = getattr(args, k)
         if v is not None:
@@ -119,11 +128,14 @@ def load_matrix(args) -> dict:
         presets = list(sc.PRESETS)
     paths = conf.get("paths")
     return {
-        "presets": [str(p) for p in presets],
+        "presets": [_scenario_spec(str(p)) for p in presets],
         "cp": [_cp(x) for x in _items(conf.get("cp"), "cp")] or [None],
-        "interleaves": [_int(x, "interleaves") for x in _items(conf.get("interleaves"), "interleaves")] or [None],
+        "interleaves": [_int(x, "interleaves", schema.MAX_BLOCK)
+                        for x in _items(conf.get("interleaves"), "interleaves")] or [None],
         "paths": parse_paths(",".join(paths) if isinstance(paths, list) else (paths or ",".join(PATHS))),
+        "paths_given": paths is not None,
         "seed": int(conf.get("seed", 0)),
+        "allow_large": bool(getattr(args, "allow_large", False)),
     }
 
 
@@ -132,9 +144,9 @@ def cells(matrix: dict) -> list[Cell]:
             for p in matrix["presets"] for cp in matrix["cp"] for i in matrix["interleaves"]]
 
 
-def _builder(cell: Cell, seed: int):
+def _builder(cell: Cell, seed: int, allow_large: bool = False):
     ns = Namespace(scenario=cell.scenario, dcp=cell.dcp, pcp=cell.pcp, interleave=cell.interleave,
-                   seed=seed, allow_invalid=False)
+                   seed=seed, allow_invalid=False, allow_large=allow_large)
     is_file = cell.scenario not in sc.PRESETS
 
     def build(replica: int) -> sc.Scenario:
@@ -150,7 +162,7 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None):
 
     entries, skipped = [], {}
     for cell in cells(matrix):
-        build = _builder(cell, matrix["seed"])
+        build = _builder(cell, matrix["seed"], matrix.get("allow_large", False))
         try:
             s = build(0)
         except ConfigError as e:
@@ -172,6 +184,7 @@ def main(args) -> int:
     from cpsim.run.dist import select_device
     kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
     entries, skipped = plan(matrix, world, kernels)
+    check_paths_apply([e.build(0) for e in entries], matrix["paths"], args, explicit=matrix["paths_given"])
     console = Console()
     progress = _progress(console, args.quiet, len(entries))
     if world is None:
@@ -253,19 +266,27 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
         describe_kernels(console, kernels or {})
     console.print("[bold green]every scenario passes[/bold green]" if ok else
                   f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
-    if args.json:
+
+    def json_() -> None:
         from cpsim.run.distrun import to_dict
-        data = to_dict(results, infos or [], {"mode": "sweep" if world is None else "sweep-torchrun",
-                                              "skipped": skipped})
-        report.write_json(args.json, data)
-    if args.junit:
+        report.write_json(args.json, to_dict(results, infos or [], {
+            "mode": "sweep" if world is None else "sweep-torchrun", "skipped": skipped}))
+
+    def junit() -> None:
         from cpsim.report.junit import write_junit
         write_junit(args.junit, [(r.scenario, r.verdicts, junit_label(r)) for r in results], skipped)
-    if args.html:
+
+    def html() -> None:
         from cpsim.report.html import write_html_many
         write_html_many(args.html, f"sweep of {len(results)} scenario run(s)"
                         + (f" on {world} ranks" if world else " (virtual world)"),
                         [(f"{junit_label(r)} · ranks {r.ranks[0]}-{r.ranks[-1]}", r.scenario, r.verdicts)
                          for r in results], skipped)
+
     sys.stdout.flush()
+    try:  # every output that can be written is, even when another fails
+        write_outputs([("--json", args.json, json_), ("--junit", args.junit, junit), ("--html", args.html, html)])
+    except ConfigError as e:
+        Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        return 2
     return 0 if ok else 1

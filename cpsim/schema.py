@@ -1,0 +1,186 @@
+"""The shape of every file and value cpsim reads, as pydantic models.
+
+The dataclasses in ``cpsim.scenario`` stay the runtime objects (frozen, hashed into
+the fingerprint); these models only guard the door, so that a misspelt key, a bool
+where an int belongs or a size no machine can hold is refused with its field named
+instead of being silently read as something else. Leaves are strict (``StrictInt``
+refuses ``true`` and ``1.0``, ``StrictBool`` refuses ``"no"``); containers stay lax
+so a ``to_dict()`` with tuples validates like the JSON it is written as.
+
+When a field is added to a dataclass, add it here too: ``tests/test_bad_input.py``
+compares the two field lists so a forgotten one fails loudly.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+MAX_CP = 1024                 # per CP dimension; the virtual world also asks for --allow-large above LARGE_WORLD
+LARGE_WORLD = 64              # CP world sizes above this run only with --allow-large (virtual world)
+MAX_TOKENS = 2**24            # positions / batched tokens: cpsim allocates arrays of this length
+MAX_BLOCK = 2**24             # tokens per block
+MAX_REQS = 2**16
+MAX_SPEC = 64
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+REPRO_SCHEMA = "cpsim-repro/1"   # same string as cpsim.fuzz.REPRO_SCHEMA (kept here so loading needs no Hypothesis)
+
+GROUP_KINDS = ("attention", "sliding_window", "mamba")
+PATH_NAMES = ("v1", "v1-fused", "v1-torch", "v2")
+KERNEL_DESIGNS = ("per-request", "tile")
+
+# Why each bound exists; appended to "must be <= N" so the user sees the reason.
+WHY = {
+    "dcp": f"CP sizes above {MAX_CP} are beyond any deployment",
+    "pcp": f"CP sizes above {MAX_CP} are beyond any deployment",
+    "interleave": "an interleave larger than any block size cannot divide one",
+    "block_size": f"no runtime uses blocks of more than {MAX_BLOCK} tokens",
+    "kernel_block_size": f"no runtime uses blocks of more than {MAX_BLOCK} tokens",
+    "num_blocks": "block ids are int32 in the block tables",
+    "max_model_len": f"cpsim allocates per-position arrays; {MAX_TOKENS} tokens is above every released model's context",
+    "max_num_batched_tokens": f"the slot buffers hold this many int64 entries per group and rank; "
+                              f"{MAX_TOKENS} is above any scheduler budget",
+    "max_num_reqs": f"block tables have a row per request; {MAX_REQS} is above any scheduler's limit",
+    "num_speculative_tokens": f"no speculative decoder drafts more than {MAX_SPEC} tokens",
+    "context_len": f"positions are bounded by {MAX_TOKENS} (see limits.max_model_len)",
+    "num_tokens": f"positions are bounded by {MAX_TOKENS} (see limits.max_model_len)",
+    "num_tokens_padded": f"the slot buffer is bounded by {MAX_TOKENS} tokens",
+    "seed": "seeds are stored as int64",
+    "timeout": "a bound of more than a week is no bound",
+}
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors; NaN / inf never pass."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+# ---- scenario files (cpsim.scenario) ---------------------------------------------------
+
+class CPConfigModel(Strict):
+    dcp: Annotated[StrictInt, Field(ge=1, le=MAX_CP)] = 1
+    pcp: Annotated[StrictInt, Field(ge=1, le=MAX_CP)] = 1
+    interleave: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] = 1
+
+
+class KVGroupModel(Strict):
+    name: Annotated[StrictStr, Field(min_length=1, max_length=200)]
+    kind: Literal[GROUP_KINDS] = "attention"
+    block_size: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] = 128
+    kernel_block_size: Annotated[StrictInt, Field(ge=0, le=MAX_BLOCK)] = 0
+    cp_sharded: StrictBool = True
+    num_blocks: Annotated[StrictInt, Field(ge=2, le=INT32_MAX)] = 4096
+
+
+class LimitsModel(Strict):
+    max_model_len: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 8192
+    max_num_reqs: Annotated[StrictInt, Field(ge=1, le=MAX_REQS)] = 16
+    max_num_batched_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 2048
+    num_speculative_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_SPEC)] = 0
+
+
+class RequestModel(Strict):
+    context_len: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+    num_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+    kind: Annotated[StrictStr, Field(max_length=200)] = ""
+
+
+class BatchModel(Strict):
+    # At least one request: an empty batch checks nothing and would read as a pass.
+    requests: Annotated[list[RequestModel], Field(min_length=1, max_length=MAX_REQS)]
+    idx_mapping: list[Annotated[StrictInt, Field(ge=-1, le=MAX_REQS)]] = []
+    num_tokens_padded: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
+
+
+class ScenarioModel(Strict):
+    name: Annotated[StrictStr, Field(min_length=1, max_length=200)] = "custom"
+    cp: CPConfigModel = CPConfigModel()
+    groups: Annotated[list[KVGroupModel], Field(min_length=1, max_length=64)]
+    limits: LimitsModel = LimitsModel()
+    batch: BatchModel           # required: a misspelt "batch" must not mean "no requests"
+    seed: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)] = 0
+    allow_invalid: StrictBool = False
+
+
+# ---- repro files (written by cpsim.fuzz, read by replay and draw --repro) --------------
+
+class KnobsModel(Strict):
+    kernel_fault: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 0
+    virtual_from_kernel_block: StrictBool = False
+    unsharded_width_per_cp: StrictBool = False
+    sharded_width_undivided: StrictBool = False
+    buffer_size: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
+    draft_overwrite: StrictBool = False
+    kernel_design: Literal[KERNEL_DESIGNS] = "per-request"
+
+
+class KernelRecordModel(Strict):
+    spec: Annotated[StrictStr, Field(min_length=1)]
+    abi: StrictStr = "auto"
+    v2_launch: StrictStr = "split"
+    shim_vllm: StrictBool = False
+
+
+class FailureModel(Strict):
+    invariant: StrictStr
+    path: StrictStr
+    count: Annotated[StrictInt, Field(ge=0)]
+    messages: list[StrictStr] = []
+
+
+class ViolationModel(Strict):
+    invariants: list[StrictStr] = []
+    failures: list[FailureModel] = []
+    error: StrictStr | None = None
+
+
+class ReproModel(Strict):
+    """A repro file. ``replay`` needs schema, fingerprint and scenario; ``draw --repro`` only scenario."""
+
+    schema_: Annotated[Literal[REPRO_SCHEMA] | None, Field(alias="schema")] = None
+    cpsim_version: StrictStr | None = None
+    fingerprint: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{16}$")] | None = None
+    scenario: ScenarioModel
+    paths: Annotated[list[Literal[PATH_NAMES]], Field(min_length=1)] | None = None
+    kernels: dict[Literal[PATH_NAMES], Union[Literal["builtin"], StrictStr, KernelRecordModel, None]] = {}
+    inject: StrictStr | None = None
+    knobs: KnobsModel = KnobsModel()
+    violation: ViolationModel = ViolationModel()
+    size: dict[StrictStr, StrictInt] = {}
+    fuzz: dict[StrictStr, Any] = {}           # how the search ran (seed, examples, ...): informative only
+    inject_rank: Annotated[StrictInt, Field(ge=0, le=MAX_CP * MAX_CP)] | None = None
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+# ---- sweep --config TOML ------------------------------------------------------------------
+
+_Items = Union[StrictStr, StrictInt, list[Union[StrictStr, StrictInt]]]
+
+
+class SweepConfigModel(Strict):
+    presets: StrictStr | list[StrictStr] | None = None
+    cp: _Items | None = None
+    interleaves: _Items | None = None
+    paths: StrictStr | list[StrictStr] | None = None
+    seed: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)] | None = None
+
+
+# ---- CLI values (after argparse has turned them into ints / floats) ----------------------
+
+class CliValues(BaseModel):
+    """Bounds on the options shared by the sub-commands; options a command lacks stay None."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    seed: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)] | None = None
+    dcp: Annotated[StrictInt, Field(ge=1, le=MAX_CP)] | None = None
+    pcp: Annotated[StrictInt, Field(ge=1, le=MAX_CP)] | None = None
+    interleave: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] | None = None
+    timeout: Annotated[StrictFloat, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
+    inject_on_rank: Annotated[StrictInt, Field(ge=0, le=MAX_CP * MAX_CP)] | None = None
+    jobs: Annotated[StrictInt, Field(ge=0, le=1024)] | None = None

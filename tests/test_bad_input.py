@@ -1,0 +1,477 @@
+"""Bad input, one row each: exit 2, one line naming the field and the rule, never a traceback.
+
+Rows run ``cpsim.cli.main(argv)`` in process (an exception escaping it fails the row);
+a few run ``python -m cpsim`` to show that nothing but the one line reaches the terminal.
+Each row is refused before any kernel runs, so the table is fast. Good inputs
+(presets, docs/examples, round trips) are checked to still load at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from cpsim import schema
+from cpsim import scenario as sc
+from cpsim.cli import main
+from cpsim.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "docs" / "examples" / "small-cp4.json"
+CALLABLE = f"{ROOT}/tests/kernels/callable_abi.py:slot_mapping"
+
+
+def good() -> dict[str, Any]:
+    return json.loads(EXAMPLE.read_text())
+
+
+def edited(change: Callable[[dict], Any]) -> dict:
+    d = good()
+    change(d)
+    return d
+
+
+def _set(path: str, value: Any) -> Callable[[dict], None]:
+    """A change that sets ``a.b[0].c`` to ``value``."""
+    def change(d: dict) -> None:
+        keys = [int(k) if k.isdigit() else k for k in path.replace("[", ".").replace("]", "").split(".")]
+        for k in keys[:-1]:
+            d = d[k]
+        d[keys[-1]] = value
+    return change
+
+
+def _rename(old: str, new: str, where: str = "") -> Callable[[dict], None]:
+    def change(d: dict) -> None:
+        parent = d[where] if where else d
+        parent[new] = parent.pop(old)
+    return change
+
+
+# ---- the files a row writes into tmp_path ---------------------------------------------------
+
+def json_file(data: Any, name: str = "s.json") -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        p = tmp / name
+        p.write_text(json.dumps(data))
+        return p
+    return make
+
+
+def text_file(text: str | bytes, name: str) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        p = tmp / name
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return p
+    return make
+
+
+def a_directory(name: str) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        (tmp / name).mkdir()
+        return tmp / name
+    return make
+
+
+def repro(change: Callable[[dict], Any] | None = None, name: str = "repro.json") -> Callable[[Path], Path]:
+    """A valid repro file of the example scenario (as cpsim fuzz writes it), then ``change``d."""
+    def make(tmp: Path) -> Path:
+        from cpsim import fuzz as fz
+        from cpsim.paths import Knobs
+        s = sc.load(EXAMPLE)
+        written = fz.write_repro(tmp / "out", fz.Repro(s, ["v1", "v2"], Knobs(), None,
+                                                       {"invariants": [], "failures": [], "error": None}))
+        data = json.loads(written.read_text())
+        if change:
+            change(data)
+        p = tmp / name
+        p.write_text(json.dumps(data))
+        return p
+    return make
+
+
+def toml_scenario(extra: str) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        import tomli_w
+        p = tmp / "s.toml"
+        p.write_text(tomli_w.dumps(good()) + extra)
+        return p
+    return make
+
+
+@dataclass
+class Row:
+    id: str
+    argv: list[str]                       # "{f}" is replaced by the file ``make`` writes, "{tmp}" by tmp_path
+    phrase: str                           # a key phrase of the one-line message
+    make: Callable[[Path], Path] | None = None
+    code: int = 2
+
+
+def run_row(row: Row, tmp: Path) -> list[str]:
+    f = row.make(tmp) if row.make else None
+    return [a.replace("{f}", str(f)).replace("{tmp}", str(tmp)) for a in row.argv]
+
+
+SCENARIO = ["run", "--scenario", "{f}"]
+
+ROWS = [
+    # -- scenario files: what the file is --
+    Row("scenario-is-a-directory", SCENARIO, "is a directory", a_directory("d.json")),
+    Row("scenario-missing", ["run", "--scenario", "{tmp}/nope.json"], "does not exist"),
+    Row("scenario-json-list", SCENARIO, "must hold one JSON object", json_file([1, 2])),
+    Row("scenario-json-number", SCENARIO, "must hold one JSON object", json_file(5)),
+    Row("scenario-json-string", SCENARIO, "must hold one JSON object", json_file("default")),
+    Row("scenario-binary", SCENARIO, "not a text file", text_file(b"\x89PNG\r\n\x1a\n\x00\x00\x00", "b.json")),
+    Row("scenario-not-utf8", SCENARIO, "not a text file", text_file(b'{"name": "\xff\xfe"}', "u.json")),
+    Row("scenario-empty-file", SCENARIO, "not valid JSON", text_file("", "e.json")),
+    Row("scenario-bad-json", SCENARIO, "not valid JSON", text_file("{nope", "x.json")),
+    Row("scenario-bad-toml", SCENARIO, "not valid TOML", text_file("seed = = 1", "x.toml")),
+    Row("scenario-toml-inf", SCENARIO, "NaN and infinity are not allowed", toml_scenario("\n[extra]\nx = inf\n")),
+    Row("scenario-toml-nan-field", SCENARIO, "batch.num_tokens_padded", text_file(
+        'groups = [{name = "a"}]\n[batch]\nrequests = [{context_len = 0, num_tokens = 4}]\nnum_tokens_padded = nan\n',
+        "n.toml")),
+    Row("scenario-duplicate-key", SCENARIO, "appears twice", text_file(
+        EXAMPLE.read_text().replace('"seed": 0', '"seed": 0, "seed": 1'), "dup.json")),
+    Row("scenario-unknown-suffix", ["run", "--scenario", "s.yaml"], "neither a preset"),
+    Row("preset-misspelt", ["run", "--scenario", "defualt"], "did you mean 'default'"),
+    # -- scenario files: keys --
+    Row("batch-key-misspelt", SCENARIO, "unknown key 'bacth'; did you mean 'batch'", json_file(
+        edited(_rename("batch", "bacth")))),
+    Row("batch-missing", SCENARIO, "scenario.batch", json_file(edited(lambda d: d.pop("batch")))),
+    Row("interleave-misspelt-in-cp", SCENARIO, "unknown key 'interleve'; did you mean 'interleave'",
+        json_file(edited(_rename("interleave", "interleve", "cp")))),
+    Row("interleave-misspelt-top-level", SCENARIO, "did you mean 'cp.interleave'",
+        json_file(edited(_set("interleve", 8)))),
+    Row("unknown-top-level-key", SCENARIO, "unknown key 'comment'; allowed keys", json_file(
+        edited(_set("comment", "hi")))),
+    Row("group-key-misspelt", SCENARIO, "did you mean 'block_size'", json_file(
+        edited(lambda d: d["groups"][0].__setitem__("blocksize", d["groups"][0].pop("block_size"))))),
+    Row("request-key-misspelt", SCENARIO, "did you mean 'num_tokens'", json_file(
+        edited(lambda d: d["batch"]["requests"][0].__setitem__("num_token", 3)))),
+    Row("groups-missing", SCENARIO, "scenario.groups", json_file(edited(lambda d: d.pop("groups")))),
+    Row("groups-empty", SCENARIO, "at least 1 item", json_file(edited(_set("groups", [])))),
+    Row("requests-empty", SCENARIO, "batch.requests", json_file(edited(_set("batch.requests", [])))),
+    # -- scenario files: types --
+    Row("batch-as-list", SCENARIO, "batch: must be an object", json_file(edited(_set("batch", [])))),
+    Row("cp-as-number", SCENARIO, "scenario.cp", json_file(edited(_set("cp", 4)))),
+    Row("idx-mapping-strings", SCENARIO, "idx_mapping[0]: must be a valid integer", json_file(
+        edited(_set("batch.idx_mapping", ["2", "0", "3", "1"])))),
+    Row("idx-mapping-floats", SCENARIO, "idx_mapping[0]: must be a valid integer", json_file(
+        edited(_set("batch.idx_mapping", [2.0, 0.5, 3, 1])))),
+    Row("num-tokens-padded-nan", SCENARIO, "num_tokens_padded", text_file(
+        EXAMPLE.read_text().replace('"num_tokens_padded": 280', '"num_tokens_padded": NaN'), "nan.json")),
+    Row("num-tokens-padded-inf", SCENARIO, "NaN and infinity", text_file(
+        EXAMPLE.read_text().replace('"num_tokens_padded": 280', '"num_tokens_padded": Infinity'), "inf.json")),
+    Row("num-tokens-padded-str", SCENARIO, "num_tokens_padded: must be a valid integer, got '280'", json_file(
+        edited(_set("batch.num_tokens_padded", "280")))),
+    Row("seed-negative", SCENARIO, "seed: must be greater than or equal to 0", json_file(edited(_set("seed", -1)))),
+    Row("seed-string", SCENARIO, "seed: must be a valid integer", json_file(edited(_set("seed", "3")))),
+    Row("group-name-list", SCENARIO, "groups[0].name: must be a valid string", json_file(
+        edited(_set("groups[0].name", ["attn"])))),
+    Row("group-kind-misspelt", SCENARIO, "did you mean 'attention'", json_file(
+        edited(_set("groups[0].kind", "atention")))),
+    Row("cp-sharded-string-no", SCENARIO, "cp_sharded: must be a valid boolean, got 'no'", json_file(
+        edited(_set("groups[0].cp_sharded", "no")))),
+    Row("cp-sharded-int", SCENARIO, "cp_sharded: must be a valid boolean", json_file(
+        edited(_set("groups[0].cp_sharded", 1)))),
+    Row("block-size-bool", SCENARIO, "block_size: must be a valid integer, got true", json_file(
+        edited(_set("groups[0].block_size", True)))),
+    Row("block-size-float", SCENARIO, "block_size: must be a valid integer", json_file(
+        edited(_set("groups[0].block_size", 64.0)))),
+    Row("allow-invalid-string", SCENARIO, "allow_invalid: must be a valid boolean", json_file(
+        edited(_set("allow_invalid", "false")))),
+    # -- scenario files: ranges, with the reason --
+    Row("block-size-2-40", SCENARIO, "no runtime uses blocks", json_file(edited(_set("groups[0].block_size", 2**40)))),
+    Row("max-model-len-1e18", SCENARIO, "max_model_len: must be less than or equal to", json_file(
+        edited(_set("limits.max_model_len", 10**18)))),
+    Row("max-num-batched-tokens-1e18", SCENARIO, "max_num_batched_tokens: must be less than or equal to",
+        json_file(edited(_set("limits.max_num_batched_tokens", 10**18)))),
+    Row("num-blocks-above-int32", SCENARIO, "block ids are int32", json_file(
+        edited(_set("groups[0].num_blocks", 2**31)))),
+    Row("dcp-zero-in-file", SCENARIO, "cp.dcp: must be greater than or equal to 1", json_file(edited(_set("cp.dcp", 0)))),
+    Row("world-above-64-in-file", SCENARIO, "--allow-large", json_file(edited(_set("cp.dcp", 128)))),
+    Row("request-negative", SCENARIO, "context_len: must be greater than or equal to 0", json_file(
+        edited(_set("batch.requests[0].context_len", -5)))),
+    Row("toml-misspelt-key", SCENARIO, "did you mean 'cp.interleave'", text_file(
+        'interleve = 8\ngroups = [{name = "a"}]\n[batch]\nrequests = [{context_len = 0, num_tokens = 4}]\n', "t.toml")),
+    Row("toml-cp-sharded-string", SCENARIO, "groups[0].cp_sharded: must be a valid boolean", text_file(
+        'groups = [{name = "a", cp_sharded = "no"}]\n[batch]\nrequests = [{context_len = 0, num_tokens = 4}]\n',
+        "t.toml")),
+    Row("draw-repro-directory", ["draw", "--repro", "{f}", "--out", "{tmp}/p.png"], "is a directory",
+        a_directory("r.json")),
+    Row("repro-wrapper-bad-knob", SCENARIO, "did you mean 'virtual_from_kernel_block'", json_file(
+        {"scenario": good(), "knobs": {"virtual_from_kernel_blocks": True}})),
+    # -- CLI values --
+    Row("seed-minus-one", ["run", "--seed", "-1"], "--seed: must be greater than or equal to 0"),
+    Row("seed-not-int", ["run", "--seed", "1.5"], "invalid int value"),
+    Row("timeout-zero", ["run", "--timeout", "0"], "--timeout: must be greater than 0"),
+    Row("timeout-negative", ["run", "--timeout", "-5"], "--timeout: must be greater than 0"),
+    Row("timeout-nan", ["run", "--timeout", "nan"], "--timeout: must be a finite number"),
+    Row("timeout-inf", ["run", "--timeout", "inf"], "--timeout"),
+    Row("dcp-zero", ["run", "--dcp", "0"], "--dcp: must be greater than or equal to 1"),
+    Row("dcp-1000-needs-allow-large", ["run", "--dcp", "1000"], "pass --allow-large"),
+    Row("dcp-beyond-bound", ["run", "--dcp", "100000", "--allow-large"], "--dcp: must be less than or equal to 1024"),
+    Row("pcp-negative", ["run", "--pcp", "-2"], "--pcp"),
+    Row("interleave-zero", ["run", "--interleave", "0"], "--interleave"),
+    Row("inject-on-rank-negative", ["run", "--inject", "stale-tail", "--inject-on-rank", "-1"], "--inject-on-rank"),
+    Row("unknown-option", ["run", "--dpc", "4"], "unrecognized arguments: --dpc"),
+    Row("bad-choice", ["run", "--kernel-design", "tiles"], "invalid choice"),
+    Row("unknown-path", ["run", "--paths", "v3"], "v3"),
+    Row("matrix-jobs-negative", ["bugs", "matrix", "--jobs", "-1"], "--jobs"),
+    # -- output paths, probed before any work --
+    Row("json-is-directory", ["run", "--json", "{f}"], "--json: {tmp}/out is a directory", a_directory("out")),
+    Row("json-missing-parent", ["run", "--json", "{tmp}/no/such/r.json"], "does not exist"),
+    Row("json-parent-is-file", ["run", "--json", "{f}/r.json"], "is not a directory", text_file("x", "file")),
+    Row("html-is-directory", ["run", "--html", "{f}"], "--html", a_directory("h")),
+    Row("junit-missing-parent", ["run", "--junit", "{tmp}/no/r.xml"], "--junit"),
+    Row("same-file-twice", ["run", "--json", "{tmp}/r", "--junit", "{tmp}/r"], "also given to --json"),
+    Row("sweep-json-directory", ["sweep", "--json", "{f}"], "--json", a_directory("sj")),
+    Row("replay-json-directory", ["replay", "{tmp}/r.json", "--json", "{f}"], "--json", a_directory("rj")),
+    Row("draw-out-missing-dir", ["draw", "--out", "{tmp}/no/p.png"], "--out"),
+    Row("bugs-show-dump-missing-dir", ["bugs", "show", "stale-tail", "--dump", "{tmp}/no/s.json"], "--dump"),
+    # -- paths and kernels that cannot run --
+    Row("kernel-v1-fused-at-cp8", ["run", "--kernel-v1-fused", CALLABLE], "--kernel-v1-fused: the v1-fused path "
+                                                                          "runs at CP world size 1 only"),
+    Row("kernel-v1-fused-with-paths", ["run", "--paths", "v1,v1-fused", "--kernel-v1-fused", CALLABLE],
+        "--kernel-v1-fused"),
+    Row("paths-v1-fused-at-cp8", ["run", "--paths", "v1-fused"], "--paths: the v1-fused path runs at CP world size 1"),
+    Row("paths-with-v1-fused-at-cp4", ["run", "--scenario", str(EXAMPLE), "--paths", "v1,v1-fused"], "drop v1-fused"),
+    Row("bugs-reproduce-v1-fused-at-cp2", ["bugs", "reproduce", "mamba-sized-per-cp", "--paths", "v1-fused"],
+        "v1-fused"),
+    Row("sweep-unknown-preset", ["sweep", "--presets", "default,nosuch"], "unknown preset 'nosuch'"),
+    Row("sweep-misspelt-preset", ["sweep", "--presets", "mpt"], "did you mean 'mtp'"),
+    Row("sweep-missing-file", ["sweep", "--presets", "{tmp}/gone.json"], "does not exist"),
+    Row("sweep-bad-scenario-file", ["sweep", "--presets", "{f}"], "did you mean 'batch'",
+        json_file(edited(_rename("batch", "bacth")))),
+    Row("sweep-kernel-v1-fused-no-cp1-cell", ["sweep", "--cp", "2,4", "--kernel-v1-fused", CALLABLE],
+        "--kernel-v1-fused"),
+    Row("sweep-paths-v1-fused-no-cp1-cell", ["sweep", "--paths", "v1-fused"], "runs at CP world size 1 only"),
+    Row("sweep-cp-beyond-bound", ["sweep", "--cp", "5000"], "must lie in [1, 1024]"),
+    Row("sweep-config-unknown-key", ["sweep", "--config", "{f}"], "did you mean 'presets'",
+        text_file('preset = ["default"]\n', "c.toml")),
+    Row("sweep-config-seed-bool", ["sweep", "--config", "{f}"], "seed", text_file("seed = true\n", "c.toml")),
+    Row("sweep-interleaves-zero", ["sweep", "--interleaves", "0"], "must lie in [1, 16777216]"),
+    Row("sweep-config-seed-negative", ["sweep", "--config", "{f}"], "config.seed: must be greater than or equal to 0",
+        text_file("seed = -4\n", "c.toml")),
+    Row("sweep-config-directory", ["sweep", "--config", "{f}"], "is a directory", a_directory("c.toml")),
+    # -- replay --
+    Row("replay-directory", ["replay", "{f}"], "is a directory", a_directory("rdir")),
+    Row("replay-missing", ["replay", "{tmp}/none.json"], "does not exist"),
+    Row("replay-not-json", ["replay", "{f}"], "not valid JSON", text_file("{", "r.json")),
+    Row("replay-json-list", ["replay", "{f}"], "must hold one JSON object", json_file([])),
+    Row("replay-no-schema", ["replay", "{f}"], "not a cpsim repro file", json_file({"scenario": good()})),
+    Row("replay-wrong-schema", ["replay", "{f}"], "repro.schema", repro(_set("schema", "cpsim-repro/9"))),
+    Row("replay-without-scenario", ["replay", "{f}"], "repro.scenario: is required", repro(lambda d: d.pop("scenario"))),
+    Row("replay-scenario-wrong-type", ["replay", "{f}"], "repro.scenario: must be an object",
+        repro(_set("scenario", [1]))),
+    Row("replay-violation-wrong-type", ["replay", "{f}"], "repro.violation: must be an object",
+        repro(_set("violation", "dense-local"))),
+    Row("replay-violation-invariants-wrong-type", ["replay", "{f}"], "repro.violation.invariants",
+        repro(_set("violation.invariants", "dense-local"))),
+    Row("replay-edited-scenario", ["replay", "{f}"], "was edited", repro(_set("scenario.seed", 5))),
+    Row("replay-no-fingerprint", ["replay", "{f}"], "repro.fingerprint", repro(lambda d: d.pop("fingerprint"))),
+    Row("replay-bad-fingerprint", ["replay", "{f}"], "repro.fingerprint", repro(_set("fingerprint", "xyz"))),
+    Row("replay-unknown-path", ["replay", "{f}"], "repro.paths[0]", repro(_set("paths", ["v3"]))),
+    Row("replay-unknown-kernel-path", ["replay", "{f}"], "repro.kernels", repro(_set("kernels", {"v9": "builtin"}))),
+    Row("replay-kernel-record-wrong-type", ["replay", "{f}"], "repro.kernels.v1", repro(_set("kernels.v1", 5))),
+    Row("replay-knob-misspelt", ["replay", "{f}"], "did you mean 'draft_overwrite'",
+        repro(_set("knobs.draft_overwrites", True))),
+    Row("replay-knob-wrong-type", ["replay", "{f}"], "knobs.buffer_size", repro(_set("knobs.buffer_size", "8"))),
+    Row("replay-unknown-top-key", ["replay", "{f}"], "did you mean 'violation'", repro(_set("violations", {}))),
+    Row("replay-scenario-misspelt-key", ["replay", "{f}"], "repro.scenario.cp: unknown key 'interleve'",
+        repro(_set("scenario.cp.interleve", 8))),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_input_row(row: Row, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = run_row(row, tmp_path)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == row.code, (argv, out, err)
+    assert "Traceback" not in out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err                                   # one line
+    assert row.phrase.replace("{tmp}", str(tmp_path)) in lines[0], lines[0]
+
+
+def test_table_covers_every_kind_of_row():
+    """The table is the contract: keep it from shrinking unnoticed."""
+    assert len(ROWS) >= 115
+    assert len({r.id for r in ROWS}) == len(ROWS)
+
+
+# ---- outputs: probe first, write all, report the failure ------------------------------------
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    """A directory no file can be created in, for root as for anyone."""
+    if os.geteuid() == 0:
+        if not Path("/sys").is_dir():
+            pytest.skip("no read-only directory for root")
+        return Path("/sys")
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    return d
+
+
+def test_unwritable_json_with_valid_html_junit_stops_before_work(tmp_path, capsys):
+    ro = _unwritable_dir(tmp_path)
+    html, junit = tmp_path / "r.html", tmp_path / "r.xml"
+    code = main(["run", "--json", str(ro / "r.json"), "--html", str(html), "--junit", str(junit)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--json" in err and "cannot write" in err and "Traceback" not in err
+    assert not html.exists() and not junit.exists()   # nothing computed, nothing half-written
+
+
+def test_a_write_failing_at_the_end_leaves_the_other_outputs(tmp_path, capsys, monkeypatch):
+    """Disk full (or the directory removed) during the run: JUnit and HTML are still written."""
+    from cpsim.report import report
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(report, "write_json", full)
+    js, html, junit = tmp_path / "r.json", tmp_path / "r.html", tmp_path / "r.xml"
+    code = main(["run", "--scenario", str(EXAMPLE), "--dcp", "1", "--paths", "v1-torch", "--quiet",
+                 "--json", str(js), "--html", str(html), "--junit", str(junit)])
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    assert "pass" in out                                           # the verdict was printed first
+    assert "--json" in err and "No space left on device" in err and "--junit, --html written" in err
+    assert "Traceback" not in out + err
+    assert junit.read_text().startswith("<?xml") and "<html" in html.read_text().lower()
+    assert not js.exists()
+
+
+def test_the_probe_leaves_nothing_behind(tmp_path):
+    from cpsim.validate import check_writable
+    existing = tmp_path / "keep.json"
+    existing.write_text("old")
+    check_writable("--json", str(existing))
+    check_writable("--json", str(tmp_path / "new.json"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.json"] and existing.read_text() == "old"
+
+
+# ---- replay: the fingerprint ------------------------------------------------------------------
+
+def test_replay_runs_an_unedited_repro_and_an_edited_one_only_when_asked(tmp_path, capsys):
+    path = repro()(tmp_path)
+    assert main(["replay", str(path), "--quiet"]) == 0
+    data = json.loads(path.read_text())
+    data["scenario"]["batch"]["requests"][0]["kind"] = "renamed"   # a label: the violation status stays
+    path.write_text(json.dumps(data))
+    assert main(["replay", str(path), "--quiet"]) == 2
+    assert "--accept-edited" in capsys.readouterr().err
+    assert main(["replay", str(path), "--quiet", "--accept-edited"]) == 0
+
+
+# ---- no traceback reaches the terminal --------------------------------------------------------
+
+@pytest.mark.parametrize("argv, make", [
+    (["run", "--scenario", "{f}"], json_file([1, 2])),
+    (["run", "--seed", "-1"], None),
+    (["replay", "{f}"], a_directory("d")),
+    (["run", "--json", "{f}"], a_directory("o")),
+    (["run", "--scenario", "{f}"], text_file(b"\x00\x01\x02", "b.json")),
+], ids=["scenario-list", "seed-minus-one", "replay-directory", "json-directory", "binary-scenario"])
+def test_terminal_gets_one_line_and_exit_2(argv, make, tmp_path):
+    argv = run_row(Row("", argv, "", make), tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "cpsim", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "COLUMNS": "40"})
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error:"), proc.stderr
+
+
+# ---- the messages themselves -------------------------------------------------------------------
+
+def test_error_names_the_file_field_and_rule(tmp_path):
+    p = json_file(edited(_rename("interleave", "interleve", "cp")))(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        sc.load(p)
+    assert e.value.field == "scenario.cp"
+    assert e.value.rule == f"unknown key 'interleve'; did you mean 'interleave'? (in {p})"
+
+
+def test_union_alternatives_are_reported_together(tmp_path):
+    from cpsim.validate import load_repro
+    with pytest.raises(ConfigError) as e:
+        load_repro(repro(_set("kernels", {"v1": 5}))(tmp_path))
+    assert "repro.kernels.v1" in e.value.field
+    assert "'builtin'" in e.value.rule and "a valid string" in e.value.rule and "got 5" in e.value.rule
+
+
+def test_cp_sharded_false_is_false_and_true_is_true():
+    assert sc.Scenario.from_dict(edited(_set("groups[0].cp_sharded", False))).groups[0].cp_sharded is False
+    assert sc.Scenario.from_dict(edited(_set("groups[0].cp_sharded", True))).groups[0].cp_sharded is True
+
+
+# ---- good input still passes ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted((ROOT / "docs" / "examples").glob("*.*")), ids=lambda p: p.name)
+def test_every_example_loads(path):
+    sc.validate(sc.load(path))
+
+
+@pytest.mark.parametrize("name", sc.PRESETS)
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_every_preset_round_trips_through_a_file(name, suffix, tmp_path):
+    s = sc.preset(name)
+    s.dump(tmp_path / f"s{suffix}")
+    back = sc.load(tmp_path / f"s{suffix}")
+    assert back == s and back.fingerprint() == s.fingerprint()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_scenarios_round_trip(seed):
+    s = sc.random_scenario(seed)
+    assert sc.Scenario.from_dict(json.loads(s.canonical_json())) == s
+
+
+def test_defaults_are_filled_like_the_dataclasses():
+    s = sc.Scenario.from_dict({"groups": [{"name": "a"}], "batch": {"requests": [{"context_len": 0, "num_tokens": 4}]}})
+    assert s.cp == sc.CPConfig() and s.limits == sc.Limits() and s.groups[0] == sc.KVGroup("a")
+    assert s.batch == sc.Batch((sc.Request(0, 4),)) and s.name == "custom" and s.seed == 0
+
+
+@pytest.mark.parametrize("model, cls", [
+    (schema.CPConfigModel, sc.CPConfig), (schema.KVGroupModel, sc.KVGroup), (schema.LimitsModel, sc.Limits),
+    (schema.RequestModel, sc.Request), (schema.BatchModel, sc.Batch), (schema.ScenarioModel, sc.Scenario),
+], ids=lambda x: x.__name__)
+def test_models_match_the_dataclasses(model, cls):
+    """A field added to a dataclass must be added to its model (else files holding it are refused)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    assert set(model.model_fields) == set(fields)
+    for name, f in fields.items():
+        if f.default is not dataclasses.MISSING:
+            default = model.model_fields[name].default
+            assert default == f.default or (f.default == () and default == []), name
+
+
+def test_knobs_model_matches_knobs():
+    from cpsim.paths import Knobs
+    fields = {f.name: f.default for f in dataclasses.fields(Knobs)}
+    assert {k: v.default for k, v in schema.KnobsModel.model_fields.items()} == fields
+
+
+def test_good_cli_values_still_parse(tmp_path, capsys):
+    """Bounds are not off by one: the edges of each range are accepted."""
+    from cpsim.cli import build_parser
+    from cpsim.validate import check_args
+    args = build_parser().parse_args(["run", "--seed", "0", "--timeout", "0.5", "--dcp", "64", "--pcp", "1",
+                                      "--interleave", "1", "--json", str(tmp_path / "r.json")])
+    check_args(args)
+    args = build_parser().parse_args(["run", "--dcp", "1024", "--allow-large"])
+    check_args(args)
+    assert not list(tmp_path.iterdir())
