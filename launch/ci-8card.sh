@@ -27,7 +27,7 @@ mkdir -p "$out/logs"
 nproc=${NPROC:-8}
 need_nproc "$nproc"
 # shellcheck disable=SC2086
-exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$nproc" \
+exec "$PY" -m cpsim.run.launcher --standalone --nproc-per-node "$nproc" \
     --log-dir "$out/logs" --redirects 3 --tee 0:3 ${TORCHRUN_ARGS:-} \
     -m cpsim sweep --presets all --cp 2,4,8 --quiet \
     --json "$out/report.json" --junit "$out/report.xml" "$@"

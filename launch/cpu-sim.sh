@@ -31,5 +31,5 @@ nproc=$1; shift
 cpsim_command "$@"; shift "$CMD_WORDS"
 export TRITON_INTERPRET=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # shellcheck disable=SC2086
-exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
+exec "$PY" -m cpsim.run.launcher --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
     -m cpsim "${CMD[@]}" --device cpu "$@"

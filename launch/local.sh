@@ -31,5 +31,5 @@ need_nproc "$1"
 nproc=$1; shift
 cpsim_command "$@"; shift "$CMD_WORDS"
 # shellcheck disable=SC2086
-exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
+exec "$PY" -m cpsim.run.launcher --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
     -m cpsim "${CMD[@]}" "$@"

@@ -53,6 +53,6 @@ if [[ -n "$node_rank" ]]; then
 fi
 cpsim_command "$@"; shift "$CMD_WORDS"
 # shellcheck disable=SC2086
-exec "$PY" -m torch.distributed.run --nnodes "$nnodes" --nproc-per-node "$nproc" \
+exec "$PY" -m cpsim.run.launcher --nnodes "$nnodes" --nproc-per-node "$nproc" \
     --rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "$rdzv_id" "${extra[@]}" ${TORCHRUN_ARGS:-} \
     -m cpsim "${CMD[@]}" "$@"

@@ -259,12 +259,15 @@ def _execute(args, entries, report, progress) -> int:
                 progress(i, entry)
         infos = comm.all_gather_objects(rank_info(comm), "rank info")
         code = report(results, infos) if comm.rank == 0 else 0
-        # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
-        code = int(comm.all_gather(torch.tensor([code]), what="exit code", ctrl=True).max())
+        if comm.rank == 0:
+            sys.stdout.flush()
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
         comm.fail(e)
-    comm.close()
-    return code
+    # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
+    try:
+        comm.finish(code)
+    except BaseException as e:  # noqa: BLE001
+        comm.fail(e)
 
 
 # ---- what rank 0 prints and writes ------------------------------------------------
