@@ -308,11 +308,6 @@ class Comm:
     def _new_group(self, ranks: list[int] | None, what: str, **kw):
         """``dist.new_group`` bounded by --timeout, a failure naming the missing peers."""
         import torch.distributed as dist
-        hook = os.environ.get("CPSIM_TEST_EXIT_AT_GROUP", "")
-        if hook.strip() and int(hook) == self.rank:
-            print(f"[rank {self.rank}] test hook CPSIM_TEST_EXIT_AT_GROUP: exiting before {what}",
-                  file=sys.stderr, flush=True)
-            os._exit(3)
         self._enter(f"creating {what}")
         try:
             pg = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout_s), **kw)
@@ -483,6 +478,10 @@ class Comm:
                 if self.rank in ranks:
                     mine = (g, pg)
             if mine[1] is not None:
+                if os.environ.get("CPSIM_TEST_WARMUP_EXIT_RANK", "").strip() == str(self.rank):
+                    print(f"[rank {self.rank}] test hook CPSIM_TEST_WARMUP_EXIT_RANK: exiting before the warm-up",
+                          file=sys.stderr, flush=True)
+                    os._exit(3)
                 self.warm_up(mine[1], size, f"CP group {mine[0]} of size {size}")
             elif size > 1:  # idle rank: count the warm-up the others do, so the seq numbers stay in step
                 self.seq += 1
@@ -498,6 +497,9 @@ class Comm:
         rank from its state instead of from torchrun's SIGTERM.
         """
         err = sys.stderr
+        # This rank is ending already (bounded): a later SIGTERM, e.g. the launcher's once a peer
+        # left, must not cut short the message or the linger.
+        signal.signal(signal.SIGTERM, lambda *_: None)
         if isinstance(exc, Terminated) or _TERMINATED.is_set():
             self._safe_state(f"terminated: SIGTERM while {self._own_state()!r}")
             msg = f"[rank {self.rank}] terminated by SIGTERM: {self.diagnose()}"
@@ -544,12 +546,25 @@ class Comm:
         except Exception as e:  # the store is gone: nothing left to tell the peers
             print(f"[rank {self.rank}] could not report {text!r}: {e}", file=sys.stderr)
 
-    def _linger(self, limit_s: float = 30.0) -> None:
-        """Give the peers time to read this rank's failure before the launcher kills them."""
+    def _linger(self, limit_s: float = 30.0, silent_s: float = 2.0) -> None:
+        """Give the peers time to read this rank's ending before it exits (the launcher then stops them).
+
+        Waits until every peer has ended (a final state) or is gone (heartbeat silent for ``silent_s``).
+        """
         end = time.monotonic() + min(limit_s, self.timeout_s)
+        seen: dict[int, tuple[int, float]] = {}
         try:
             while time.monotonic() < end:
-                if all(self._final(st) for r, st in self.states().items() if r != self.rank):
+                now, states, beats = time.monotonic(), self.states(), self._beats()
+                waiting = False
+                for r in range(self.world):
+                    if r == self.rank or self._final(states[r]):
+                        continue
+                    if r not in seen or seen[r][0] != beats[r]:
+                        seen[r] = (beats[r], now)
+                    if now - seen[r][1] < silent_s:
+                        waiting = True
+                if not waiting:
                     return
                 time.sleep(0.2)
         except Exception:  # the store is gone, so are the peers

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -61,13 +62,13 @@ def summary(endings: list[Ending], world: int | None, log_dir: str) -> str:
     for c in sorted(by, key=lambda c: (c < 0, c)):
         rs = _ranks(by[c])
         parts.append(f"{rs} stopped by {_signame(c)}" if c < 0 else f"{rs} exited {c}")
+    of = f" (of {world} ranks)" if world and len(endings) < world else ""
+    text = "; ".join(parts) + of
     msgs = [e for e in endings if e.message and e.exitcode not in (0, 2)]
     if msgs:
         first = min(msgs, key=lambda e: (e.timestamp, e.rank))
-        parts.append(f"rank {first.rank}: {first.message.strip().splitlines()[0][:200]}")
-    of = f" of {world}" if world and len(endings) < world else ""
-    return (f"cpsim: exit {code} ({EXIT_MEANING[code]}): {'; '.join(parts)}{of}; "
-            f"torchrun's logs: {log_dir}")
+        text += f"; rank {first.rank}: {first.message.strip().splitlines()[0][:200]}"
+    return f"cpsim: exit {code} ({EXIT_MEANING[code]}): {text}; torchrun's logs: {log_dir}"
 
 
 def _log_to(path: str) -> None:
@@ -116,7 +117,8 @@ def _message(failure) -> str:
     if not failure.error_file or not os.path.isfile(failure.error_file):
         return ""
     m = failure.message
-    return str(m.get("message", "") if isinstance(m, dict) else m)
+    text = str(m.get("message", "") if isinstance(m, dict) else m)
+    return re.sub(r"^(DistError: )?\[rank \d+\] ", "", text)
 
 
 if __name__ == "__main__":
