@@ -381,24 +381,37 @@ class Comm:
         last = self._seen.get(r)
         return last is not None and time.monotonic() - last[1] <= self.stale_s
 
+    def _causes(self, window_s: float = 3.0) -> dict[str, list]:
+        """What the peers are doing, watched for ``window_s``: failed, died, terminated, aborted, alive."""
+        b0 = self._beats()
+        time.sleep(window_s)
+        b1 = self._beats()
+        states = self.states()
+        others = [r for r in range(self.world) if r != self.rank]
+
+        def named(prefix):
+            return [f"rank {r} {states[r]}" for r in others if states[r].startswith(prefix)]
+        return {
+            "failed": named("failed"),
+            "dead": [f"rank {r} died (no heartbeat; last state: {states[r]!r})" for r in others
+                     if b0[r] == b1[r] and not self._final(states[r])],
+            "killed": named("terminated"),
+            "aborted": named("aborted"),
+            "alive": [r for r in others if b0[r] != b1[r]],
+        }
+
+    @staticmethod
+    def _explain(c: dict[str, list]) -> str:
+        if c["failed"] or c["dead"]:
+            return "; ".join(c["failed"] + c["dead"])
+        return "; ".join(c["killed"] + c["aborted"]) or "no other rank failed: the job was stopped from outside"
+
     def diagnose(self, window_s: float = 3.0) -> str:
         """Name the ranks behind a stop: failed, died (silent for ``window_s``), terminated, in that order."""
         try:
-            b0 = self._beats()
-            time.sleep(window_s)
-            b1 = self._beats()
-            states = self.states()
+            return self._explain(self._causes(window_s))
         except Exception as e:
             return f"the rendezvous store is unreachable ({type(e).__name__}: {e})"
-        others = [r for r in range(self.world) if r != self.rank]
-        failed = [f"rank {r} {states[r]}" for r in others if states[r].startswith("failed")]
-        dead = [f"rank {r} died (no heartbeat; last state: {states[r]!r})" for r in others
-                if b0[r] == b1[r] and not self._final(states[r])]
-        if failed or dead:
-            return "; ".join(failed + dead)
-        killed = [f"rank {r} {states[r]}" for r in others if states[r].startswith("terminated")]
-        aborted = [f"rank {r} {states[r]}" for r in others if states[r].startswith("aborted")]
-        return "; ".join(killed + aborted) or "no other rank failed: the job was stopped from outside"
 
     # -- collectives
     def _wait(self, work, what: str) -> None:
@@ -415,11 +428,21 @@ class Comm:
             time.sleep(0.005 if now - start < 0.2 else 0.05)
         try:
             work.wait()
-        except Exception as e:  # a peer's socket closed: find out which peer
-            raise PeerFailure(f"{what} failed ({type(e).__name__}); {self.diagnose()}") from e
+        except Exception as e:  # a peer's socket closed, or the backend's own timeout: find out which peer
+            raise PeerFailure(self._why_failed(what, e)) from e
         self.state(f"past {what}")
 
-    def _late(self, what: str) -> str:
+    def _why_failed(self, what: str, e: Exception) -> str:
+        """A collective ended in an error: a failed or dead peer first, else the ranks that never reached it."""
+        try:
+            c = self._causes()
+            if not (c["failed"] or c["dead"]) and any(n < self.seq for n in self._seqs().values()):
+                return self._late(what, alive=set(c["alive"]))
+            return f"{what} failed ({type(e).__name__}); {self._explain(c)}"
+        except Exception as e2:
+            return f"{what} failed ({type(e).__name__}); the rendezvous store is unreachable ({e2})"
+
+    def _late(self, what: str, alive: set[int] | None = None) -> str:
         """Name the ranks that never reached ``what``: slow (heartbeat alive) or silent."""
         seqs, states = self._seqs(), self.states()
         late = [r for r, n in seqs.items() if n < self.seq]
@@ -427,7 +450,8 @@ class Comm:
             return f"{what} did not complete within {self.timeout_s:g} s although every rank reached it"
         parts = []
         for r in late:
-            how = "its heartbeat is alive" if self._alive(r) else "its heartbeat is silent"
+            up = self._alive(r) if alive is None else r in alive
+            how = "its heartbeat is alive" if up else "its heartbeat is silent"
             parts.append(f"rank {r} did not reach {what} within {self.timeout_s:g} s; {how} "
                          f"(last state: {states[r]!r})")
         return "; ".join(parts)

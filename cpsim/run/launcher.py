@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         torchrun.run(args)
     except ChildFailedError as e:
-        logging.getLogger("torch.distributed.run").error("%s", e.format_msg())
+        logging.getLogger("torch.distributed.run").error("%s: %s", type(e).__name__, e.format_msg())
         endings = [Ending(r, f.exitcode, _message(f), f.timestamp) for r, f in e.failures.items()]
         world = None
         nnodes = str(args.nnodes)
