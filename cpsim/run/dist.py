@@ -366,8 +366,11 @@ class Comm:
         states = self.states()
         now = time.monotonic()
         for r, st in states.items():
-            if r != self.rank and st.split(":")[0] in ("failed", "aborted", "terminated"):
+            if r != self.rank and st.split(":")[0] == "failed":
                 raise PeerFailure(f"rank {r} {st}")
+        if any(r != self.rank and st.split(":")[0] in ("aborted", "terminated") for r, st in states.items()):
+            # A peer stopped or was stopped: name what is behind it (a failed or dead rank) if anything.
+            raise PeerFailure(self.diagnose())
         for r, n in self._beats().items():
             last = self._seen.get(r)
             if last is None or last[0] != n:
