@@ -20,6 +20,11 @@ examples:
   launch/cpu-sim.sh 4 replay out/repro-<fingerprint>.json --html replay.html
   launch/cpu-sim.sh 2 bugs reproduce stale-tail          # exit 1: the bug shows on both CP groups
 
+Exit codes are cpsim's (0 pass, 1 violation or failed run, 2 bad input); a
+non-zero exit ends in one line, `cpsim: exit N (...)`, naming the ranks and
+the folder with torchrun's own logs (TORCHRUN_ARGS="--log-dir DIR", default a
+new $TMPDIR/cpsim-torchrun-* folder) instead of torchrun's traceback.
+
 environment: PY (python to use), TORCHRUN_ARGS (extra torchrun options).
 TXT
     exit "${1:-2}"

@@ -20,6 +20,11 @@ examples:
   launch/local.sh 8 replay out/repro-<fingerprint>.json  # exit 1 while the violation shows
   launch/local.sh 2 bugs reproduce stale-tail --fixed    # exit 0: the fixed form is clean
 
+Exit codes are cpsim's (0 pass, 1 violation or failed run, 2 bad input); a
+non-zero exit ends in one line, `cpsim: exit N (...)`, naming the ranks and
+the folder with torchrun's own logs (TORCHRUN_ARGS="--log-dir DIR", default a
+new $TMPDIR/cpsim-torchrun-* folder) instead of torchrun's traceback.
+
 environment: PY (python to use), TORCHRUN_ARGS (extra torchrun options),
 ASCEND_RT_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES (which devices are visible).
 TXT

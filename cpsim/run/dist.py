@@ -334,12 +334,6 @@ class Comm:
         except Exception as e:  # the store went away: the peers will see this rank as silent
             self._beat_error = e
 
-    def close(self) -> None:
-        import torch.distributed as dist
-        self.state("done")
-        self._stop.set()
-        dist.destroy_process_group()
-
     # -- store protocol
     def state(self, text: str) -> None:
         self.store.set(f"cpsim/state/{self.rank}", text[:500])
@@ -494,9 +488,8 @@ class Comm:
         """(replica index, process group) of this rank for CP groups of ``size`` consecutive ranks.
 
         Every rank creates every group, in the same order (``new_group`` is collective).
-        Ranks past the last full group get (-1, None).
+        Ranks past the last full group get (-1, None). A new group is warmed up at once (see ``warm_up``).
         """
-        import torch.distributed as dist
         if size not in self._groups:
             mine: tuple[int, object | None] = (-1, None)
             for g in range(self.world // size):
