@@ -88,7 +88,10 @@ def _agent_store(timeout_s: float):
 
 
 def end_on_bad_input(message: str, timeout_s: float | None, code: int = 2) -> int:
-    """Under torchrun, end every rank on the same bad input together, printing it once (never returns).
+    """Under torchrun, end every rank on the same bad input together, printing it once.
+
+    Never returns under torchrun's agent; returns ``code`` elsewhere (RANK / WORLD_SIZE set by
+    another launcher or a test), leaving the printing to the caller.
 
     Bad input is found before any process group exists, on every rank alike (they parse the same
     command line). Left alone, the first rank to exit makes torchrun SIGTERM the others, maybe
@@ -96,12 +99,14 @@ def end_on_bad_input(message: str, timeout_s: float | None, code: int = 2) -> in
     counts itself in through the agent's store and waits (bounded) for the others; rank 0
     prints the message, another rank only a message that differs from rank 0's.
     """
-    env = Env.from_environ()
+    try:
+        env = Env.from_environ()
+    except ConfigError:  # RANK / WORLD_SIZE are not torchrun's
+        return code
     bound = timeout_s if timeout_s is not None and 0 < timeout_s < math.inf else EARLY_BOUND_S
     store = _agent_store(bound)
-    if store is None:
-        print(message, file=sys.stderr, flush=True)
-        _leave(code)
+    if store is None:  # not under torchrun's agent: the caller prints and returns as usual
+        return code
     signal.signal(signal.SIGTERM, lambda *_: _leave(code))  # a peer already left with the same code
     store.set(f"cpsim/early/msg/{env.rank}", message)
     end = time.monotonic() + bound
