@@ -518,8 +518,9 @@ class Comm:
     def fail(self, exc: BaseException) -> int:
         """Report this rank's failure to the others, print it, and end the process (never returns).
 
-        Every kind of ending lingers (bounded) until the peers have read it, so a peer names this
-        rank from its state instead of from torchrun's SIGTERM.
+        A rank that failed or was terminated lingers (bounded) until the peers have read it, so they
+        name it from its state instead of from torchrun's SIGTERM; either way the state stays in the
+        agent's store, which outlives the workers.
         """
         err = sys.stderr
         # This rank is ending already (bounded): a later SIGTERM, e.g. the launcher's once a peer
@@ -542,7 +543,8 @@ class Comm:
             msg = f"[rank {self.rank}] failed: {type(exc).__name__}: {exc}"
         print(msg, file=err, flush=True)
         _record(DistError(msg))
-        self._linger()
+        if not isinstance(exc, PeerFailure):  # a stopping peer's reason stays in the store for the rest
+            self._linger()
         _leave(1)
 
     def _own_state(self) -> str:
@@ -571,7 +573,7 @@ class Comm:
         except Exception as e:  # the store is gone: nothing left to tell the peers
             print(f"[rank {self.rank}] could not report {text!r}: {e}", file=sys.stderr)
 
-    def _linger(self, limit_s: float = 30.0, silent_s: float = 2.0) -> None:
+    def _linger(self, limit_s: float = 10.0, silent_s: float = 2.0) -> None:
         """Give the peers time to read this rank's ending before it exits (the launcher then stops them).
 
         Waits until every peer has ended (a final state) or is gone (heartbeat silent for ``silent_s``).
