@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from rich.console import Console
@@ -55,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)  # option bounds and output paths, before any work
         return int(args.func(args) or 0)
     except ConfigError as e:
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: every rank ends together, one line
+            from cpsim.run.dist import end_on_bad_input
+            end_on_bad_input(f"error: {e}", getattr(args, "timeout", None))
         err.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     except DistError as e:

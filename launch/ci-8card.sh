@@ -11,7 +11,8 @@ path, v1-fused where it applies) and v2. Writes
   OUTDIR/report.json   the full report
   OUTDIR/report.xml    JUnit XML, one testcase per (scenario, path, invariant)
   OUTDIR/logs/         per-rank stdout/stderr (torchrun --log-dir / --redirects)
-and exits non-zero on any violation. Extra arguments are appended to
+and exits 1 on any violation (2 on bad input), ending in one line that names
+the ranks and OUTDIR/logs instead of torchrun's traceback. Extra arguments are appended to
 `cpsim sweep` (later flags win), e.g. --device cuda, --timeout 600, or
 --presets default,mtp to narrow it.
 
@@ -27,7 +28,7 @@ mkdir -p "$out/logs"
 nproc=${NPROC:-8}
 need_nproc "$nproc"
 # shellcheck disable=SC2086
-exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$nproc" \
+exec "$PY" -m cpsim.run.launcher --standalone --nproc-per-node "$nproc" \
     --log-dir "$out/logs" --redirects 3 --tee 0:3 ${TORCHRUN_ARGS:-} \
     -m cpsim sweep --presets all --cp 2,4,8 --quiet \
     --json "$out/report.json" --junit "$out/report.xml" "$@"

@@ -21,6 +21,11 @@ examples:
   launch/cpu-sim.sh 2 bugs reproduce stale-tail          # exit 1: the bug shows on both CP groups
   launch/cpu-sim.sh 2 doctor                             # environment, kernels and one all-gather per rank
 
+Exit codes are cpsim's (0 pass, 1 violation or failed run, 2 bad input); a
+non-zero exit ends in one line, `cpsim: exit N (...)`, naming the ranks and
+the folder with torchrun's own logs (TORCHRUN_ARGS="--log-dir DIR", default a
+new $TMPDIR/cpsim-torchrun-* folder) instead of torchrun's traceback.
+
 environment: PY (python to use), TORCHRUN_ARGS (extra torchrun options).
 TXT
     exit "${1:-2}"
@@ -32,5 +37,5 @@ nproc=$1; shift
 cpsim_command "$@"; shift "$CMD_WORDS"
 export TRITON_INTERPRET=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # shellcheck disable=SC2086
-exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
+exec "$PY" -m cpsim.run.launcher --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
     -m cpsim "${CMD[@]}" --device cpu "$@"

@@ -21,6 +21,11 @@ examples:
   launch/local.sh 2 bugs reproduce stale-tail --fixed    # exit 0: the fixed form is clean
   launch/local.sh 8 doctor                         # every rank checks its device; one all-gather
 
+Exit codes are cpsim's (0 pass, 1 violation or failed run, 2 bad input); a
+non-zero exit ends in one line, `cpsim: exit N (...)`, naming the ranks and
+the folder with torchrun's own logs (TORCHRUN_ARGS="--log-dir DIR", default a
+new $TMPDIR/cpsim-torchrun-* folder) instead of torchrun's traceback.
+
 environment: PY (python to use), TORCHRUN_ARGS (extra torchrun options),
 ASCEND_RT_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES (which devices are visible).
 TXT
@@ -32,5 +37,5 @@ need_nproc "$1"
 nproc=$1; shift
 cpsim_command "$@"; shift "$CMD_WORDS"
 # shellcheck disable=SC2086
-exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
+exec "$PY" -m cpsim.run.launcher --standalone --nproc-per-node "$nproc" ${TORCHRUN_ARGS:-} \
     -m cpsim "${CMD[@]}" "$@"

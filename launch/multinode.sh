@@ -20,6 +20,11 @@ example: the same 16 ranks as 2 CP groups of 8 (one per node), JSON report on no
   nodeK$ launch/multinode.sh --nnodes 2 --nproc-per-node 8 --rdzv-endpoint node0:29400 --node-rank K \
              -- --dcp 8 --json report.json
 
+Exit codes are cpsim's (0 pass, 1 violation or failed run, 2 bad input); a
+non-zero exit ends in one line, `cpsim: exit N (...)`, naming the ranks and
+the folder with torchrun's own logs (TORCHRUN_ARGS="--log-dir DIR", default a
+new $TMPDIR/cpsim-torchrun-* folder) instead of torchrun's traceback.
+
 environment: PY, TORCHRUN_ARGS, ASCEND_RT_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES,
 HCCL_CONNECT_TIMEOUT, HCCL_EXEC_TIMEOUT, GLOO_SOCKET_IFNAME / HCCL_SOCKET_IFNAME / NCCL_SOCKET_IFNAME
 (which network interface the collectives use).
@@ -53,6 +58,6 @@ if [[ -n "$node_rank" ]]; then
 fi
 cpsim_command "$@"; shift "$CMD_WORDS"
 # shellcheck disable=SC2086
-exec "$PY" -m torch.distributed.run --nnodes "$nnodes" --nproc-per-node "$nproc" \
+exec "$PY" -m cpsim.run.launcher --nnodes "$nnodes" --nproc-per-node "$nproc" \
     --rdzv-backend c10d --rdzv-endpoint "$endpoint" --rdzv-id "$rdzv_id" "${extra[@]}" ${TORCHRUN_ARGS:-} \
     -m cpsim "${CMD[@]}" "$@"

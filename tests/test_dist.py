@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -147,3 +149,134 @@ def test_a_wrong_kernel_on_one_rank_is_attributed_to_it(tmp_path):
     assert vios, "the faulty kernel went unnoticed"
     assert {x["invariant"] for x in vios} >= {"padding", "matches-reference"}
     assert all(x["ranks"] == [1] for x in vios), [(x["invariant"], x["ranks"]) for x in vios]
+
+
+# ---- endings: the report survives, one line explains the exit, every rank is named -----------
+
+SLEEPY = str(ROOT / "tests" / "kernels" / "sleepy.py") + ":slot_mapping"
+
+
+def _summary(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("cpsim: exit")]
+
+
+def _no_launcher_noise(text: str) -> None:
+    assert "Traceback" not in text and "ChildFailedError" not in text, text[-3000:]
+
+
+def test_a_violation_on_one_rank_keeps_the_report_and_ends_in_one_line(tmp_path):
+    js, xml, logs = tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "logs"
+    proc = cpu_sim(2, "--paths", "v1", "--inject", "mamba-sized-per-cp", "--inject-on-rank", "1",
+                   "--json", str(js), "--junit", str(xml), env=_env(TORCHRUN_ARGS=f"--log-dir {logs}"))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    _no_launcher_noise(text)
+    assert "1 of 1 CP group(s) fail" in proc.stdout  # rank 0 printed the whole report
+    report = json.loads(js.read_text())  # complete and valid
+    assert report["passed"] is False and report["world_size"] == 2
+    vios = _violations(report)
+    assert vios and all(v["ranks"] == [1] for v in vios)
+    assert {v["invariant"] for v in vios} == {"block-sizing"}
+    root = ET.parse(xml).getroot()
+    assert int(root.get("failures")) >= 1 and int(root.get("tests")) > 1
+    (line,) = _summary(proc.stderr)
+    assert line.startswith("cpsim: exit 1 (a violation") and "ranks 0, 1 exited 1" in line, line
+    assert f"torchrun's logs: {logs}" in line and (logs / "torchrun.log").is_file()
+    assert "ChildFailedError" in (logs / "torchrun.log").read_text()  # torchrun's own account is kept there
+
+
+@pytest.mark.parametrize("nproc, args, phrase", [
+    (3, ("--dcp", "2"), "world size 3 is not a multiple of the CP size 2"),
+    (2, ("--interleave", "7"), "interleave 7 must divide"),
+    (2, ("--timeout", "0"), "--timeout: must be a finite number of seconds > 0"),
+    (2, ("--timeout", "-5"), "--timeout: must be a finite number of seconds > 0"),
+    (2, ("--kernel-v1", "missing.py:f"), "--kernel-v1:"),
+], ids=["world-not-multiple", "interleave", "timeout-0", "timeout-negative", "missing-kernel"])
+def test_bad_input_under_torchrun_ends_every_rank_with_2(tmp_path, nproc, args, phrase):
+    proc = cpu_sim(nproc, "--scenario", "mtp", *args, env=_env(TORCHRUN_ARGS=f"--log-dir {tmp_path}"),
+                   timeout=180)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-3000:]
+    _no_launcher_noise(text)
+    errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and phrase in errors[0], proc.stderr  # once per launch, not once per rank
+    (line,) = _summary(proc.stderr)
+    every = "ranks 0-2" if nproc == 3 else "ranks 0, 1"
+    assert line.startswith(f"cpsim: exit 2 (bad input): {every} exited 2;"), line
+
+
+def _rank_process(pid: int) -> int:
+    """The cpsim rank that runs ``pid``: the ancestor whose parent is the launcher."""
+    def cmdline(p):
+        return Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+    def parent(p):
+        return int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    while "cpsim.run.launcher" not in cmdline(parent(pid)):
+        pid = parent(pid)
+        assert pid > 1, "the kernel does not run under the launcher"
+    return pid
+
+
+@pytest.mark.parametrize("sig, named", [(signal.SIGTERM, "rank 1 terminated: SIGTERM while"),
+                                        (signal.SIGKILL, "rank 1 died (no heartbeat")], ids=["SIGTERM", "SIGKILL"])
+def test_a_rank_killed_mid_run_is_named_within_the_timeout(tmp_path, sig, named):
+    timeout, pid_file = 20, tmp_path / "pid"
+    proc = subprocess.Popen([str(LAUNCH / "cpu-sim.sh"), "2", "--scenario", "mtp", "--paths", "v1",
+                             "--kernel-v1", SLEEPY, "--kernel-abi", "callable", "--timeout", str(timeout)],
+                            cwd=ROOT, env=_env(CPSIM_TEST_PID_FILE=pid_file, TORCHRUN_ARGS=f"--log-dir {tmp_path}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (pid_file.exists() and pid_file.read_text()) and proc.poll() is None:
+            assert time.monotonic() < deadline, "rank 1 never reached its kernel"
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()
+        os.kill(_rank_process(int(pid_file.read_text())), sig)
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=timeout + 60)
+        elapsed = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out + err
+    assert proc.returncode == 1, text[-3000:]
+    assert elapsed < timeout, f"took {elapsed:.0f} s after the kill"
+    _no_launcher_noise(text)
+    line = re.search(r"^\[rank 0\] (stopping|terminated)[^\n]*", text, re.M)
+    assert line and named in line.group(0), text[-3000:]
+    (summary,) = _summary(err)
+    assert "rank 1" in summary, summary
+
+
+def test_a_slow_rank_is_named_with_its_heartbeat_alive(tmp_path):
+    timeout = 10
+    start = time.monotonic()
+    proc = cpu_sim(2, "--scenario", "mtp", "--paths", "v1", "--kernel-v1", SLEEPY, "--kernel-abi", "callable",
+                   "--timeout", str(timeout), env=_env(CPSIM_TEST_SLEEP_S=300, TORCHRUN_ARGS=f"--log-dir {tmp_path}"),
+                   timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    assert time.monotonic() - start < 200  # nobody waited for the 300 s sleep
+    _no_launcher_noise(text)
+    line = re.search(r"^\[rank 0\] stopping: [^\n]*", text, re.M)
+    assert line, text[-3000:]
+    assert re.search(rf"rank 1 did not reach mtp: v1 meta within {timeout} s; its heartbeat is alive",
+                     line.group(0)), line.group(0)
+    assert re.search(r"^\[rank 1\] terminated by SIGTERM: rank 0 aborted: rank 1 did not reach", text, re.M), text
+
+
+def test_a_rank_dead_before_its_group_warm_up_is_named(tmp_path):
+    timeout = 20
+    (a, b), elapsed = two_nodes("--scenario", "mtp", "--paths", "v1", "--dcp", "2", "--timeout", str(timeout),
+                                env=_env(CPSIM_TEST_WARMUP_EXIT_RANK=3, TORCHRUN_ARGS=f"--log-dir {tmp_path}"),
+                                timeout=timeout + 150)
+    text = a.stdout + a.stderr + b.stdout + b.stderr
+    assert a.returncode != 0 and b.returncode != 0, text[-3000:]
+    assert elapsed < timeout + 60, f"took {elapsed:.0f} s"
+    # Rank 2 shares CP group 1 with rank 3: its warm-up names rank 3; ranks 0 and 1 name it at the next exchange.
+    for r in (0, 1, 2):
+        line = re.search(rf"^\[rank {r}\] (stopping|terminated)[^\n]*", text, re.M)
+        assert line and "rank 3" in line.group(0), f"rank {r}:\n{text[-3000:]}"
+    assert "CPSIM_TEST_WARMUP_EXIT_RANK" in text

@@ -141,3 +141,60 @@ def test_launch_rejects_a_bad_nproc():
     proc = subprocess.run([str(ROOT / "launch" / "cpu-sim.sh"), "eight"], capture_output=True, text=True,
                           timeout=30, env=dict(os.environ, PY=sys.executable))
     assert proc.returncode == 2 and "NPROC must be a positive integer" in proc.stderr
+
+
+# ---- HCCL timeouts from --timeout ------------------------------------------------------
+
+def test_hccl_timeouts_follow_timeout_within_cann_ranges():
+    from cpsim.run.dist import hccl_env
+    # a little above --timeout so cpsim's own bound fires first; exec a multiple of 68 (HCCL rounds down)
+    assert hccl_env(300, {}) == {"HCCL_CONNECT_TIMEOUT": "310", "HCCL_EXEC_TIMEOUT": "340"}
+    assert hccl_env(200.5, {}) == {"HCCL_CONNECT_TIMEOUT": "211", "HCCL_EXEC_TIMEOUT": "272"}
+    # clamped to what CANN accepts: connect [120, 7200], exec [68, 17340]
+    assert hccl_env(5, {}) == {"HCCL_CONNECT_TIMEOUT": "120", "HCCL_EXEC_TIMEOUT": "68"}
+    assert hccl_env(1e6, {}) == {"HCCL_CONNECT_TIMEOUT": "7200", "HCCL_EXEC_TIMEOUT": "17340"}
+
+
+def test_hccl_timeouts_the_user_set_are_kept():
+    from cpsim.run.dist import hccl_env
+    assert hccl_env(300, {"HCCL_CONNECT_TIMEOUT": "600"}) == {"HCCL_EXEC_TIMEOUT": "340"}
+    assert hccl_env(300, {"HCCL_CONNECT_TIMEOUT": "600", "HCCL_EXEC_TIMEOUT": "1836"}) == {}
+    assert hccl_env(300, {"HCCL_EXEC_TIMEOUT": " "}) == {"HCCL_CONNECT_TIMEOUT": "310", "HCCL_EXEC_TIMEOUT": "340"}
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("inf"), float("nan")])
+def test_timeout_must_be_positive_and_finite(bad):
+    from cpsim.run.dist import check_timeout
+    with pytest.raises(ConfigError) as e:
+        check_timeout(bad)
+    assert e.value.field == "--timeout"
+
+
+def test_a_positive_timeout_is_accepted():
+    from cpsim.run.dist import check_timeout
+    check_timeout(0.5)
+    check_timeout(300)
+
+
+# ---- the launcher's one line --------------------------------------------------------------
+
+def test_launcher_exit_code_keeps_bad_input_and_everything_else_is_1():
+    from cpsim.run.launcher import Ending, exit_code
+    assert exit_code([Ending(0, 2), Ending(1, 2)]) == 2
+    assert exit_code([Ending(0, -15), Ending(1, 2)]) == 2  # the launcher stopped a slower rank
+    assert exit_code([Ending(0, 1), Ending(1, 1)]) == 1
+    assert exit_code([Ending(0, 2), Ending(1, 1)]) == 1     # one rank found more than bad input
+    assert exit_code([Ending(0, -9)]) == 1
+    assert exit_code([Ending(0, 0 - 15)]) == 1             # a SIGTERM alone is not bad input
+    assert exit_code([Ending(0, 3)]) == 1
+
+
+def test_launcher_summary_names_ranks_signals_and_the_log_dir():
+    from cpsim.run.launcher import Ending, summary
+    line = summary([Ending(0, 1, "stopping: rank 1 died (no heartbeat)"), Ending(1, -9)], 2, "/logs")
+    assert line == ("cpsim: exit 1 (a violation or a failed run, see above): rank 0 exited 1; "
+                    "rank 1 stopped by SIGKILL; rank 0: stopping: rank 1 died (no heartbeat); torchrun's logs: /logs")
+    line = summary([Ending(r, 2) for r in range(4)], 4, "/l")
+    assert line == "cpsim: exit 2 (bad input): ranks 0-3 exited 2; torchrun's logs: /l"
+    assert "\n" not in summary([Ending(0, 1, "first line\nsecond line")], 8, "/l")
+    assert "rank 0 exited 1 (of 8 ranks);" in summary([Ending(0, 1)], 8, "/l")

@@ -14,6 +14,7 @@ and which therefore outlives any single worker:
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pickle
 import signal
@@ -67,6 +68,61 @@ class Env:
         except (KeyError, ValueError) as e:
             raise ConfigError("environment", f"RANK / WORLD_SIZE / LOCAL_RANK are not set to integers ({e})") from None
         return Env(rank, world, local, local_world)
+
+
+# ---- bad input before any process group ----------------------------------------------
+
+EARLY_BOUND_S = 60.0  # how long ranks wait for each other on bad input when --timeout itself is unusable
+
+
+def _agent_store(timeout_s: float):
+    """A client of the store torchrun's agent hosts (None when the launcher has none)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    from torch.distributed import TCPStore
+    try:
+        return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                        timeout=timedelta(seconds=timeout_s))
+    except Exception:  # no store to reach: end alone
+        return None
+
+
+def end_on_bad_input(message: str, timeout_s: float | None, code: int = 2) -> int:
+    """Under torchrun, end every rank on the same bad input together, printing it once.
+
+    Never returns under torchrun's agent; returns ``code`` elsewhere (RANK / WORLD_SIZE set by
+    another launcher or a test), leaving the printing to the caller.
+
+    Bad input is found before any process group exists, on every rank alike (they parse the same
+    command line). Left alone, the first rank to exit makes torchrun SIGTERM the others, maybe
+    before rank 0 has printed anything, and they end with -15 instead of 2. Instead each rank
+    counts itself in through the agent's store and waits (bounded) for the others; rank 0
+    prints the message, another rank only a message that differs from rank 0's.
+    """
+    try:
+        env = Env.from_environ()
+    except ConfigError:  # RANK / WORLD_SIZE are not torchrun's
+        return code
+    bound = timeout_s if timeout_s is not None and 0 < timeout_s < math.inf else EARLY_BOUND_S
+    store = _agent_store(bound)
+    if store is None:  # not under torchrun's agent: the caller prints and returns as usual
+        return code
+    signal.signal(signal.SIGTERM, lambda *_: _leave(code))  # a peer already left with the same code
+    store.set(f"cpsim/early/msg/{env.rank}", message)
+    end = time.monotonic() + bound
+    if env.rank == 0:
+        print(message, file=sys.stderr, flush=True)
+    else:
+        first = None
+        while first is None and time.monotonic() < end:
+            first = store.get("cpsim/early/msg/0").decode() if store.check(["cpsim/early/msg/0"]) else None
+            time.sleep(0.05)
+        if first != message:
+            print(f"[rank {env.rank}] {message}", file=sys.stderr, flush=True)
+    store.add("cpsim/early/count", 1)
+    while int(store.add("cpsim/early/count", 0)) < env.world and time.monotonic() < end:
+        time.sleep(0.05)
+    _leave(code)
 
 
 # ---- devices -------------------------------------------------------------------
@@ -161,12 +217,55 @@ class PeerFailure(DistError):
 
 
 _TERMINATED = threading.Event()
+_AGREED: list[int] = []  # the exit code every rank agreed on; set once the job's outputs are written
 
 
 def _on_sigterm(signum, frame):
+    if _AGREED:  # past the last barrier: the launcher stops us because a peer left first with the same code
+        _leave(_AGREED[0])
     # Raised wherever the main thread is (an import may wrap it); Comm.fail checks the flag.
     _TERMINATED.set()
     raise Terminated()
+
+
+def _leave(code: int):
+    """End the process now with ``code``: a process group with a collective in flight can block in
+    its destructor, and a peer that left first makes the launcher signal the rest."""
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:  # a closed pipe: nothing more to say
+            pass
+    os._exit(code)
+
+
+# ---- HCCL ---------------------------------------------------------------------------
+
+HCCL_CONNECT_RANGE = (120, 7200)   # CANN: integer seconds, default 120
+HCCL_EXEC_RANGE = (68, 17340)      # CANN: seconds, applied as value // 68 * 68
+HCCL_MARGIN_S = 10                 # cpsim's own bound fires first and names the peer
+
+
+def hccl_env(timeout_s: float, environ: dict | None = None) -> dict[str, str]:
+    """HCCL_CONNECT_TIMEOUT / HCCL_EXEC_TIMEOUT derived from ``--timeout``, for those the user did not set.
+
+    HCCL's own limits default to 120 s (connect) and about 30 min (exec), so a dead peer would
+    surface as a raw HCCL error or not at all within ``--timeout``. Both are set a little above
+    ``--timeout`` (cpsim's poll names the peer first) and clamped to the ranges CANN accepts;
+    the exec value is rounded up to a multiple of 68 because HCCL rounds it down to one.
+    """
+    environ = os.environ if environ is None else environ
+    want = math.ceil(timeout_s) + HCCL_MARGIN_S
+    lo, hi = HCCL_CONNECT_RANGE
+    out = {"HCCL_CONNECT_TIMEOUT": str(min(max(want, lo), hi))}
+    lo, hi = HCCL_EXEC_RANGE
+    out["HCCL_EXEC_TIMEOUT"] = str(min(max(math.ceil(want / 68) * 68, lo), hi // 68 * 68))
+    return {k: v for k, v in out.items() if not environ.get(k, "").strip()}
+
+
+def check_timeout(timeout_s: float) -> None:
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ConfigError("--timeout", f"must be a finite number of seconds > 0, got {timeout_s:g}")
 
 
 # ---- the communicator --------------------------------------------------------------
@@ -190,8 +289,9 @@ class Comm:
     @staticmethod
     def init(env: Env, dev: DeviceChoice, timeout_s: float) -> "Comm":
         import torch.distributed as dist
-        if timeout_s <= 0:
-            raise ConfigError("--timeout", f"must be > 0 seconds, got {timeout_s:g}")
+        check_timeout(timeout_s)
+        if dev.backend == "hccl":
+            os.environ.update(hccl_env(timeout_s))
         c = Comm(env, dev, timeout_s)
         try:
             dist.init_process_group(dev.backend, timeout=timedelta(seconds=timeout_s))
@@ -199,14 +299,37 @@ class Comm:
             raise DistError(f"rank {env.rank}: init_process_group({dev.backend}) did not complete within "
                             f"{timeout_s:g} s: {e}") from e
         c.store = dist.distributed_c10d._get_default_store()
-        # Object traffic and fingerprints always go through gloo on the host.
-        c.ctrl = None if dev.backend == "gloo" else dist.new_group(backend="gloo",
-                                                                   timeout=timedelta(seconds=timeout_s))
         c.state("started")
         c.store.add(f"cpsim/hb/{c.rank}", 1)
         threading.Thread(target=c._beat, name="cpsim-heartbeat", daemon=True).start()
         signal.signal(signal.SIGTERM, _on_sigterm)
+        # Object traffic and fingerprints always go through gloo on the host.
+        c.ctrl = None if dev.backend == "gloo" else c._new_group(None, "the host (gloo) group", backend="gloo")
+        c.warm_up(None, c.world, "the default process group")
+        if c.ctrl is not None:
+            c.warm_up(c.ctrl, c.world, "the host (gloo) group", ctrl=True)
         return c
+
+    def _new_group(self, ranks: list[int] | None, what: str, **kw):
+        """``dist.new_group`` bounded by --timeout, a failure naming the missing peers."""
+        import torch.distributed as dist
+        self._enter(f"creating {what}")
+        try:
+            pg = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout_s), **kw)
+        except Exception as e:
+            raise PeerFailure(f"creating {what} failed ({type(e).__name__}); {self.diagnose()}") from e
+        self.state(f"past creating {what}")
+        return pg
+
+    def warm_up(self, group, size: int, what: str, ctrl: bool = False) -> None:
+        """One small bounded collective right after a group is created.
+
+        HCCL and NCCL build their communicators lazily inside the first collective; doing it
+        here, polled like every collective, turns a missing or dead peer into a named peer
+        failure within --timeout instead of a raw communicator error (or a 120 s HCCL wait)
+        in the middle of the first real exchange.
+        """
+        self.all_gather(torch.tensor([self.rank], dtype=torch.int64), group, size, f"warm-up of {what}", ctrl=ctrl)
 
     def _beat(self) -> None:
         key = f"cpsim/hb/{self.rank}"
@@ -215,12 +338,6 @@ class Comm:
                 self.store.add(key, 1)
         except Exception as e:  # the store went away: the peers will see this rank as silent
             self._beat_error = e
-
-    def close(self) -> None:
-        import torch.distributed as dist
-        self.state("done")
-        self._stop.set()
-        dist.destroy_process_group()
 
     # -- store protocol
     def state(self, text: str) -> None:
@@ -244,12 +361,15 @@ class Comm:
         return state.split(":")[0] in FINAL
 
     def _check_peers(self) -> None:
-        """Raise PeerFailure if a peer reported a failure or its heartbeat went silent."""
+        """Raise PeerFailure if a peer reported a failure, was terminated, or its heartbeat went silent."""
         states = self.states()
         now = time.monotonic()
         for r, st in states.items():
-            if r != self.rank and st.split(":")[0] in ("failed", "aborted"):
+            if r != self.rank and st.split(":")[0] == "failed":
                 raise PeerFailure(f"rank {r} {st}")
+        if any(r != self.rank and st.split(":")[0] in ("aborted", "terminated") for r, st in states.items()):
+            # A peer stopped or was stopped: name what is behind it (a failed or dead rank) if anything.
+            raise PeerFailure(self.diagnose())
         for r, n in self._beats().items():
             last = self._seen.get(r)
             if last is None or last[0] != n:
@@ -258,19 +378,42 @@ class Comm:
                 raise PeerFailure(f"rank {r} is gone: no heartbeat for {now - last[1]:.0f} s "
                                   f"(last state: {states[r]!r})")
 
+    def _alive(self, r: int) -> bool:
+        """Whether rank ``r``'s heartbeat moved within the staleness window (as last polled)."""
+        last = self._seen.get(r)
+        return last is not None and time.monotonic() - last[1] <= self.stale_s
+
+    def _causes(self, window_s: float = 3.0) -> dict[str, list]:
+        """What the peers are doing, watched for ``window_s``: failed, died, terminated, aborted, alive."""
+        b0 = self._beats()
+        time.sleep(window_s)
+        b1 = self._beats()
+        states = self.states()
+        others = [r for r in range(self.world) if r != self.rank]
+
+        def named(prefix):
+            return [f"rank {r} {states[r]}" for r in others if states[r].startswith(prefix)]
+        return {
+            "failed": named("failed"),
+            "dead": [f"rank {r} died (no heartbeat; last state: {states[r]!r})" for r in others
+                     if b0[r] == b1[r] and not self._final(states[r])],
+            "killed": named("terminated"),
+            "aborted": named("aborted"),
+            "alive": [r for r in others if b0[r] != b1[r]],
+        }
+
+    @staticmethod
+    def _explain(c: dict[str, list]) -> str:
+        if c["failed"] or c["dead"]:
+            return "; ".join(c["failed"] + c["dead"])
+        return "; ".join(c["killed"] + c["aborted"]) or "no other rank failed: the job was stopped from outside"
+
     def diagnose(self, window_s: float = 3.0) -> str:
-        """Name the ranks that are gone: not finished and silent for ``window_s``."""
+        """Name the ranks behind a stop: failed, died (silent for ``window_s``), terminated, in that order."""
         try:
-            b0 = self._beats()
-            time.sleep(window_s)
-            b1 = self._beats()
-            states = self.states()
+            return self._explain(self._causes(window_s))
         except Exception as e:
             return f"the rendezvous store is unreachable ({type(e).__name__}: {e})"
-        failed = [f"rank {r} {st}" for r, st in states.items() if r != self.rank and st.startswith("failed")]
-        dead = [r for r in range(self.world) if r != self.rank and b0[r] == b1[r] and not self._final(states[r])]
-        parts = failed + [f"rank {r} died (no heartbeat; last state: {states[r]!r})" for r in dead]
-        return "; ".join(parts) or "no rank is missing: the launcher stopped the job"
 
     # -- collectives
     def _wait(self, work, what: str) -> None:
@@ -279,20 +422,41 @@ class Comm:
         while not work.is_completed():
             now = time.monotonic()
             if now - start > self.timeout_s:
-                seqs, states = self._seqs(), self.states()
-                late = [r for r, n in seqs.items() if n < self.seq]
-                names = ", ".join(f"rank {r} (last state: {states[r]!r})" for r in late) or "none (all arrived)"
-                raise PeerFailure(f"{what} did not complete within {self.timeout_s:g} s; "
-                                  f"ranks that never reached it: {names}")
+                self._check_peers()  # a peer that failed or died is the better name
+                raise PeerFailure(self._late(what))
             if now - last_check > 0.5:
                 last_check = now
                 self._check_peers()
             time.sleep(0.005 if now - start < 0.2 else 0.05)
         try:
             work.wait()
-        except Exception as e:  # a peer's socket closed: find out which peer
-            raise PeerFailure(f"{what} failed ({type(e).__name__}); {self.diagnose()}") from e
+        except Exception as e:  # a peer's socket closed, or the backend's own timeout: find out which peer
+            raise PeerFailure(self._why_failed(what, e)) from e
         self.state(f"past {what}")
+
+    def _why_failed(self, what: str, e: Exception) -> str:
+        """A collective ended in an error: a failed or dead peer first, else the ranks that never reached it."""
+        try:
+            c = self._causes()
+            if not (c["failed"] or c["dead"]) and any(n < self.seq for n in self._seqs().values()):
+                return self._late(what, alive=set(c["alive"]))
+            return f"{what} failed ({type(e).__name__}); {self._explain(c)}"
+        except Exception as e2:
+            return f"{what} failed ({type(e).__name__}); the rendezvous store is unreachable ({e2})"
+
+    def _late(self, what: str, alive: set[int] | None = None) -> str:
+        """Name the ranks that never reached ``what``: slow (heartbeat alive) or silent."""
+        seqs, states = self._seqs(), self.states()
+        late = [r for r, n in seqs.items() if n < self.seq]
+        if not late:
+            return f"{what} did not complete within {self.timeout_s:g} s although every rank reached it"
+        parts = []
+        for r in late:
+            up = self._alive(r) if alive is None else r in alive
+            how = "its heartbeat is alive" if up else "its heartbeat is silent"
+            parts.append(f"rank {r} did not reach {what} within {self.timeout_s:g} s; {how} "
+                         f"(last state: {states[r]!r})")
+        return "; ".join(parts)
 
     def _enter(self, what: str) -> None:
         self.seq += 1
@@ -329,46 +493,79 @@ class Comm:
         """(replica index, process group) of this rank for CP groups of ``size`` consecutive ranks.
 
         Every rank creates every group, in the same order (``new_group`` is collective).
-        Ranks past the last full group get (-1, None).
+        Ranks past the last full group get (-1, None). A new group is warmed up at once (see ``warm_up``).
         """
-        import torch.distributed as dist
         if size not in self._groups:
             mine: tuple[int, object | None] = (-1, None)
             for g in range(self.world // size):
                 ranks = list(range(g * size, (g + 1) * size))
-                pg = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout_s)) if size > 1 else None
+                pg = self._new_group(ranks, f"CP group {g} of size {size}") if size > 1 else None
                 if self.rank in ranks:
                     mine = (g, pg)
+            if mine[1] is not None:
+                if os.environ.get("CPSIM_TEST_WARMUP_EXIT_RANK", "").strip() == str(self.rank):
+                    print(f"[rank {self.rank}] test hook CPSIM_TEST_WARMUP_EXIT_RANK: exiting before the warm-up",
+                          file=sys.stderr, flush=True)
+                    os._exit(3)
+                self.warm_up(mine[1], size, f"CP group {mine[0]} of size {size}")
+            elif size > 1:  # idle rank: count the warm-up the others do, so the seq numbers stay in step
+                self.seq += 1
+                self.store.set(f"cpsim/seq/{self.rank}", str(self.seq))
             self._groups[size] = mine
         return self._groups[size]
 
     # -- stopping
     def fail(self, exc: BaseException) -> int:
-        """Report this rank's failure to the others, print it, and end the process (never returns)."""
+        """Report this rank's failure to the others, print it, and end the process (never returns).
+
+        A rank that failed or was terminated lingers (bounded) until the peers have read it, so they
+        name it from its state instead of from torchrun's SIGTERM; either way the state stays in the
+        agent's store, which outlives the workers.
+        """
         err = sys.stderr
+        # This rank is ending already (bounded): a later SIGTERM, e.g. the launcher's once a peer
+        # left, must not cut short the message or the linger.
+        signal.signal(signal.SIGTERM, lambda *_: None)
         if isinstance(exc, Terminated) or _TERMINATED.is_set():
-            self._safe_state("terminated")
-            msg = f"[rank {self.rank}] terminated by the launcher: {self.diagnose()}"
+            self._safe_state(f"terminated: SIGTERM while {self._own_state()!r}")
+            msg = f"[rank {self.rank}] terminated by SIGTERM: {self.diagnose()}"
         elif isinstance(exc, PeerFailure):
             self._safe_state(f"aborted: {exc}")
             msg = f"[rank {self.rank}] stopping: {exc}"
         elif isinstance(exc, (ConfigError, DistError)):  # a usage problem: the message says it all
             self._safe_state(f"failed: {exc}")
-            _record(exc)
-            self._linger()
             msg = f"[rank {self.rank}] failed: {exc}"
         else:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             print(f"[rank {self.rank}] raised on {socket.gethostname()} (pid {os.getpid()}):\n{text}",
                   file=err, end="", flush=True)
             self._safe_state(f"failed: {type(exc).__name__}: {exc}")
-            _record(exc)
-            self._linger()
             msg = f"[rank {self.rank}] failed: {type(exc).__name__}: {exc}"
         print(msg, file=err, flush=True)
-        sys.stdout.flush()
-        # A process group with a collective in flight can block in its destructor: leave now.
-        os._exit(1)
+        _record(DistError(msg))
+        if not isinstance(exc, PeerFailure):  # a stopping peer's reason stays in the store for the rest
+            self._linger()
+        _leave(1)
+
+    def _own_state(self) -> str:
+        try:
+            return self.states()[self.rank]
+        except Exception:  # the store is gone
+            return "unknown"
+
+    def finish(self, code: int) -> int:
+        """Agree on the exit code after rank 0 has written every output, then leave together (never returns).
+
+        The collective is the job's last barrier: no rank can exit before rank 0 has reached it,
+        that is before the report and every --json/--junit/--html file are written. A rank that
+        leaves first makes torchrun SIGTERM the others; past this point that signal just ends
+        them with the agreed code.
+        """
+        agreed = int(self.all_gather(torch.tensor([code]), what="exit code", ctrl=True).max())
+        _AGREED.append(agreed)
+        self._safe_state("done")
+        self._stop.set()
+        _leave(agreed)
 
     def _safe_state(self, text: str) -> None:
         try:
@@ -376,12 +573,25 @@ class Comm:
         except Exception as e:  # the store is gone: nothing left to tell the peers
             print(f"[rank {self.rank}] could not report {text!r}: {e}", file=sys.stderr)
 
-    def _linger(self, limit_s: float = 10.0) -> None:
-        """Give the peers time to read this rank's failure before the launcher kills them."""
+    def _linger(self, limit_s: float = 10.0, silent_s: float = 2.0) -> None:
+        """Give the peers time to read this rank's ending before it exits (the launcher then stops them).
+
+        Waits until every peer has ended (a final state) or is gone (heartbeat silent for ``silent_s``).
+        """
         end = time.monotonic() + min(limit_s, self.timeout_s)
+        seen: dict[int, tuple[int, float]] = {}
         try:
             while time.monotonic() < end:
-                if all(self._final(st) for r, st in self.states().items() if r != self.rank):
+                now, states, beats = time.monotonic(), self.states(), self._beats()
+                waiting = False
+                for r in range(self.world):
+                    if r == self.rank or self._final(states[r]):
+                        continue
+                    if r not in seen or seen[r][0] != beats[r]:
+                        seen[r] = (beats[r], now)
+                    if now - seen[r][1] < silent_s:
+                        waiting = True
+                if not waiting:
                     return
                 time.sleep(0.2)
         except Exception:  # the store is gone, so are the peers

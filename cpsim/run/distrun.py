@@ -10,7 +10,8 @@ Test hooks (environment variables, read on every rank; used by tests/test_dist.p
 ``CPSIM_TEST_EXIT_RANK=r`` rank r exits abruptly after the fingerprint check;
 ``CPSIM_TEST_RAISE_RANK=r`` rank r raises inside its first path;
 ``CPSIM_TEST_SEED_RANK=r`` rank r builds its scenario with a different seed;
-``CPSIM_TEST_FAULT_RANK=r`` rank r runs the kernels with ``CPSIM_TEST_FAULT`` fault bits (default 1).
+``CPSIM_TEST_FAULT_RANK=r`` rank r runs the kernels with ``CPSIM_TEST_FAULT`` fault bits (default 1);
+``CPSIM_TEST_WARMUP_EXIT_RANK=r`` rank r exits just before warming up its CP group (read in ``cpsim.run.dist``).
 """
 
 from __future__ import annotations
@@ -236,7 +237,9 @@ def rank_info(comm) -> RankInfo:
 def execute(args, entries: list[Entry], report: Callable, progress: Callable | None = None) -> int:
     """Run ``entries`` on this rank of a torchrun job; ``report(results, infos) -> code`` runs on rank 0.
 
-    Every rank returns the same exit code. Failures never return: ``Comm.fail`` ends the process.
+    Never returns: every rank ends the process with the exit code the ranks agree on once rank 0
+    has written its outputs (``Comm.finish``), or with 1 on a failure (``Comm.fail``), so torchrun
+    cannot stop rank 0 mid-report because another rank left first.
     """
     from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -259,12 +262,15 @@ def _execute(args, entries, report, progress) -> int:
                 progress(i, entry)
         infos = comm.all_gather_objects(rank_info(comm), "rank info")
         code = report(results, infos) if comm.rank == 0 else 0
-        # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
-        code = int(comm.all_gather(torch.tensor([code]), what="exit code", ctrl=True).max())
+        if comm.rank == 0:
+            sys.stdout.flush()
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
         comm.fail(e)
-    comm.close()
-    return code
+    # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
+    try:
+        comm.finish(code)
+    except BaseException as e:  # noqa: BLE001
+        comm.fail(e)
 
 
 # ---- what rank 0 prints and writes ------------------------------------------------
