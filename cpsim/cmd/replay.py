@@ -23,13 +23,16 @@ from cpsim.plugin.kernel_under_test import to_record
 def register(sub) -> None:
     p = sub.add_parser("replay", help="rerun a repro file written by `cpsim fuzz` (virtual world or torchrun)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json")
+    p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json, a capture (directory of rank*.cpcap, "
+                                                "docs/CAPTURE.md) or an explicit batch (.npz/.json)")
     add_kernel_args(p)
     add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the report and the violation summary as JSON")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
                                                    "when the scenario is small enough to draw)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line")
+    p.add_argument("--shrink", metavar="OUT", help="capture/explicit batch: write the smallest explicit batch "
+                                                    "that still fails the first failing step to OUT (.npz/.json)")
     p.set_defaults(func=main)
 
 
@@ -43,6 +46,9 @@ def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]
 
 
 def main(args) -> int:
+    from cpsim.capture import replay as capture_replay
+    if capture_replay.is_replayable(args.file):
+        return capture_replay.main(args)
     r = fz.load_repro(args.file)
     if launched_by_torchrun():
         return main_torchrun(args, r)
