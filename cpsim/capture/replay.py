@@ -177,7 +177,10 @@ def main(args, console: Console | None = None) -> int:
             from cpsim.report.html import write_checked
             write_checked(args.html, out.scenario, out.gathered, out.verdicts, extra)
         return 1
-    console.print(f"[bold green]{checked} step(s) checked; all invariants hold[/bold green]")
+    how = "rerun through " + ", ".join(f"{p}: {getattr(k, 'spec', k)}" for p, k in kernels.items()) \
+        if kernels else "given outputs (steps without outputs: builtin kernel rerun)"
+    console.print(f"[bold green]{checked} step(s) checked ({escape(how)}); all invariants hold[/bold green]",
+                  highlight=False)
     if args.json:
         report.write_json(args.json, {"passed": True, "steps_checked": checked})
     return 0

@@ -20,12 +20,15 @@ from cpsim.run.world import knobs_for
 from cpsim.scenario import Scenario
 
 
-def run(steps: list[Scenario], directory: str | Path, paths=("v1", "v2"), knobs: Knobs = Knobs(),
+def run(scenarios: list[Scenario], directory: str | Path, paths=("v1", "v2"), knobs: Knobs = Knobs(),
         inject_rank: int | None = None, fault_steps: set[int] | None = None, meta: dict | None = None,
-        device: str = "cpu") -> cap.Recorder:
-    """Run ``steps`` (one scenario each) on every rank under capture; the fault only on ``fault_steps`` if given."""
-    with cap.capture(directory, meta=meta) as rec:
-        for n, s in enumerate(steps):
+        device: str = "cpu", **policy) -> cap.Recorder:
+    """Run ``scenarios`` (one step each) on every rank under capture; the fault only on ``fault_steps`` if given.
+
+    ``policy``: ``every``, ``steps`` (``"a..b"``), ``budget`` as for :func:`cpsim.capture.capture`.
+    """
+    with cap.capture(directory, meta=meta, **policy) as rec:
+        for n, s in enumerate(scenarios):
             k = knobs if fault_steps is None or n in fault_steps else Knobs(kernel_design=knobs.kernel_design)
             for r in range(s.cp.world):
                 allocs = allocate_rank(s, r)

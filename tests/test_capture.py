@@ -1,0 +1,227 @@
+"""Capture and replay with real Triton launches (interpreter), explicit batches, shrinking.
+
+The capture runs cpsim's own kernels on every rank of a virtual world through
+cpsim.capture's kernel wrapper; a fault is compiled into one rank's kernel at
+one step. Expected locations (step, rank, first bad token) follow from the
+scenario: 9 + 1 + 5 = 15 scheduled tokens, padded to 20, so the first entry a
+stale-tail kernel leaves unwritten is index 15.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cpsim import capture as cap
+from cpsim import kernels
+from cpsim.capture import batch as xb
+from cpsim.capture import load, simulate
+from cpsim.cli import main
+from cpsim.paths import Knobs
+from cpsim.scenario import Batch, CPConfig, KVGroup, Limits, Request, Scenario, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "docs" / "examples"
+STALE_TAIL = Knobs(kernel_fault=kernels.FAULT_STALE_TAIL)
+
+
+def _step(seed: int) -> Scenario:
+    return validate(Scenario(
+        "cap", CPConfig(dcp=2, interleave=4),
+        (KVGroup("attn", "attention", 16, 8, num_blocks=64),
+         KVGroup("swa", "sliding_window", 8, cp_sharded=False, num_blocks=16),
+         KVGroup("mamba", "mamba", 16, cp_sharded=False, num_blocks=8)),
+        Limits(max_model_len=256, max_num_reqs=4, max_num_batched_tokens=64),
+        Batch((Request(3, 9), Request(40, 1), Request(0, 5)), (), 20), seed=seed))
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory) -> Path:
+    """3 steps, v1 + v2, stale-tail compiled into rank 1's kernels at step 1 only."""
+    d = tmp_path_factory.mktemp("cap") / "faulty"
+    simulate.run([_step(i) for i in range(3)], d, knobs=STALE_TAIL, inject_rank=1, fault_steps={1})
+    return d
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("cap") / "clean"
+    simulate.run([_step(i) for i in range(3)], d)
+    return d
+
+
+def _replay(*args: str, tmp_path: Path) -> tuple[int, dict]:
+    out = tmp_path / "r.json"
+    rc = main(["replay", *map(str, args), "--quiet", "--json", str(out)])
+    return rc, json.loads(out.read_text()) if out.exists() else {}
+
+
+# ---- capture + replay --------------------------------------------------------
+
+def test_one_file_per_rank_with_every_launch(faulty):
+    assert sorted(p.name for p in faulty.iterdir()) == ["rank0.cpcap", "rank1.cpcap"]
+    c = load.open_capture(faulty)
+    assert sorted(c.index) == [0, 1, 2]
+    # v1: attention + sliding window (mamba is not launched), v2: one launch
+    assert [len(c.index[s][r]) for s in range(3) for r in (0, 1)] == [3] * 6
+
+
+def test_replay_names_step_rank_group_token_of_the_injected_fault(faulty, tmp_path):
+    rc, rep = _replay(faulty, tmp_path=tmp_path)
+    assert rc == 1
+    first = rep["first_violation"]
+    assert rep["capture"]["step"] == 1 and rep["capture"]["unit"] == "v1"
+    assert (first["invariant"], first["rank"], first["group"], first["token"]) == ("padding", 1, "g0", 15)
+    failed = {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"}
+    assert failed == {"padding", "matches-reference"}
+    assert rep["steps_checked"] == 3  # step 0 (v1, v2) clean, step 1 v1 breaks
+
+
+def test_clean_capture_replays_clean(clean, tmp_path):
+    rc, rep = _replay(clean, tmp_path=tmp_path)
+    assert rc == 0 and rep == {"passed": True, "steps_checked": 6}
+
+
+def test_fault_on_the_v2_launch_only(tmp_path):
+    d = tmp_path / "v2"
+    simulate.run([_step(i) for i in range(3)], d, paths=("v2",), knobs=STALE_TAIL, inject_rank=0, fault_steps={2})
+    rc, rep = _replay(d, tmp_path=tmp_path)
+    assert rc == 1
+    assert (rep["capture"]["step"], rep["capture"]["unit"]) == (2, "v2#0")
+    assert (rep["first_violation"]["rank"], rep["first_violation"]["token"]) == (0, 15)
+
+
+def test_rerun_through_a_fixed_kernel_passes_and_reports_the_difference(faulty, tmp_path, capsys):
+    rc = main(["replay", str(faulty), "--kernel-v1", "builtin", "--kernel-v2", "builtin", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    # rank 1 left 5 tail entries of each of 2 v1 groups (and of 3 v2 groups) unwritten
+    assert "differ from the captured ones in 10" in out.replace("\n", " ")
+    assert "in 15" in out.replace("\n", " ")
+
+
+def test_shrink_writes_a_smaller_repro_that_fails_the_same_way(faulty, tmp_path):
+    small = tmp_path / "small.npz"
+    rc, _ = _replay(faulty, "--shrink", small, tmp_path=tmp_path)
+    assert rc == 1 and small.exists()
+    s = xb.load(small)
+    assert s.ranks[0].num_scheduled < 15 and len(s.groups) == 1
+    rc2, rep = _replay(small, tmp_path=tmp_path)
+    assert rc2 == 1 and rep["first_violation"]["invariant"] == "padding"
+    assert rep["first_violation"]["rank"] == 1
+
+
+def test_capture_does_not_change_what_the_kernel_computes(tmp_path):
+    from cpsim.allocator import allocate_rank
+    from cpsim.paths import run_path
+    s = _step(5)
+    allocs = allocate_rank(s, 1)
+    plain = run_path("v2", s, allocs, 1).slots
+    with cap.capture(tmp_path / "c") as rec:
+        with rec.step(0, rank=1):
+            captured = run_path("v2", s, allocs, 1).slots
+    assert rec.records == 1
+    assert (plain == captured).all()
+    # and the recorded output is what the kernel wrote
+    c = load.open_capture(tmp_path / "c")
+    out = c.index[0][1][0].array("slot_mappings_ptr")
+    assert np.array_equal(out, plain.numpy())
+
+
+def test_policy_every_steps_and_budget(tmp_path):
+    steps = [_step(i) for i in range(4)]
+    rec = simulate.run(steps, tmp_path / "every", paths=("v2",), every=2)
+    assert sorted(load.open_capture(tmp_path / "every").index) == [0, 2]
+    simulate.run(steps, tmp_path / "range", paths=("v2",), steps="1..2")
+    assert sorted(load.open_capture(tmp_path / "range").index) == [1, 2]
+    rec = simulate.run(steps, tmp_path / "budget", paths=("v2",), budget=20_000)
+    c = load.open_capture(tmp_path / "budget")
+    assert rec.records < 8 and c.truncated and rec.bytes <= 20_000
+
+
+def test_capture_off_wraps_nothing():
+    import cpsim.kernels.triton_v2 as tv2
+    before = tv2._compute_slot_mappings_kernel
+    assert cap.install({}) is None
+    assert tv2._compute_slot_mappings_kernel is before and cap.active() is None
+
+
+def test_env_switch_in_a_fresh_process(tmp_path):
+    """CPSIM_CAPTURE + install() before the kernel module is imported (the sitecustomize recipe)."""
+    code = ("import cpsim.capture as c; c.install()\n"
+            "from cpsim.faults.catalogue import _stale_tail\n"
+            "from cpsim.faults.detect import run\n"
+            "run(_stale_tail(), paths=('v1',))\n")
+    env = dict(os.environ, CPSIM_CAPTURE=str(tmp_path / "env"), CPSIM_CAPTURE_RANK="0", TRITON_INTERPRET="1",
+               PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
+    c = load.open_capture(tmp_path / "env")
+    assert list(c.index) == [0] and len(c.index[0][0]) == 1
+    assert main(["replay", str(tmp_path / "env"), "--quiet"]) == 0
+
+
+# ---- explicit batches ----------------------------------------------------------
+
+def test_shuffled_positions_example_checks_clean():
+    s = xb.load(EXAMPLES / "explicit-shuffled-positions.json")
+    assert s.ranks[0].positions[:8].tolist() == [5, 2, 7, 0, 3, 6, 1, 4]
+    assert main(["replay", str(EXAMPLES / "explicit-shuffled-positions.json"), "--quiet"]) == 0
+
+
+def test_shuffled_positions_with_two_slots_swapped_fail(tmp_path):
+    data = json.loads((EXAMPLES / "explicit-shuffled-positions.json").read_text())
+    row = data["arrays"]["r0/slots"][0]
+    row[1], row[3] = row[3], row[1]  # positions 2 and 0 trade slots on rank 0
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    rc, rep = _replay(bad, tmp_path=tmp_path)
+    assert rc == 1
+    failed = {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"}
+    assert {"dense-local", "matches-reference"} <= failed
+    assert rep["first_violation"]["rank"] == 0 and rep["first_violation"]["token"] in (1, 3)
+
+
+def test_spec_decode_example_runs_a_kernel_on_the_inputs(tmp_path):
+    rc, rep = _replay(EXAMPLES / "explicit-spec-decode-padded.json", tmp_path=tmp_path)
+    assert rc == 0 and rep["steps_checked"] == 1
+
+
+def test_explicit_batch_round_trips_through_npz(tmp_path):
+    s = xb.load(EXAMPLES / "explicit-shuffled-positions.json")
+    xb.save(s, tmp_path / "x.npz")
+    t = xb.load(tmp_path / "x.npz")
+    assert np.array_equal(t.ranks[1].slots, s.ranks[1].slots) and t.groups == s.groups
+    assert np.load(tmp_path / "x.npz")["r1/g0/table"].tolist() == [[2, 6]]  # a plain .npz for numpy
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["ranks"].pop(), "ranks"),
+    (lambda d: d["arrays"].update({"query_start_loc": [0, 9]}), "positions"),
+    (lambda d: d["arrays"].update({"query_start_loc": [0, 5, 3]}), "query_start_loc"),
+    (lambda d: d["arrays"].update({"r1/g0/table": [[2, 99]]}), "table"),
+    (lambda d: d["arrays"].update({"idx_mapping": [1]}), "table"),
+    (lambda d: d["arrays"].update({"r0/slots": [[1, 2]], "r1/slots": [[1, 2], [3, 4]]}), "slots"),
+])
+def test_bad_explicit_batches_exit_2(tmp_path, capsys, edit, field):
+    data = json.loads((EXAMPLES / "explicit-shuffled-positions.json").read_text())
+    edit(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    assert main(["replay", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert field in err and "Traceback" not in err
+
+
+def test_capture_with_a_missing_rank_file_exits_2(faulty, tmp_path, capsys):
+    d = tmp_path / "one"
+    d.mkdir()
+    shutil.copy(faulty / "rank0.cpcap", d)
+    assert main(["replay", str(d)]) == 2
+    assert "rank(s) [1]" in capsys.readouterr().err
