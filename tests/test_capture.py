@@ -225,3 +225,25 @@ def test_capture_with_a_missing_rank_file_exits_2(faulty, tmp_path, capsys):
     shutil.copy(faulty / "rank0.cpcap", d)
     assert main(["replay", str(d)]) == 2
     assert "rank(s) [1]" in capsys.readouterr().err
+
+
+# ---- torchrun (gloo, one process per rank) ----------------------------------------
+
+@pytest.mark.dist
+def test_capture_under_torchrun_via_sitecustomize(tmp_path):
+    """The documented recipe: sitecustomize.py calls install(); each torchrun rank writes its own file."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import cpsim.capture; cpsim.capture.install()\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PY=sys.executable, PYTHONPATH=f"{site}:{ROOT}", TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               CPSIM_CAPTURE=str(tmp_path / "cap"))
+    run = subprocess.run([str(ROOT / "launch" / "cpu-sim.sh"), "2", "--dcp", "2", "--inject", "stale-tail",
+                          "--inject-on-rank", "1", "--paths", "v1,v2", "--timeout", "120", "--quiet"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]  # the run itself sees the fault
+    assert sorted(p.name for p in (tmp_path / "cap").iterdir()) == ["rank0.cpcap", "rank1.cpcap"]
+    rc, rep = _replay(tmp_path / "cap", tmp_path=tmp_path)
+    assert rc == 1
+    assert rep["first_violation"]["rank"] == 1 and rep["first_violation"]["invariant"] == "padding"
