@@ -140,6 +140,11 @@ def main(args, console: Console | None = None) -> int:
 
     from cpsim.report import report
 
+    if "OMP_NUM_THREADS" not in os.environ:
+        # One intra-op thread: on a shared 2-core box two threads made the 1M x 8 x 4 check 8x slower
+        # (docs/BENCHMARKS.md, capture replay); OMP_NUM_THREADS overrides.
+        import torch
+        torch.set_num_threads(1)
     quiet_rank = os.environ.get("RANK", "0") not in ("", "0")  # under torchrun only rank 0 speaks
     console = console or Console(quiet=quiet_rank)
     kernels = _kernels(args)
