@@ -247,3 +247,24 @@ def test_capture_under_torchrun_via_sitecustomize(tmp_path):
     rc, rep = _replay(tmp_path / "cap", tmp_path=tmp_path)
     assert rc == 1
     assert rep["first_violation"]["rank"] == 1 and rep["first_violation"]["invariant"] == "padding"
+
+
+def test_draw_a_captured_step(faulty, tmp_path):
+    out = tmp_path / "step.png"
+    assert main(["draw", "--capture", str(faulty), "--out", str(out), "--quiet"]) == 1  # the failing step
+    assert out.stat().st_size > 10_000
+    assert main(["draw", "--capture", str(faulty), "--step", "0", "--out", str(out), "--quiet"]) == 0
+
+
+def test_a_second_owner_is_named_by_rank(tmp_path):
+    """short-request-rank on rank 1: a request of 3 tokens (< I = 4) is all rank 0's, rank 1 maps one anyway."""
+    s = validate(Scenario("short", CPConfig(dcp=2, interleave=4), (KVGroup("attn", "attention", 16, 8, num_blocks=64),),
+                          Limits(max_model_len=256, max_num_reqs=4, max_num_batched_tokens=64),
+                          Batch((Request(21, 9), Request(0, 3)), (), 0)))
+    simulate.run([s], tmp_path / "c", paths=("v1",), knobs=Knobs(kernel_fault=kernels.FAULT_SHORT_REQ),
+                 inject_rank=1)
+    rc, rep = _replay(tmp_path / "c", tmp_path=tmp_path)
+    assert rc == 1
+    f = rep["first_violation"]
+    assert (f["rank"], f["token"], f["request"], f["position"]) == (1, 9, 1, 0)
+    assert {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"} >= {"exactly-one-owner"}

@@ -67,20 +67,22 @@ def _token(step: ExplicitStep, request: int | None, position: int | None) -> int
 
 
 def first_finding(step: ExplicitStep, gathered: dict, verdicts: list[coordinator.Verdict]) -> Finding | None:
-    for v in verdicts:
-        for vio in v.violations:
-            ex = vio.examples[0] if vio.examples else None
-            rank = ex.rank if ex and ex.rank is not None else (vio.ranks[0] if vio.ranks else None)
-            token = _token(step, ex.request, ex.position) if ex else None
-            if token is None and vio.invariant == "padding" and rank is not None and vio.path in gathered:
-                gi = [g.name for g in step.groups].index(vio.group)
-                n = step.ranks[0].num_scheduled
-                row = gathered[vio.path].slots[rank, gi, n:]
-                bad = (row != PAD_SLOT_ID).nonzero().flatten()
-                token = n + int(bad[0]) if len(bad) else None
-            return Finding(vio.invariant, vio.path, vio.group, rank, token, ex.request if ex else None,
-                           ex.position if ex else None, ex.expected if ex else "-", ex.actual if ex else "-",
-                           vio.message)
+    """The first violation that names a rank (the one to look at), else the first one."""
+    vios = [vio for v in verdicts for vio in v.violations]
+    named = [vio for vio in vios if vio.ranks or any(e.rank is not None for e in vio.examples)]
+    for vio in named[:1] or vios[:1]:
+        ex = vio.examples[0] if vio.examples else None
+        rank = ex.rank if ex and ex.rank is not None else (vio.ranks[0] if vio.ranks else None)
+        token = _token(step, ex.request, ex.position) if ex else None
+        if token is None and vio.invariant == "padding" and rank is not None and vio.path in gathered:
+            gi = [g.name for g in step.groups].index(vio.group)
+            n = step.ranks[0].num_scheduled
+            row = gathered[vio.path].slots[rank, gi, n:]
+            bad = (row != PAD_SLOT_ID).nonzero().flatten()
+            token = n + int(bad[0]) if len(bad) else None
+        return Finding(vio.invariant, vio.path, vio.group, rank, token, ex.request if ex else None,
+                       ex.position if ex else None, ex.expected if ex else "-", ex.actual if ex else "-",
+                       vio.message)
     return None
 
 

@@ -53,6 +53,15 @@ class TableBlocks:
     def padded(self, width: int | None = None) -> torch.Tensor:
         return self.blocks_ if width is None else self.blocks_[:, :width]
 
+    @property
+    def blocks(self) -> tuple[np.ndarray, ...]:
+        """Each request's row without its trailing null (0) entries, as ``Allocation.blocks`` (for pictures)."""
+        out = []
+        for row in self.blocks_.numpy():
+            nz = np.nonzero(row)[0]
+            out.append(row[: nz[-1] + 1] if nz.size else row[:0])
+        return tuple(out)
+
 
 def request_blocks(step: ExplicitStep, rb: RankBatch, gi: int) -> TableBlocks:
     """[num_reqs, width] physical block ids of each request (kernel-block runs folded back)."""
