@@ -268,3 +268,17 @@ def test_a_second_owner_is_named_by_rank(tmp_path):
     f = rep["first_violation"]
     assert (f["rank"], f["token"], f["request"], f["position"]) == (1, 9, 1, 0)
     assert {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"} >= {"exactly-one-owner"}
+
+
+def test_env_policy_values_are_validated():
+    from cpsim.capture.recorder import parse_ranks, policy_from_env
+    from cpsim.errors import ConfigError
+    p = policy_from_env({"CPSIM_CAPTURE_EVERY": "3", "CPSIM_CAPTURE_STEPS": "2..9", "CPSIM_CAPTURE_BUDGET": "2M",
+                         "CPSIM_CAPTURE_RANKS": "0-2,5"})
+    assert (p.every, p.first, p.last, p.budget, p.ranks) == (3, 2, 9, 2 << 20, (0, 1, 2, 5))
+    assert p.wants(3, 5) and not p.wants(3, 4) and not p.wants(4, 0) and not p.wants(12, 0)
+    assert parse_ranks("") is None
+    for env in ({"CPSIM_CAPTURE_EVERY": "0"}, {"CPSIM_CAPTURE_STEPS": "5..2"}, {"CPSIM_CAPTURE_BUDGET": "lots"},
+                {"CPSIM_CAPTURE_RANKS": "3-1"}):
+        with pytest.raises(ConfigError, match=next(iter(env))):
+            policy_from_env(env)

@@ -154,7 +154,8 @@ def install(env=os.environ) -> Recorder | None:
     """The ``CPSIM_CAPTURE=dir`` switch: start capturing for the rest of the process; no-op when unset.
 
     Also read: ``CPSIM_CAPTURE_EVERY``, ``CPSIM_CAPTURE_STEPS`` (``a..b``),
-    ``CPSIM_CAPTURE_BUDGET`` (``512M``), ``CPSIM_CAPTURE_RANK``,
+    ``CPSIM_CAPTURE_BUDGET`` (``512M``), ``CPSIM_CAPTURE_RANK`` (this process's rank when
+    torch.distributed is not initialised), ``CPSIM_CAPTURE_RANKS`` (``0-3``: record these ranks only),
     ``CPSIM_CAPTURE_KERNELS`` (extra ``module:attr``, comma-separated),
     ``CPSIM_CAPTURE_META`` (JSON, see :func:`capture`).
     """

@@ -46,9 +46,22 @@ class Policy:
     first: int = 0                       # steps first..last (inclusive)
     last: int | None = None
     budget: int = 1 << 30                # bytes over all files of this process
+    ranks: tuple[int, ...] | None = None  # record only these ranks (one CP group of a TP x CP world)
 
-    def wants(self, step: int) -> bool:
-        return step >= self.first and (self.last is None or step <= self.last) and step % self.every == 0
+    def wants(self, step: int, rank: int = 0) -> bool:
+        return (step >= self.first and (self.last is None or step <= self.last) and step % self.every == 0
+                and (self.ranks is None or rank in self.ranks))
+
+
+def parse_ranks(text: str, field: str = "CPSIM_CAPTURE_RANKS") -> tuple[int, ...] | None:
+    """``0-3,8`` -> (0, 1, 2, 3, 8); empty -> None (every rank)."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        a, sep, b = part.partition("-")
+        if not a.isdigit() or (sep and not b.isdigit()) or (sep and int(b) < int(a)):
+            raise ConfigError(field, f"{part!r} is not a rank or a range a-b")
+        out += range(int(a), int(b) + 1) if sep else [int(a)]
+    return tuple(out) or None
 
 
 def parse_size(text: str, field: str = "CPSIM_CAPTURE_BUDGET") -> int:
@@ -83,7 +96,7 @@ def policy_from_env(env=os.environ) -> Policy:
         raise ConfigError("CPSIM_CAPTURE_EVERY", f"must be an integer >= 1, got {every!r}")
     first, last = parse_steps(env.get("CPSIM_CAPTURE_STEPS", "0.."))
     budget = parse_size(env.get("CPSIM_CAPTURE_BUDGET", "1G"))
-    return Policy(int(every), first, last, budget)
+    return Policy(int(every), first, last, budget, parse_ranks(env.get("CPSIM_CAPTURE_RANKS", "")))
 
 
 def process_rank() -> int:
@@ -272,7 +285,7 @@ class CapturedKernel:
         step, call = rec._place(rank, (self._name, out.data_ptr() if _is_tensor(out) else id(out)))
         result = launch(*args, **kwargs)
         rec.launches += 1
-        if rec.policy.wants(step):
+        if rec.policy.wants(step, rank):
             g = grid(bound) if callable(grid) else grid
             g = tuple(int(x) for x in (g if isinstance(g, (tuple, list)) else (g,)))
             meta, arrays = self._collect(bound, g)
