@@ -282,3 +282,19 @@ def test_env_policy_values_are_validated():
                 {"CPSIM_CAPTURE_RANKS": "3-1"}):
         with pytest.raises(ConfigError, match=next(iter(env))):
             policy_from_env(env)
+
+
+def test_a_recording_failure_never_breaks_the_launch(tmp_path, capsys):
+    """The kernel's result stands and the process goes on; recording stops with one line on stderr."""
+    from cpsim.allocator import allocate_rank
+    from cpsim.paths import run_path
+    s = _step(7)
+    allocs = allocate_rank(s, 0)
+    plain = run_path("v1", s, allocs, 0).slots
+    with cap.capture(tmp_path / "c") as rec:
+        rec.write = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+        with rec.step(0, rank=0):
+            got = run_path("v1", s, allocs, 0).slots
+    assert (got == plain).all()
+    assert rec.failed == "OSError: disk full" and rec.records == 0
+    assert "recording stopped at step 0 call 0 of rank 0: OSError: disk full" in capsys.readouterr().err

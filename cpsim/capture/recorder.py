@@ -20,6 +20,7 @@ import ctypes
 import json
 import os
 import socket
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -150,6 +151,7 @@ class Recorder:
         self.bytes = 0
         self.launches = 0
         self.records = 0
+        self.failed: str | None = None   # why recording stopped (the kernels keep running unwrapped-equivalent)
         self._scope: tuple[int, int | None] | None = None     # (step, rank) of an explicit step scope
         self._auto: dict[int, tuple[int, set, int]] = {}        # rank -> (step, outputs seen, calls)
         self._calls: dict[tuple[int, int], int] = {}            # (rank, step) -> calls so far
@@ -253,7 +255,7 @@ def _host_tables(ptrs: np.ndarray, strides: np.ndarray, rows: int, device) -> li
                                             "data": (int(ptr), True), "version": 3}
             out.append(torch.as_tensor(_View(), device=device).cpu().numpy())
         else:
-            raise ConfigError("capture", f"cannot read table pointers on device {device} (CPU and CUDA only)")
+            raise ConfigError("capture", f"cannot read v2 table pointers on device {device} yet (CPU and CUDA only)")
     return out
 
 
@@ -285,13 +287,18 @@ class CapturedKernel:
         step, call = rec._place(rank, (self._name, out.data_ptr() if _is_tensor(out) else id(out)))
         result = launch(*args, **kwargs)
         rec.launches += 1
-        if rec.policy.wants(step, rank):
-            g = grid(bound) if callable(grid) else grid
-            g = tuple(int(x) for x in (g if isinstance(g, (tuple, list)) else (g,)))
-            meta, arrays = self._collect(bound, g)
-            meta |= {"kernel": self._name, "family": self._family, "params": self._params, "grid": list(g),
-                     "step": step, "call": call, "rank": rank}
-            rec.write(rank, step, call, meta, arrays)
+        if rec.policy.wants(step, rank) and not rec.failed:
+            try:
+                g = grid(bound) if callable(grid) else grid
+                g = tuple(int(x) for x in (g if isinstance(g, (tuple, list)) else (g,)))
+                meta, arrays = self._collect(bound, g)
+                meta |= {"kernel": self._name, "family": self._family, "params": self._params, "grid": list(g),
+                         "step": step, "call": call, "rank": rank}
+                rec.write(rank, step, call, meta, arrays)
+            except Exception as e:  # noqa: BLE001 - recording must never take the serving process down
+                rec.failed = f"{type(e).__name__}: {e}"
+                print(f"cpsim.capture: recording stopped at step {step} call {call} of rank {rank}: {rec.failed}",
+                      file=sys.stderr)
         return result
 
     def _collect(self, bound: dict[str, Any], grid: tuple[int, ...]) -> tuple[dict, dict[str, np.ndarray]]:
