@@ -298,3 +298,36 @@ def test_a_recording_failure_never_breaks_the_launch(tmp_path, capsys):
     assert (got == plain).all()
     assert rec.failed == "OSError: disk full" and rec.records == 0
     assert "recording stopped at step 0 call 0 of rank 0: OSError: disk full" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path, spec", [
+    ("v1", "tests/kernels/ascend_v1_abi.py:_compute_slot_mapping_kernel"),
+    ("v2", "tests/kernels/ascend_v2_abi.py:_compute_slot_mappings_kernel"),
+    ("v2", "tests/kernels/vllm_v2_abi.py:_compute_slot_mappings_kernel"),
+])
+def test_capture_of_upstream_abis_replays(tmp_path, path, spec):
+    """A kernel with vllm-ascend's / vLLM's argument list, wrapped as a serving process would have it."""
+    from cpsim.allocator import allocate_rank
+    from cpsim.paths import run_path
+    from cpsim.plugin.kernel_under_test import load as load_kernel
+    s = validate(Scenario("abi", CPConfig(dcp=2, interleave=4),
+                          (KVGroup("attn", "attention", 16, 8, num_blocks=64), KVGroup("b8", "attention", 8,
+                                                                                         num_blocks=64)),
+                          Limits(max_model_len=256, max_num_reqs=4, max_num_batched_tokens=64),
+                          Batch((Request(3, 9), Request(40, 1), Request(0, 5)), (2, 0, 3), 20)))
+    k = load_kernel(str(ROOT / spec.split(":")[0]) + ":" + spec.split(":")[1], path)
+    with cap.capture(tmp_path / "c", kernels=()) as rec:
+        k.obj = cap.wrap(k.obj, rec)
+        for r in range(2):
+            with rec.step(0, rank=r):
+                run_path(path, s, allocate_rank(s, r), r, "cpu", Knobs(), k)
+    assert rec.records >= 2
+    rc, rep = _replay(tmp_path / "c", tmp_path=tmp_path)
+    assert rc == 0 and rep["steps_checked"] == 1
+    # the same capture with one slot changed on rank 1 is caught there
+    c = load.open_capture(tmp_path / "c")
+    step = next(load.steps(tmp_path / "c"))
+    step.ranks[1].slots[0, 2] += 1
+    xb.save(step, tmp_path / "bad.npz")
+    rc, rep = _replay(tmp_path / "bad.npz", tmp_path=tmp_path)
+    assert rc == 1 and rep["first_violation"]["rank"] == 1 and c.files

@@ -64,6 +64,9 @@ def _v2_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np
     launches: dict[tuple[int, int], list[int]] = {}
     for gi, g in enumerate(step.groups):
         n = g.world(step.cp)
+        if g.circular and "is_circular" not in k.params:
+            raise ConfigError(f"--kernel-{step.path}", f"{k.spec} has no is_circular flag; group {g.name} is a "
+                                                       f"sliding-window ring, so its captured inputs cannot be rerun")
         if not g.slot_mapped and "slot_mapping_enabled" not in k.params:
             continue
         key = (step.cp.world, r) if per_group or n > 1 else (1, 0)
