@@ -17,7 +17,6 @@ a range ``a..b``) and stops when the byte budget is spent.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import socket
 import sys
@@ -339,16 +338,3 @@ def wrap(kernel: Any, recorder: Recorder, name: str | None = None) -> CapturedKe
     if isinstance(kernel, CapturedKernel):
         return kernel
     return CapturedKernel(kernel, recorder, name)
-
-
-def header_json(path: Path) -> dict[str, Any]:
-    from cpsim.capture.archive import ArchiveReader
-    r = ArchiveReader(path)
-    try:
-        return r.json("capture")
-    finally:
-        r.close()
-
-
-def dumps_policy(p: Policy) -> str:
-    return json.dumps(asdict(p))
