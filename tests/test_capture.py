@@ -331,3 +331,18 @@ def test_capture_of_upstream_abis_replays(tmp_path, path, spec):
     xb.save(step, tmp_path / "bad.npz")
     rc, rep = _replay(tmp_path / "bad.npz", tmp_path=tmp_path)
     assert rc == 1 and rep["first_violation"]["rank"] == 1 and c.files
+
+
+def test_html_report_of_a_failing_step(faulty, tmp_path):
+    page = tmp_path / "r.html"
+    assert main(["replay", str(faulty), "--quiet", "--html", str(page)]) == 1
+    text = page.read_text()
+    assert "data:image/png;base64," in text and "padding" in text
+
+
+def test_auto_steps_follow_the_reuse_of_output_buffers(tmp_path):
+    """Without step scopes a step ends when a kernel writes a buffer it already wrote in this step."""
+    rec = cap.Recorder(tmp_path, rank=0)
+    places = [rec._place(0, key) for key in (("v1", 1), ("v1", 2), ("v2", 9), ("v1", 1), ("v1", 2), ("v2", 9),
+                                             ("v2", 9))]
+    assert places == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0)]

@@ -57,3 +57,15 @@ def main(args) -> int:
         Console().print(f"wrote {out_path} ({out_path.stat().st_size // 1024} KiB): {chosen.step.label.get('name')}",
                         highlight=False)
     return 1 if chosen.failed else 0
+
+
+def write_html(path: str | Path, out, extra: dict) -> None:
+    """The HTML report of one checked step, with its picture drawn from the captured tables."""
+    from cpsim.report import draw, html
+    try:
+        _too_big(out)
+        pic = draw.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
+        png, note = draw.png_bytes(draw.render(pic), dpi=80), ""
+    except ConfigError as e:
+        png, note = None, f"no picture: {e.rule}"
+    html.write_html(path, out.scenario, out.verdicts, png, extra, picture_note=note)

@@ -181,8 +181,8 @@ def main(args, console: Console | None = None) -> int:
         if args.json:
             report.write_json(args.json, report.to_dict(out.scenario, out.verdicts, extra))
         if args.html:
-            from cpsim.report.html import write_checked
-            write_checked(args.html, out.scenario, out.gathered, out.verdicts, extra)
+            from cpsim.capture.picture import write_html
+            write_html(args.html, out, extra)
         return 1
     how = "rerun through " + ", ".join(f"{p}: {getattr(k, 'spec', k)}" for p, k in kernels.items()) \
         if kernels else "given outputs (steps without outputs: builtin kernel rerun)"
