@@ -346,3 +346,33 @@ def test_auto_steps_follow_the_reuse_of_output_buffers(tmp_path):
     places = [rec._place(0, key) for key in (("v1", 1), ("v1", 2), ("v2", 9), ("v1", 1), ("v1", 2), ("v2", 9),
                                              ("v2", 9))]
     assert places == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0)]
+
+
+# Worked out by hand (SPEC §2; DCP 2, I 2, B 4, V 8) for explicit-spec-decode-padded.json: rank 0 holds
+# p=12 (row 1 entry 1 = 9, offset 2 -> 38) and p=5 (row 0 entry 0 = 5, offset 3 -> 23); rank 1 holds p=10, 11
+# (row 1 entry 1 = 8, offsets 0, 1 -> 32, 33) and p=6 (row 0 entry 0 = 4, offset 2 -> 18); 13, 7, 8 are
+# rejected drafts (is_padding) and get PAD; entries 8..15 are padding.
+SPEC_DECODE_SLOTS = ([-1, -1, 38, -1, 23, -1, -1, -1] + [-1] * 8, [32, 33, -1, -1, -1, 18, -1, -1] + [-1] * 8)
+
+
+def _with_slots(tmp_path, slots, name="given.json") -> Path:
+    data = json.loads((EXAMPLES / "explicit-spec-decode-padded.json").read_text())
+    data["arrays"]["r0/slots"], data["arrays"]["r1/slots"] = [list(slots[0])], [list(slots[1])]
+    out = tmp_path / name
+    out.write_text(json.dumps(data))
+    return out
+
+
+def test_rejected_drafts_flagged_is_padding_must_get_pad(tmp_path):
+    rc, _ = _replay(_with_slots(tmp_path, SPEC_DECODE_SLOTS), tmp_path=tmp_path)
+    assert rc == 0
+    bad = [list(SPEC_DECODE_SLOTS[0]), list(SPEC_DECODE_SLOTS[1])]
+    bad[1][6] = 41  # rank 1 writes a slot for the rejected draft at position 7
+    rc, rep = _replay(_with_slots(tmp_path, bad, "bad.json"), tmp_path=tmp_path)
+    assert rc == 1
+    f = rep["first_violation"]
+    assert (f["invariant"], f["rank"], f["request"], f["position"], f["token"]) == ("padding", 1, 1, 7, 6)
+    wrong = [list(SPEC_DECODE_SLOTS[0]), list(SPEC_DECODE_SLOTS[1])]
+    wrong[0][2] = 37  # a kept token one slot off
+    rc, rep = _replay(_with_slots(tmp_path, wrong, "wrong.json"), tmp_path=tmp_path)
+    assert rc == 1 and rep["first_violation"]["position"] == 12 and rep["first_violation"]["token"] == 2

@@ -15,6 +15,7 @@ On disk (``.npz``-compatible zip, see :mod:`cpsim.capture.archive`)::
     [r{R}/]idx_mapping.npy
     r{R}/g{G}/table.npy        int32/int64 [rows, width]; absent: the group was not launched
     r{R}/slots.npy             [groups, entries]; absent: no outputs given (a kernel must run)
+    [r{R}/]is_padding.npy      optional bool [scheduled tokens]: tokens that must get PAD (rejected drafts)
 
 The same content may be written as one JSON file with the arrays inline
 (``"arrays": {name: list}``): handy for small hand-written examples.
@@ -50,6 +51,7 @@ class RankBatch:
     num_tokens_padded: int
     tables: list[np.ndarray | None]  # per group; None = the group was not launched on this rank
     slots: np.ndarray | None = None  # int64 [groups, entries] as produced; None = not given
+    is_padding: np.ndarray | None = None  # bool [num_scheduled]: scheduled tokens that must get PAD (rejected drafts)
 
     @property
     def num_reqs(self) -> int:
@@ -62,7 +64,8 @@ class RankBatch:
     def fingerprint(self) -> str:
         """Hash of the rank-independent inputs: every rank of one step must agree on it."""
         h = hashlib.sha256()
-        for a in (self.positions[: self.num_scheduled], self.query_start_loc, self.idx_mapping):
+        pad = self.is_padding if self.is_padding is not None else np.zeros(0, dtype=bool)
+        for a in (self.positions[: self.num_scheduled], self.query_start_loc, self.idx_mapping, pad):
             h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
             h.update(b"|")
         h.update(str(self.num_tokens_padded).encode())
@@ -92,6 +95,8 @@ def _int_array(value: Any, name: str, ndim: int) -> np.ndarray:
     a = np.asarray(value)
     if a.ndim != ndim:
         raise ConfigError(name, f"must be a {ndim}-D integer array, got shape {a.shape}")
+    if a.dtype == bool:
+        a = a.astype(np.int64)
     if a.size and not np.issubdtype(a.dtype, np.integer):
         raise ConfigError(name, f"must hold integers, got dtype {a.dtype}")
     return a.astype(np.int64, copy=False)
@@ -139,6 +144,9 @@ def validate(step: ExplicitStep) -> ExplicitStep:
             raise ConfigError(f"{where}.idx_mapping", "entries are table rows or -1 (dummy request)")
         if (np.diff(qsl)[dummy] != 0).any():
             raise ConfigError(f"{where}.idx_mapping", "a dummy request (-1) must schedule no tokens")
+        if rb.is_padding is not None and rb.is_padding.shape != (n,):
+            raise ConfigError(f"{where}.is_padding", f"must flag each of the {n} scheduled tokens, "
+                                                      f"got shape {rb.is_padding.shape}")
         if len(rb.tables) != G:
             raise ConfigError(f"{where}.tables", f"{G} group(s) declared, {len(rb.tables)} table(s) given")
         for gi, (g, e, t) in enumerate(zip(step.groups, step.entry_sizes, rb.tables)):
@@ -184,8 +192,10 @@ def _meta(step: ExplicitStep) -> dict[str, Any]:
 
 def _arrays(step: ExplicitStep) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
-    for name in ("positions", "query_start_loc", "idx_mapping"):
+    for name in ("positions", "query_start_loc", "idx_mapping", "is_padding"):
         values = [getattr(r, name) for r in step.ranks]
+        if any(v is None for v in values):
+            continue
         if all(v.shape == values[0].shape and np.array_equal(v, values[0]) for v in values):
             out[name] = values[0]
         else:
@@ -299,6 +309,9 @@ def from_meta(meta: dict[str, Any], src, source: str) -> ExplicitStep:
                    if src.has(f"r{r}/g{gi}/table") else None) for gi in range(len(groups))]
         slots = _int_array(src.array(f"r{r}/slots"), f"ranks[{r}].slots", 2) if src.has(f"r{r}/slots") else None
         padded = int(rm.get("num_tokens_padded", int(qsl[-1]) if len(qsl) else 0))
-        ranks.append(RankBatch(pos, qsl, idx, padded, tables, slots))
+        pad = None
+        if src.has(f"r{r}/is_padding") or src.has("is_padding"):
+            pad = arr(r, "is_padding", 1).astype(bool)
+        ranks.append(RankBatch(pos, qsl, idx, padded, tables, slots, pad))
     return validate(ExplicitStep(str(meta.get("path", "v2")), cp, groups, entry, limits, ranks,
                                  dict(meta.get("label", {})) | {"source": source}))

@@ -244,7 +244,8 @@ def _v2_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
         ts = [c.array(f"table{g}") for g in range(G)]
         tables.append(ts)
         padded = min(int(c.scalar("num_tokens", qsl[-1])), len(pos))
-        ranks.append(RankBatch(pos, qsl, idx, max(padded, int(qsl[-1])), ts, out))
+        pad = c.array("is_padding").astype(bool)[: int(qsl[-1])] if c.has("is_padding") else None
+        ranks.append(RankBatch(pos, qsl, idx, max(padded, int(qsl[-1])), ts, out, pad))
     groups, limits, notes = _group_limits(step_groups, tables, meta, world, T, ranks[0].num_reqs)
     label = {"step": step, "unit": name, "source": source, "file_ranks": order, "notes": notes,
              "kernels": sorted({c.meta.get("kernel") for c in calls.values()}), "name": f"step {step} {name}"}

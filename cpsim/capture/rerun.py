@@ -92,6 +92,8 @@ def _v2_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np
             slot_mapping_enabled=i32(int(step.groups[i].slot_mapped) for i in gis), HAS_SLOT_MAPPING_ENABLED=True,
             group_cp_sizes=i32(step.groups[i].world(step.cp) for i in gis),
             is_circular=i32(int(step.groups[i].circular) for i in gis),
+            is_padding=_t(rb.is_padding if rb.is_padding is not None else np.zeros(rb.num_scheduled, bool),
+                          torch.bool, device),
         )
         k.obj[(len(gis), rb.num_reqs + 1)](**{n_: v for n_, v in args.items() if n_ in k.params})
         out[gis] = buf.cpu().to(torch.int64).numpy()
@@ -112,5 +114,10 @@ def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray
     for r, rb in enumerate(step.ranks):
         T = rb.slots.shape[1] if rb.slots is not None else step.limits.slot_buffer_size
         fn = _v1_rank if step.path == "v1" else _v2_rank
-        outs.append(fn(k, step, r, rb, T, dev))
+        out = fn(k, step, r, rb, T, dev)
+        if rb.is_padding is not None and "is_padding" not in k.params:
+            # The runtime masks flagged tokens around a kernel that does not take the flags.
+            flagged = np.nonzero(rb.is_padding)[0]
+            out[:, flagged[flagged < T]] = PAD_SLOT_ID
+        outs.append(out)
     return outs

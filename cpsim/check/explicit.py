@@ -10,6 +10,7 @@ from ``cpsim.layout`` applied to the given tables. Pure functions; no kernels.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from cpsim.capture.batch import ExplicitStep, RankBatch
 from cpsim.check import coordinator
 from cpsim.errors import ConfigError
+from cpsim.layout import PAD_SLOT_ID
 from cpsim.run.world import Gathered
 from cpsim.scenario import Batch, Request, Scenario
 
@@ -107,13 +109,79 @@ def gathered(step: ExplicitStep, slots: list[np.ndarray] | None = None, path: st
     )
 
 
+def _without_padding(step: ExplicitStep, runs: dict | None):
+    """The step with its ``is_padding`` tokens taken out of the scheduled range (and their outputs aside).
+
+    Flagged tokens are not scheduled tokens of any rank: every invariant runs on the
+    rest; the flagged entries are checked to be PAD on their own. Buffers keep their
+    length (PAD appended), so ``capacity`` sees what the kernel had.
+    """
+    pad = step.ranks[0].is_padding
+    keep = np.nonzero(~pad)[0]
+    flagged = np.nonzero(pad)[0]
+
+    def move(slots):
+        if slots is None:
+            return None, None
+        n = step.ranks[0].num_scheduled
+        tail = np.full((slots.shape[0], len(flagged)), PAD_SLOT_ID, dtype=slots.dtype)
+        return (np.concatenate([slots[:, keep[keep < slots.shape[1]]], slots[:, n:], tail], axis=1),
+                slots[:, flagged[flagged < slots.shape[1]]])
+
+    ranks, aside = [], {}
+    for r, rb in enumerate(step.ranks):
+        counts = np.bincount(np.repeat(np.arange(rb.num_reqs), np.diff(rb.query_start_loc))[keep],
+                             minlength=rb.num_reqs)
+        n = rb.num_scheduled
+        kept, out = move(rb.slots)
+        aside.setdefault(step.path, []).append(out)
+        ranks.append(RankBatch(np.concatenate([rb.positions[keep], rb.positions[n:]]),
+                               np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), rb.idx_mapping,
+                               rb.num_tokens_padded - len(flagged), rb.tables, kept))
+    new_runs = {}
+    for name, per_rank in (runs or {}).items():
+        moved = [move(x) for x in per_rank]
+        new_runs[name] = [m[0] for m in moved]
+        aside[name] = [m[1] for m in moved]
+    return dataclasses.replace(step, ranks=ranks), new_runs, aside, flagged
+
+
+def _flagged_verdicts(step: ExplicitStep, verdicts, aside: dict, flagged: np.ndarray, gath: dict) -> None:
+    """``padding`` also fails where a token flagged ``is_padding`` got a slot."""
+    rb = step.ranks[0]
+    req = np.repeat(np.arange(rb.num_reqs), np.diff(rb.query_start_loc))
+    for name, per_rank in aside.items():
+        path = name if name in gath else ("captured" if "captured" in gath else step.path)
+        if path not in gath or any(x is None for x in per_rank):
+            continue
+        verdict = next(v for v in verdicts if v.invariant == "padding" and v.path == path)
+        verdict.checked += sum(x.size for x in per_rank)
+        for gi, g in enumerate(step.groups):
+            if not bool(gath[path].enabled[:, gi].any()):
+                continue
+            bad = [(r, int(t)) for r, x in enumerate(per_rank) for t in np.nonzero(x[gi] != PAD_SLOT_ID)[0]]
+            if not bad:
+                continue
+            examples = [coordinator.Example(r, int(req[flagged[t]]), int(rb.positions[flagged[t]]), "PAD (is_padding)",
+                                            str(int(per_rank[r][gi, t]))) for r, t in bad[: coordinator.MAX_EXAMPLES]]
+            verdict.violations.append(coordinator.Violation(
+                "padding", path, g.name, len(bad), f"{len(bad)} token(s) flagged is_padding hold a slot",
+                sorted({r for r, _ in bad}), examples))
+            verdict.status = "fail"
+
+
 def check(step: ExplicitStep, runs: dict[str, list[np.ndarray]] | None = None
           ) -> tuple[Scenario, dict[str, Gathered], list[coordinator.Verdict]]:
     """Every applicable invariant on the given outputs and on each extra run (``{name: per-rank slots}``).
 
     ``same-scenario`` compares the ranks' batch inputs: all ranks of one step must
-    have been handed the same positions, ``query_start_loc`` and ``idx_mapping``.
+    have been handed the same positions, ``query_start_loc``, ``idx_mapping`` and
+    ``is_padding``. Tokens flagged ``is_padding`` must be PAD everywhere.
     """
+    flagged, orig = None, step
+    fingerprints = [rb.fingerprint() for rb in step.ranks]
+    if step.ranks[0].is_padding is not None and step.ranks[0].is_padding.any():
+        step, runs, aside, flagged = _without_padding(step, runs)
     s = scenario(step)
     gath: dict[str, Gathered] = {}
     if step.has_outputs:
@@ -122,5 +190,7 @@ def check(step: ExplicitStep, runs: dict[str, list[np.ndarray]] | None = None
         gath[name] = gathered(step, slots, name)
     if not gath:
         gathered(step)  # raises: nothing to check
-    verdicts = coordinator.check(s, allocations(step), gath, [rb.fingerprint() for rb in step.ranks])
+    verdicts = coordinator.check(s, allocations(step), gath, fingerprints)
+    if flagged is not None:
+        _flagged_verdicts(orig, verdicts, aside, flagged, gath)
     return s, gath, verdicts
