@@ -151,6 +151,11 @@ def test_capture_off_wraps_nothing():
     before = tv2._compute_slot_mappings_kernel
     assert cap.install({}) is None
     assert tv2._compute_slot_mappings_kernel is before and cap.active() is None
+    # a sitecustomize.py with capture off loads neither numpy nor torch
+    code = "import sys, cpsim.capture as c; c.install(); print('numpy' in sys.modules, 'torch' in sys.modules)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CPSIM_CAPTURE")} | {"PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
 
 
 def test_env_switch_in_a_fresh_process(tmp_path):

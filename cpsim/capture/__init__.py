@@ -24,12 +24,26 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from cpsim.capture.recorder import CapturedKernel, Policy, Recorder, parse_size, parse_steps, policy_from_env, wrap
+if TYPE_CHECKING:
+    from cpsim.capture.recorder import Recorder
+
 from cpsim.errors import ConfigError
 
-__all__ = ["KNOWN_KERNELS", "Policy", "Recorder", "capture", "install", "uninstall", "wrap", "active"]
+# Imported on first use, so that ``import cpsim.capture; install()`` with capture off (a
+# sitecustomize.py in every process) loads nothing beyond this module.
+_LAZY = {"CapturedKernel", "Policy", "Recorder", "wrap"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from cpsim.capture import recorder
+        return getattr(recorder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["KNOWN_KERNELS", "CapturedKernel", "Policy", "Recorder", "capture", "install", "uninstall", "wrap",
+           "active"]
 
 # Where the kernels cpsim knows are looked up at launch time (module:attr).
 KNOWN_KERNELS = (
@@ -96,6 +110,7 @@ class _Session:
         self.hook = _PatchOnImport(self)
 
     def patch(self, module) -> None:
+        from cpsim.capture.recorder import CapturedKernel, wrap
         for attr in self.targets.get(module.__name__, ()):
             obj = getattr(module, attr, None)
             if obj is None or isinstance(obj, CapturedKernel):
@@ -133,6 +148,7 @@ def capture(directory: str | Path, kernels: Iterable[str] = KNOWN_KERNELS, *, ev
     ``max_num_batched_tokens``, ``max_num_reqs``, ``num_speculative_tokens``,
     ``num_blocks`` per group, ``group_names``); replay infers the rest.
     """
+    from cpsim.capture.recorder import Policy, Recorder, parse_size, parse_steps
     global _active
     if _active is not None:
         raise ConfigError("capture", "a capture is already running in this process")
@@ -166,6 +182,8 @@ def install(env=os.environ) -> Recorder | None:
     if _active is not None:
         return _active.recorder
     import json
+
+    from cpsim.capture.recorder import Recorder, policy_from_env
     extra = [k for k in env.get("CPSIM_CAPTURE_KERNELS", "").split(",") if k.strip()]
     try:
         meta = json.loads(env.get("CPSIM_CAPTURE_META", "") or "{}")
