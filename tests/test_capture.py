@@ -144,6 +144,12 @@ def test_policy_every_steps_and_budget(tmp_path):
     rec = simulate.run(steps, tmp_path / "budget", paths=("v2",), budget=20_000)
     c = load.open_capture(tmp_path / "budget")
     assert rec.records < 8 and c.truncated and rec.bytes <= 20_000
+    # replay checks the complete steps before the cut and says where it stopped
+    notes: list[str] = []
+    done = list(load.steps(tmp_path / "budget", notes))
+    cut = min(t["step"] for t in c.truncated.values())
+    assert cut >= 1 and [s.label["step"] for s in done] == list(range(cut)) and f"ran out at step {cut}" in notes[0]
+    assert main(["replay", str(tmp_path / "budget"), "--quiet"]) == 0
 
 
 def test_capture_off_wraps_nothing():

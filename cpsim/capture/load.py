@@ -262,7 +262,14 @@ def to_step(cap: Capture, step: int, name: str, per_rank: dict[int, list[Call]],
                                  f"(v1 per-group and v2 multi-group kernels are supported)")
 
 
-def steps(path: str | Path) -> Iterator[ExplicitStep]:
+def steps(path: str | Path, notes: list[str] | None = None) -> Iterator[ExplicitStep]:
+    """Every unit in step order. Steps from where a rank's budget ran out are skipped (said in ``notes``)."""
     cap = open_capture(path)
+    cut = min((int(t.get("step", 0)) for t in cap.truncated.values()), default=None)
     for step, name, per_rank in units(cap):
+        if cut is not None and step >= cut:
+            if notes is not None:
+                notes.append(f"the capture budget ran out at step {cut} on rank(s) {sorted(cap.truncated)}: "
+                             f"steps from {cut} on were not checked")
+            return
         yield to_step(cap, step, name, per_rank, str(path))

@@ -119,13 +119,13 @@ def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "c
     return Outcome(step, s, gath, verdicts, differs)
 
 
-def iter_steps(path: str | Path) -> Iterator[ExplicitStep]:
+def iter_steps(path: str | Path, notes: list[str] | None = None) -> Iterator[ExplicitStep]:
     from cpsim.capture import load
     if xb.is_explicit(path):
         yield xb.load(path)
         return
     if load.is_capture(path):
-        yield from load.steps(path)
+        yield from load.steps(path, notes)
         return
     raise ConfigError("FILE", f"{path} is neither a capture (directory of rank*.cpcap or one .cpcap) nor an "
                               f"explicit batch ({xb.FORMAT} .npz/.json)")
@@ -151,7 +151,8 @@ def main(args, console: Console | None = None) -> int:
     console = console or Console(quiet=quiet_rank)
     kernels = _kernels(args)
     checked = 0
-    for step in iter_steps(args.file):
+    notes: list[str] = []
+    for step in iter_steps(args.file, notes):
         out = check_step(step, kernels)
         checked += 1
         if out.differs:
@@ -186,6 +187,10 @@ def main(args, console: Console | None = None) -> int:
         return 1
     how = "rerun through " + ", ".join(f"{p}: {getattr(k, 'spec', k)}" for p, k in kernels.items()) \
         if kernels else "given outputs (steps without outputs: builtin kernel rerun)"
+    if checked == 0:
+        raise ConfigError("FILE", f"{args.file}: no complete step to check" + (f" ({notes[0]})" if notes else ""))
+    for note in notes:
+        console.print(f"[yellow]note:[/yellow] {escape(note)}", highlight=False)
     console.print(f"[bold green]{checked} step(s) checked ({escape(how)}); all invariants hold[/bold green]",
                   highlight=False)
     if args.json:
