@@ -387,3 +387,21 @@ def test_rejected_drafts_flagged_is_padding_must_get_pad(tmp_path):
     wrong[0][2] = 37  # a kept token one slot off
     rc, rep = _replay(_with_slots(tmp_path, wrong, "wrong.json"), tmp_path=tmp_path)
     assert rc == 1 and rep["first_violation"]["position"] == 12 and rep["first_violation"]["token"] == 2
+
+
+def test_meta_block_sizes_judge_a_wrong_block_size_argument_against_the_real_layout(tmp_path):
+    """virtual-block-uses-kernel-block hands the kernel b = 8 as KV_CACHE_BLOCK_SIZE. From the arguments alone
+    replay models B = 8 (then I = 16 > B breaks owner-rule anyway); with meta block_sizes it models B = 16."""
+    from cpsim import faults
+    f = faults.get("virtual-block-uses-kernel-block")
+    s = f.trigger()  # B = 16, b = 8, DCP 2, I = 16
+    simulate.run([s], tmp_path / "plain", knobs=f.knobs_for(s))
+    simulate.run([s], tmp_path / "meta", knobs=f.knobs_for(s), meta={"block_sizes": [16]})
+    assert [(g.block_size, g.b) for g in next(load.steps(tmp_path / "plain")).groups] == [(8, 8)]
+    assert [(g.block_size, g.b) for g in next(load.steps(tmp_path / "meta")).groups] == [(16, 8)]
+    for d in ("plain", "meta"):
+        rc, rep = _replay(tmp_path / d, tmp_path=tmp_path)
+        failed = {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"}
+        assert rc == 1 and "owner-rule" in failed, d
+    simulate.run([s], tmp_path / "badmeta", meta={"block_sizes": [12]})
+    assert main(["replay", str(tmp_path / "badmeta")]) == 2

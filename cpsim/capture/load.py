@@ -120,6 +120,17 @@ def _group_limits(step_groups: list[dict], tables: list[list[np.ndarray | None]]
                   entries: int, num_reqs: int) -> tuple[tuple[KVGroup, ...], Limits, list[str]]:
     """KV groups and limits from the launch arguments, the capture's meta, and inference."""
     notes = []
+    true_sizes = meta.get("block_sizes")
+    if true_sizes is not None:
+        # The deployment's physical block sizes: a kernel handed a wrong KV_CACHE_BLOCK_SIZE
+        # (virtual-block-uses-kernel-block) is then judged against the real layout.
+        if not isinstance(true_sizes, list) or len(true_sizes) != len(step_groups):
+            raise ConfigError("meta.block_sizes", f"needs one physical block size per launched group "
+                                                  f"({len(step_groups)}), got {true_sizes!r}")
+        for gd, B in zip(step_groups, true_sizes):
+            if not isinstance(B, int) or B < gd["entry"] or B % gd["entry"]:
+                raise ConfigError("meta.block_sizes", f"{B!r} must be a multiple of the table entry size {gd['entry']}")
+            gd["block_size"] = B
     given_blocks = meta.get("num_blocks")
     names = meta.get("group_names") or []
     groups = []
