@@ -405,3 +405,10 @@ def test_meta_block_sizes_judge_a_wrong_block_size_argument_against_the_real_lay
         assert rc == 1 and "owner-rule" in failed, d
     simulate.run([s], tmp_path / "badmeta", meta={"block_sizes": [12]})
     assert main(["replay", str(tmp_path / "badmeta")]) == 2
+
+
+def test_options_that_do_not_apply_are_refused(tmp_path, capsys):
+    assert main(["replay", str(EXAMPLES / "explicit-shuffled-positions.json"), "--kernel-v1-fused", "builtin"]) == 2
+    repro = next((ROOT / "docs" / "examples").glob("virtual-block-uses-kernel-block.json"))
+    assert main(["replay", str(repro), "--shrink", str(tmp_path / "x.npz")]) == 2
+    assert "--shrink" in capsys.readouterr().err

@@ -17,6 +17,7 @@ from cpsim import fuzz as fz
 from cpsim.report import report
 from cpsim.cmd import add_kernel_args, describe_kernels, execute_torchrun, kernels_with_record, torchrun_world
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
+from cpsim.errors import ConfigError
 from cpsim.plugin.kernel_under_test import to_record
 
 
@@ -49,6 +50,8 @@ def main(args) -> int:
     from cpsim.capture import replay as capture_replay
     if capture_replay.is_replayable(args.file):
         return capture_replay.main(args)
+    if args.shrink:
+        raise ConfigError("--shrink", "applies to captures and explicit batches; a fuzz repro is already shrunk")
     r = fz.load_repro(args.file)
     if launched_by_torchrun():
         return main_torchrun(args, r)
