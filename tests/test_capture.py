@@ -412,3 +412,15 @@ def test_options_that_do_not_apply_are_refused(tmp_path, capsys):
     repro = next((ROOT / "docs" / "examples").glob("virtual-block-uses-kernel-block.json"))
     assert main(["replay", str(repro), "--shrink", str(tmp_path / "x.npz")]) == 2
     assert "--shrink" in capsys.readouterr().err
+
+
+def test_packed_host_copy_returns_every_tensor_unchanged():
+    """The GPU branch (one device->host copy) run on CPU tensors: dtypes, shapes and values survive the packing."""
+    import torch
+    from cpsim.capture.recorder import to_host
+    views = [torch.tensor([0, 5, 9], dtype=torch.int32), torch.arange(12, dtype=torch.int64).reshape(3, 4) - 6,
+             torch.tensor([[2**40, -1]], dtype=torch.int64), torch.tensor([True, False]),
+             torch.tensor([7, 8], dtype=torch.uint64)]
+    for got, want in zip(to_host(views, packed=True), views):
+        assert got.dtype == want.numpy().dtype and got.shape == tuple(want.shape)
+        assert np.array_equal(got, want.numpy())

@@ -258,6 +258,16 @@ def _host_tables(ptrs: np.ndarray, strides: np.ndarray, rows: int, device) -> li
     return out
 
 
+def to_host(views: list, packed: bool) -> list[np.ndarray]:
+    """Host copies of integer/bool tensors; ``packed``: one device->host copy for all of them (int64 on the wire)."""
+    import torch
+    if not packed:
+        return [v.detach().numpy().copy() for v in views]
+    flat = torch.cat([v.reshape(-1).to(torch.int64) for v in views]).cpu() if views else torch.zeros(0)
+    parts = torch.split(flat, [v.numel() for v in views])
+    return [p.to(v.dtype).reshape(v.shape).numpy() for p, v in zip(parts, views)]
+
+
 class CapturedKernel:
     """Stands in for a Triton kernel object; ``kernel[grid](...)`` launches it and records the launch."""
 
@@ -302,8 +312,6 @@ class CapturedKernel:
 
     def _collect(self, bound: dict[str, Any], grid: tuple[int, ...]) -> tuple[dict, dict[str, np.ndarray]]:
         """Scalars into JSON; tensors (trimmed to what the launch reads) into arrays, one host copy."""
-        import torch
-
         scalars = {k: _scalar(v) for k, v in bound.items() if not _is_tensor(v)}
         tensors = {k: v for k, v in bound.items() if _is_tensor(v)}
         fam = self._family
@@ -316,14 +324,7 @@ class CapturedKernel:
         names = list(tensors)
         views = [tensors[k][: trims[k]] if k in trims else tensors[k] for k in names]
         device = next((t.device for t in views), None)
-        if device is not None and device.type != "cpu":
-            # One device->host copy for everything this launch read and wrote.
-            flat = torch.cat([v.reshape(-1).to(torch.int64) for v in views]).cpu()
-            parts = torch.split(flat, [v.numel() for v in views])
-            host = [p.to(v.dtype).reshape(v.shape).numpy() for p, v in zip(parts, views)]
-        else:
-            host = [v.detach().numpy().copy() for v in views]
-        arrays = dict(zip(names, host))
+        arrays = dict(zip(names, to_host(views, packed=device is not None and device.type != "cpu")))
         if fam == "v2":
             ptrs, strides = arrays.get(V2_TABLES), arrays.get("block_table_strides")
             idx = arrays.get("idx_mapping")
