@@ -113,7 +113,7 @@ def units(cap: Capture) -> Iterator[tuple[int, str, dict[int, list[Call]]]]:
 
 
 def _positions_qsl(c: Call, pos_name: str, qsl_name: str) -> tuple[np.ndarray, np.ndarray]:
-    return c.array(pos_name).astype(np.int64), c.array(qsl_name).astype(np.int64)
+    return c.array(pos_name).astype(np.int64, copy=False), c.array(qsl_name).astype(np.int64, copy=False)
 
 
 def _group_limits(step_groups: list[dict], tables: list[list[np.ndarray | None]], meta: dict, world: int,
@@ -209,7 +209,7 @@ def _v1_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
         slots = np.full((len(calls), T), PAD_SLOT_ID, dtype=np.int64)
         ts = []
         for gi, c in enumerate(calls):
-            out = c.array("slot_mapping_ptr").astype(np.int64)
+            out = c.array("slot_mapping_ptr").astype(np.int64, copy=False)
             slots[gi, : min(T, len(out))] = out[:T]
             ts.append(c.array("block_table_ptr"))
         tables.append(ts)
@@ -235,10 +235,10 @@ def _v2_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
         world = len(calls)
     order = _order(calls, {fr: int(c.scalar("cp_rank", fr)) if int(c.scalar("CP_SIZE", 1)) > 1 else None
                            for fr, c in calls.items()}, world, where)
-    sizes = first.array("block_sizes").astype(np.int64)
+    sizes = first.array("block_sizes").astype(np.int64, copy=False)
     G = len(sizes)
-    kbs = first.array("kernel_block_sizes").astype(np.int64) if first.has("kernel_block_sizes") else sizes
-    cps = first.array("group_cp_sizes").astype(np.int64) if first.has("group_cp_sizes") \
+    kbs = first.array("kernel_block_sizes").astype(np.int64, copy=False) if first.has("kernel_block_sizes") else sizes
+    cps = first.array("group_cp_sizes").astype(np.int64, copy=False) if first.has("group_cp_sizes") \
         else np.full(G, int(first.scalar("CP_SIZE", 1)))
     enabled = first.array("slot_mapping_enabled") if first.has("slot_mapping_enabled") else np.ones(G)
     circ = first.array("is_circular") if first.has("is_circular") else np.zeros(G)
@@ -249,9 +249,9 @@ def _v2_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
     for fr in order:
         c = calls[fr]
         pos, qsl = _positions_qsl(c, "pos", "query_start_loc")
-        idx = c.array("idx_mapping").astype(np.int64)
+        idx = c.array("idx_mapping").astype(np.int64, copy=False)
         T = int(c.scalar("max_num_tokens"))
-        out = c.array("slot_mappings_ptr").astype(np.int64).reshape(G, -1)[:, :T]
+        out = c.array("slot_mappings_ptr").astype(np.int64, copy=False).reshape(G, -1)[:, :T]
         ts = [c.array(f"table{g}") for g in range(G)]
         tables.append(ts)
         padded = min(int(c.scalar("num_tokens", qsl[-1])), len(pos))
