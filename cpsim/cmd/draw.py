@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--repro", metavar="FILE", help="draw the scenario (and knobs, if any) of a repro file")
     p.add_argument("--inject", metavar="NAME", help="inject a catalogued fault (cpsim.faults); uses the fault's "
                                                      "own scenario unless --scenario or --repro is given")
+    p.add_argument("--capture", metavar="PATH", help="draw a captured step (capture dir/file or explicit batch; "
+                                                      "docs/CAPTURE.md): the first failing one unless --step")
+    p.add_argument("--step", type=int, metavar="N", help="with --capture: the step to draw")
     p.add_argument("--out", required=True, metavar="FILE.png|FILE.svg", help="where to write the picture")
     p.add_argument("--title", default="", help="figure title (default: scenario summary)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
@@ -78,6 +81,9 @@ def main(args) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".svg"):
         raise ConfigError("--out", f"must end in .png or .svg, got {out.name!r}")
+    if args.capture:
+        from cpsim.capture.picture import main as draw_capture
+        return draw_capture(args)
     s, knobs, rank = resolve(args)
     paths = parse_paths(args.paths)
     fig, pic = draw.figure_for(s, paths, knobs, rank, title=args.title)

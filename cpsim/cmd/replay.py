@@ -17,6 +17,7 @@ from cpsim import fuzz as fz
 from cpsim.report import report
 from cpsim.cmd import add_kernel_args, describe_kernels, execute_torchrun, kernels_with_record, torchrun_world
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
+from cpsim.errors import ConfigError
 from cpsim.plugin.kernel_under_test import to_record
 from cpsim.validate import check_world, load_repro, write_outputs
 
@@ -24,7 +25,8 @@ from cpsim.validate import check_world, load_repro, write_outputs
 def register(sub) -> None:
     p = sub.add_parser("replay", help="rerun a repro file written by `cpsim fuzz` (virtual world or torchrun)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json")
+    p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json, a capture (directory of rank*.cpcap, "
+                                                "docs/CAPTURE.md) or an explicit batch (.npz/.json)")
     p.add_argument("--accept-edited", action="store_true",
                    help="replay a repro whose scenario was edited (its fingerprint no longer matches)")
     p.add_argument("--allow-large", action="store_true",
@@ -35,6 +37,8 @@ def register(sub) -> None:
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
                                                    "when the scenario is small enough to draw)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line")
+    p.add_argument("--shrink", metavar="OUT", help="capture/explicit batch: write the smallest explicit batch "
+                                                    "that still fails the first failing step to OUT (.npz/.json)")
     p.set_defaults(func=main)
 
 
@@ -48,6 +52,11 @@ def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]
 
 
 def main(args) -> int:
+    from cpsim.capture import replay as capture_replay
+    if capture_replay.is_replayable(args.file):
+        return capture_replay.main(args)
+    if args.shrink:
+        raise ConfigError("--shrink", "applies to captures and explicit batches; a fuzz repro is already shrunk")
     r = load_repro(args.file, accept_edited=args.accept_edited)
     if launched_by_torchrun():
         return main_torchrun(args, r)

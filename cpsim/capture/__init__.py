@@ -1,0 +1,204 @@
+"""Capture the real slot-mapping launches of a process; replay them across ranks in cpsim.
+
+Two ways in::
+
+    # in code (a test, a worker): every launch of the named kernels inside the block is recorded
+    from cpsim import capture
+    with capture.capture("/tmp/cap", every=1):
+        ...
+
+    # a live server: CPSIM_CAPTURE=/tmp/cap plus, early in each worker (or in sitecustomize.py)
+    import cpsim.capture; cpsim.capture.install()
+
+Kernels are patched at the module attribute the caller looks up at launch time
+(``module:attr``); modules not imported yet are patched the moment they are.
+With ``CPSIM_CAPTURE`` unset ``install()`` returns at once and nothing is
+wrapped: capture off costs nothing. Files: ``<dir>/rank<R>.cpcap``, one per rank.
+See docs/CAPTURE.md.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+if TYPE_CHECKING:
+    from cpsim.capture.recorder import Recorder
+
+from cpsim.errors import ConfigError
+
+# Imported on first use, so that ``import cpsim.capture; install()`` with capture off (a
+# sitecustomize.py in every process) loads nothing beyond this module.
+_LAZY = {"CapturedKernel", "Policy", "Recorder", "wrap"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from cpsim.capture import recorder
+        return getattr(recorder, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["KNOWN_KERNELS", "CapturedKernel", "Policy", "Recorder", "capture", "install", "uninstall", "wrap",
+           "active"]
+
+# Where the kernels cpsim knows are looked up at launch time (module:attr).
+KNOWN_KERNELS = (
+    "cpsim.kernels.triton_v1:_compute_slot_mapping_kernel",
+    "cpsim.kernels.triton_v2:_compute_slot_mappings_kernel",
+    "vllm_ascend.ops.triton.compute_slot_mapping:_compute_slot_mapping_kernel",
+    "vllm_ascend.ops.triton.v2.block_table.compute_slot_mappings:_compute_slot_mappings_kernel",
+    "vllm.v1.worker.gpu.block_table:_compute_slot_mappings_kernel",
+)
+
+_active: "_Session | None" = None
+
+
+def _targets(kernels: Iterable[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for spec in kernels:
+        module, sep, attr = str(spec).partition(":")
+        if not sep or not module or not attr:
+            raise ConfigError("CPSIM_CAPTURE_KERNELS", f"{spec!r} is not module:attr")
+        out.setdefault(module, []).append(attr)
+    return out
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner, session: "_Session"):
+        self.inner, self.session = inner, session
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.inner.exec_module(module)
+        self.session.patch(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Wraps the named kernels right after their module is first imported."""
+
+    def __init__(self, session: "_Session"):
+        self.session = session
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.session.targets:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader, self.session)
+                return spec
+        return None
+
+
+class _Session:
+    def __init__(self, recorder: Recorder, kernels: Iterable[str]):
+        self.recorder = recorder
+        self.targets = _targets(kernels)
+        self.saved: list[tuple[Any, str, Any]] = []
+        self.hook = _PatchOnImport(self)
+
+    def patch(self, module) -> None:
+        from cpsim.capture.recorder import CapturedKernel, wrap
+        for attr in self.targets.get(module.__name__, ()):
+            obj = getattr(module, attr, None)
+            if obj is None or isinstance(obj, CapturedKernel):
+                continue
+            self.saved.append((module, attr, obj))
+            setattr(module, attr, wrap(obj, self.recorder, f"{module.__name__}:{attr}"))
+
+    def start(self) -> None:
+        for name in self.targets:
+            if name in sys.modules:
+                self.patch(sys.modules[name])
+        sys.meta_path.insert(0, self.hook)
+
+    def stop(self) -> None:
+        if self.hook in sys.meta_path:
+            sys.meta_path.remove(self.hook)
+        for module, attr, obj in reversed(self.saved):
+            setattr(module, attr, obj)
+        self.saved.clear()
+        self.recorder.close()
+
+
+def active() -> Recorder | None:
+    """The recorder of the running capture, if any (e.g. to mark steps with ``active().step(n)``)."""
+    return _active.recorder if _active else None
+
+
+@contextmanager
+def capture(directory: str | Path, kernels: Iterable[str] = KNOWN_KERNELS, *, every: int = 1,
+            steps: str | tuple[int, int | None] | None = None, budget: int | str = "1G", rank: int | None = None,
+            meta: dict[str, Any] | None = None) -> Iterator[Recorder]:
+    """Record the launches of ``kernels`` (``module:attr``) made inside the block.
+
+    ``meta`` may give what kernel arguments do not carry (``max_model_len``,
+    ``max_num_batched_tokens``, ``max_num_reqs``, ``num_speculative_tokens``,
+    ``num_blocks`` per group, ``group_names``); replay infers the rest.
+    """
+    from cpsim.capture.recorder import Policy, Recorder, parse_size, parse_steps
+    global _active
+    if _active is not None:
+        raise ConfigError("capture", "a capture is already running in this process")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError("every", f"must be an integer >= 1, got {every!r}")
+    first, last = parse_steps(steps, "steps") if isinstance(steps, str) else (steps or (0, None))
+    size = parse_size(budget, "budget") if isinstance(budget, str) else int(budget)
+    session = _Session(Recorder(directory, Policy(every, first, last, size), rank, meta), kernels)
+    session.start()
+    _active = session
+    try:
+        yield session.recorder
+    finally:
+        session.stop()
+        _active = None
+
+
+def install(env=os.environ) -> Recorder | None:
+    """The ``CPSIM_CAPTURE=dir`` switch: start capturing for the rest of the process; no-op when unset.
+
+    Also read: ``CPSIM_CAPTURE_EVERY``, ``CPSIM_CAPTURE_STEPS`` (``a..b``),
+    ``CPSIM_CAPTURE_BUDGET`` (``512M``), ``CPSIM_CAPTURE_RANK`` (this process's rank when
+    torch.distributed is not initialised), ``CPSIM_CAPTURE_RANKS`` (``0-3``: record these ranks only),
+    ``CPSIM_CAPTURE_KERNELS`` (extra ``module:attr``, comma-separated),
+    ``CPSIM_CAPTURE_META`` (JSON, see :func:`capture`).
+    """
+    global _active
+    directory = env.get("CPSIM_CAPTURE", "")
+    if not directory:
+        return None
+    if _active is not None:
+        return _active.recorder
+    import json
+
+    from cpsim.capture.recorder import Recorder, policy_from_env
+    extra = [k for k in env.get("CPSIM_CAPTURE_KERNELS", "").split(",") if k.strip()]
+    try:
+        meta = json.loads(env.get("CPSIM_CAPTURE_META", "") or "{}")
+    except json.JSONDecodeError as e:
+        raise ConfigError("CPSIM_CAPTURE_META", f"not valid JSON: {e}") from None
+    rank = env.get("CPSIM_CAPTURE_RANK")
+    session = _Session(Recorder(directory, policy_from_env(env), int(rank) if rank and rank.isdigit() else None,
+                                meta), list(KNOWN_KERNELS) + [k.strip() for k in extra])
+    session.start()
+    _active = session
+    return session.recorder
+
+
+def uninstall() -> None:
+    global _active
+    if _active is not None:
+        _active.stop()
+        _active = None

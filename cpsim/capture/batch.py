@@ -1,0 +1,317 @@
+"""Explicit batches: one step's real kernel inputs (and outputs) for every CP rank.
+
+A generated scenario derives positions (``context + arange``) and tables (the
+allocator) itself; an explicit batch *gives* them, as a serving process saw them:
+per rank the positions (any order), ``query_start_loc``, ``idx_mapping``, the
+padded token count, per group the table the kernel read, and optionally the
+slot mappings it produced. Replays of captures, shrunk repros and hand-written
+examples all become one :class:`ExplicitStep`, so one checker serves them all.
+
+On disk (``.npz``-compatible zip, see :mod:`cpsim.capture.archive`)::
+
+    meta.json                  format, path, cp, groups (+ entry_size), limits, per-rank scalars
+    [r{R}/]positions.npy       int64; a top-level array is shared by every rank
+    [r{R}/]query_start_loc.npy
+    [r{R}/]idx_mapping.npy
+    r{R}/g{G}/table.npy        int32/int64 [rows, width]; absent: the group was not launched
+    r{R}/slots.npy             [groups, entries]; absent: no outputs given (a kernel must run)
+    [r{R}/]is_padding.npy      optional bool [scheduled tokens]: tokens that must get PAD (rejected drafts)
+
+The same content may be written as one JSON file with the arrays inline
+(``"arrays": {name: list}``): handy for small hand-written examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cpsim.capture.archive import ArchiveReader, ArchiveWriter
+from cpsim.errors import ConfigError
+from cpsim.scenario import CPConfig, KVGroup, Limits
+
+FORMAT = "cpsim-explicit"
+VERSION = 1
+PATHS = ("v1", "v2")
+
+
+@dataclass
+class RankBatch:
+    """What one CP rank's kernel launch(es) saw in one step."""
+
+    positions: np.ndarray            # int64 [>= num_tokens_padded]; entries past query_start_loc[-1] unused
+    query_start_loc: np.ndarray      # int64 [num_reqs + 1]
+    idx_mapping: np.ndarray          # int64 [num_reqs]: table row of each request (-1 = dummy)
+    num_tokens_padded: int
+    tables: list[np.ndarray | None]  # per group; None = the group was not launched on this rank
+    slots: np.ndarray | None = None  # int64 [groups, entries] as produced; None = not given
+    is_padding: np.ndarray | None = None  # bool [num_scheduled]: scheduled tokens that must get PAD (rejected drafts)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.query_start_loc) - 1
+
+    @property
+    def num_scheduled(self) -> int:
+        return int(self.query_start_loc[-1]) if len(self.query_start_loc) else 0
+
+    def fingerprint(self) -> str:
+        """Hash of the rank-independent inputs: every rank of one step must agree on it."""
+        h = hashlib.sha256()
+        pad = self.is_padding if self.is_padding is not None else np.zeros(0, dtype=bool)
+        for a in (self.positions[: self.num_scheduled], self.query_start_loc, self.idx_mapping, pad):
+            h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+            h.update(b"|")
+        h.update(str(self.num_tokens_padded).encode())
+        return h.hexdigest()[:16]
+
+
+@dataclass
+class ExplicitStep:
+    """One step across all CP ranks (index = total CP rank)."""
+
+    path: str                        # "v1": logical tables, one launch per group; "v2": one launch, idx_mapping rows
+    cp: CPConfig
+    groups: tuple[KVGroup, ...]
+    entry_sizes: tuple[int, ...]     # slots per table entry of each group (b: kernel-block ids, B: physical ids)
+    limits: Limits
+    ranks: list[RankBatch]
+    label: dict[str, Any] = field(default_factory=dict)  # where it came from: step, call, source file, notes
+
+    @property
+    def has_outputs(self) -> bool:
+        return all(r.slots is not None for r in self.ranks)
+
+
+# ---- validation ---------------------------------------------------------------
+
+def _int_array(value: Any, name: str, ndim: int) -> np.ndarray:
+    a = np.asarray(value)
+    if a.ndim != ndim:
+        raise ConfigError(name, f"must be a {ndim}-D integer array, got shape {a.shape}")
+    if a.dtype == bool:
+        a = a.astype(np.int64)
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise ConfigError(name, f"must hold integers, got dtype {a.dtype}")
+    return a.astype(np.int64, copy=False)
+
+
+def validate(step: ExplicitStep) -> ExplicitStep:
+    """Shapes, ranks and ids; raises ConfigError (exit 2) naming the field and the rule."""
+    if step.path not in PATHS:
+        raise ConfigError("path", f"must be one of {', '.join(PATHS)}, got {step.path!r}")
+    if not step.groups:
+        raise ConfigError("groups", "at least one group is required")
+    if len(step.entry_sizes) != len(step.groups):
+        raise ConfigError("groups", "every group needs an entry_size")
+    for g, e in zip(step.groups, step.entry_sizes):
+        if e not in (g.b, g.block_size):
+            raise ConfigError(f"groups.{g.name}.entry_size",
+                              f"{e} must be the kernel block size {g.b} or the block size {g.block_size}")
+    world = step.cp.world
+    if len(step.ranks) != world:
+        have = len(step.ranks)
+        raise ConfigError("ranks", f"CP world is {world} (DCP {step.cp.dcp} x PCP {step.cp.pcp}) but "
+                                   f"{have} rank(s) were given" + (f"; missing rank(s) {list(range(have, world))}"
+                                                                   if have < world else ""))
+    G = len(step.groups)
+    for r, rb in enumerate(step.ranks):
+        where = f"ranks[{r}]"
+        qsl = rb.query_start_loc
+        if qsl.ndim != 1 or len(qsl) < 1:
+            raise ConfigError(f"{where}.query_start_loc", "must be 1-D with num_reqs + 1 entries")
+        if qsl[0] != 0 or (np.diff(qsl) < 0).any():
+            raise ConfigError(f"{where}.query_start_loc", f"must start at 0 and never decrease, got "
+                                                           f"{qsl[:8].tolist()}{'...' if len(qsl) > 8 else ''}")
+        n = int(qsl[-1])
+        if rb.positions.ndim != 1 or len(rb.positions) < n:
+            raise ConfigError(f"{where}.positions", f"needs at least query_start_loc[-1] = {n} entries, "
+                                                     f"got {rb.positions.shape}")
+        if not n <= rb.num_tokens_padded <= len(rb.positions):
+            raise ConfigError(f"{where}.num_tokens_padded", f"{rb.num_tokens_padded} must lie in "
+                                                             f"[{n}, {len(rb.positions)}] (scheduled, positions)")
+        if rb.idx_mapping.shape != (rb.num_reqs,):
+            raise ConfigError(f"{where}.idx_mapping", f"must have num_reqs = {rb.num_reqs} entries, "
+                                                       f"got shape {rb.idx_mapping.shape}")
+        dummy = rb.idx_mapping < 0
+        if (rb.idx_mapping < -1).any():
+            raise ConfigError(f"{where}.idx_mapping", "entries are table rows or -1 (dummy request)")
+        if (np.diff(qsl)[dummy] != 0).any():
+            raise ConfigError(f"{where}.idx_mapping", "a dummy request (-1) must schedule no tokens")
+        if rb.is_padding is not None and rb.is_padding.shape != (n,):
+            raise ConfigError(f"{where}.is_padding", f"must flag each of the {n} scheduled tokens, "
+                                                      f"got shape {rb.is_padding.shape}")
+        if len(rb.tables) != G:
+            raise ConfigError(f"{where}.tables", f"{G} group(s) declared, {len(rb.tables)} table(s) given")
+        for gi, (g, e, t) in enumerate(zip(step.groups, step.entry_sizes, rb.tables)):
+            if t is None:
+                continue
+            tw = f"{where}.g{gi}({g.name}).table"
+            if t.ndim != 2:
+                raise ConfigError(tw, f"must be 2-D [rows, width], got shape {t.shape}")
+            used = rb.idx_mapping[~dummy]
+            if used.size and int(used.max()) >= t.shape[0]:
+                raise ConfigError(tw, f"idx_mapping names row {int(used.max())} but the table has {t.shape[0]} rows")
+            bpk = g.block_size // e
+            limit = g.num_blocks * bpk
+            if t.size and (int(t.min()) < 0 or int(t.max()) >= limit):
+                bad = int(t.max()) if int(t.max()) >= limit else int(t.min())
+                raise ConfigError(tw, f"id {bad} out of range [0, {limit}) ({g.num_blocks} blocks"
+                                      f"{f' x {bpk} kernel blocks' if bpk > 1 else ''})")
+            if bpk > 1 and t.shape[1] % bpk:
+                raise ConfigError(tw, f"width {t.shape[1]} is not a multiple of {bpk} kernel blocks per block")
+            if bpk > 1 and t.size:
+                v = t.reshape(t.shape[0], -1, bpk)
+                ok = (v == v[:, :, :1] + np.arange(bpk)) | (v[:, :, :1] == 0)
+                if not ok.all():
+                    raise ConfigError(tw, f"kernel-block ids must come in runs q*{bpk} .. q*{bpk}+{bpk - 1}")
+                if (v[:, :, 0] % bpk).any():
+                    raise ConfigError(tw, f"a run of kernel-block ids must start at a multiple of {bpk}")
+        if rb.slots is not None and (rb.slots.ndim != 2 or rb.slots.shape[0] != G):
+            raise ConfigError(f"{where}.slots", f"must be [groups = {G}, entries], got shape {rb.slots.shape}")
+    return step
+
+
+# ---- files --------------------------------------------------------------------
+
+def _meta(step: ExplicitStep) -> dict[str, Any]:
+    return {
+        "format": FORMAT, "version": VERSION, "path": step.path,
+        "cp": dataclasses.asdict(step.cp), "limits": dataclasses.asdict(step.limits),
+        "groups": [dataclasses.asdict(g) | {"entry_size": e} for g, e in zip(step.groups, step.entry_sizes)],
+        "ranks": [{"num_tokens_padded": int(r.num_tokens_padded)} for r in step.ranks],
+        "label": step.label,
+    }
+
+
+def _arrays(step: ExplicitStep) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for name in ("positions", "query_start_loc", "idx_mapping", "is_padding"):
+        values = [getattr(r, name) for r in step.ranks]
+        if any(v is None for v in values):
+            continue
+        if all(v.shape == values[0].shape and np.array_equal(v, values[0]) for v in values):
+            out[name] = values[0]
+        else:
+            out.update({f"r{i}/{name}": v for i, v in enumerate(values)})
+    for i, r in enumerate(step.ranks):
+        for gi, t in enumerate(r.tables):
+            if t is not None:
+                out[f"r{i}/g{gi}/table"] = t
+        if r.slots is not None:
+            out[f"r{i}/slots"] = r.slots
+    return out
+
+
+def save(step: ExplicitStep, path: str | Path) -> Path:
+    """``.json``: arrays inline; anything else: the zip archive."""
+    path = Path(path)
+    if path.suffix == ".json":
+        data = _meta(step) | {"arrays": {k: v.tolist() for k, v in _arrays(step).items()}}
+        path.write_text(json.dumps(data) + "\n")
+        return path
+    with ArchiveWriter(path) as w:
+        w.json("meta", _meta(step))
+        for k, v in _arrays(step).items():
+            w.array(k, v)
+    return path
+
+
+class _JsonArrays:
+    def __init__(self, arrays: dict[str, Any], field_name: str):
+        self.arrays, self.field = arrays, field_name
+
+    def has(self, name: str) -> bool:
+        return name in self.arrays
+
+    def array(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            raise ConfigError(self.field, f"array {name!r} is missing")
+        return np.asarray(self.arrays[name])
+
+
+def is_explicit(path: str | Path) -> bool:
+    """An explicit-batch file (as opposed to a capture file or directory)."""
+    path = Path(path)
+    if path.is_dir() or not path.is_file():
+        return False
+    if path.suffix == ".json":
+        try:
+            return json.loads(path.read_text()).get("format") == FORMAT
+        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+            return False
+    try:
+        r = ArchiveReader(path)
+    except ConfigError:
+        return False
+    try:
+        return r.has("meta") and r.json("meta").get("format") == FORMAT
+    finally:
+        r.close()
+
+
+def load(path: str | Path, field_name: str = "file") -> ExplicitStep:
+    path = Path(path)
+    if path.suffix == ".json":
+        try:
+            meta = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(field_name, f"{path} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(field_name, f"{path} is not valid JSON: {e}") from None
+        src = _JsonArrays(meta.get("arrays", {}), field_name)
+        return from_meta(meta, src, path.name)
+    reader = ArchiveReader(path, field_name)
+    try:
+        return from_meta(reader.json("meta"), reader, path.name)
+    finally:
+        reader.close()
+
+
+def from_meta(meta: dict[str, Any], src, source: str) -> ExplicitStep:
+    if meta.get("format") != FORMAT:
+        raise ConfigError("format", f"{source} is not an explicit batch (format {meta.get('format')!r}, "
+                                    f"expected {FORMAT!r})")
+    if meta.get("version") != VERSION:
+        raise ConfigError("version", f"{source}: explicit-batch version {meta.get('version')!r} is not {VERSION}")
+    try:
+        cp = CPConfig(**meta.get("cp", {}))
+        limits = Limits(**meta.get("limits", {}))
+        raw = [dict(g) for g in meta["groups"]]
+        entry = tuple(int(g.pop("entry_size", 0)) for g in raw)
+        groups = tuple(KVGroup(**g) for g in raw)
+        entry = tuple(e or g.b for e, g in zip(entry, groups))
+        rank_meta = meta.get("ranks")
+        if rank_meta is None:
+            rank_meta = [{}] * cp.world
+    except KeyError as e:
+        raise ConfigError(e.args[0], "is required") from None
+    except TypeError as e:
+        raise ConfigError("meta", f"unexpected or missing field ({e})") from None
+
+    def arr(r: int, name: str, ndim: int) -> np.ndarray:
+        key = f"r{r}/{name}" if src.has(f"r{r}/{name}") else name
+        return _int_array(src.array(key), f"ranks[{r}].{name}", ndim)
+
+    ranks = []
+    for r, rm in enumerate(rank_meta):
+        qsl = arr(r, "query_start_loc", 1)
+        idx = arr(r, "idx_mapping", 1) if (src.has(f"r{r}/idx_mapping") or src.has("idx_mapping")) \
+            else np.arange(max(len(qsl) - 1, 0), dtype=np.int64)
+        pos = arr(r, "positions", 1)
+        tables = [(_int_array(src.array(f"r{r}/g{gi}/table"), f"ranks[{r}].g{gi}.table", 2)
+                   if src.has(f"r{r}/g{gi}/table") else None) for gi in range(len(groups))]
+        slots = _int_array(src.array(f"r{r}/slots"), f"ranks[{r}].slots", 2) if src.has(f"r{r}/slots") else None
+        padded = int(rm.get("num_tokens_padded", int(qsl[-1]) if len(qsl) else 0))
+        pad = None
+        if src.has(f"r{r}/is_padding") or src.has("is_padding"):
+            pad = arr(r, "is_padding", 1).astype(bool)
+        ranks.append(RankBatch(pos, qsl, idx, padded, tables, slots, pad))
+    return validate(ExplicitStep(str(meta.get("path", "v2")), cp, groups, entry, limits, ranks,
+                                 dict(meta.get("label", {})) | {"source": source}))

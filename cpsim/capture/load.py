@@ -1,0 +1,286 @@
+"""Read capture files back as explicit steps: the files of all ranks *are* the all-gather.
+
+A step's launches on one rank form the units replay checks: the per-group (v1
+family) launches of a step together, and every multi-group (v2 family) launch on
+its own; the k-th unit of a family on one rank is matched with the k-th on every
+other rank. Kernel arguments carry the CP layout, block sizes and tables; what
+they do not carry (``max_model_len``, cache sizes, buffer limits) comes from the
+capture's ``meta`` or is inferred so that the checks it feeds stay consistent
+(noted in the step's label).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from cpsim.capture.archive import ArchiveReader
+from cpsim.capture.batch import ExplicitStep, RankBatch, validate
+from cpsim.capture.recorder import FORMAT, SUFFIX
+from cpsim.errors import ConfigError
+from cpsim.layout import PAD_SLOT_ID
+from cpsim.scenario import CPConfig, KVGroup, Limits
+
+_MEMBER = re.compile(r"^s(\d{8})/c(\d{3})/meta\.json$")
+
+
+@dataclass
+class Call:
+    file_rank: int
+    step: int
+    call: int
+    meta: dict[str, Any]
+    reader: ArchiveReader
+
+    def array(self, name: str) -> np.ndarray:
+        return self.reader.array(f"s{self.step:08d}/c{self.call:03d}/{name}")
+
+    def has(self, name: str) -> bool:
+        return self.reader.has(f"s{self.step:08d}/c{self.call:03d}/{name}")
+
+    def scalar(self, name: str, default: Any = None) -> Any:
+        return self.meta.get("scalars", {}).get(name, default)
+
+
+@dataclass
+class Capture:
+    files: dict[int, ArchiveReader]
+    headers: dict[int, dict[str, Any]]
+    index: dict[int, dict[int, list[Call]]] = field(default_factory=dict)  # step -> file rank -> calls
+    truncated: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        for h in self.headers.values():
+            if h.get("meta"):
+                return h["meta"]
+        return {}
+
+
+def is_capture(path: str | Path) -> bool:
+    p = Path(path)
+    return p.is_dir() and any(p.glob(f"rank*{SUFFIX}")) or (p.is_file() and p.suffix == SUFFIX)
+
+
+def open_capture(path: str | Path) -> Capture:
+    p = Path(path)
+    files = sorted(p.glob(f"rank*{SUFFIX}")) if p.is_dir() else [p]
+    if not files:
+        raise ConfigError("capture", f"{p} holds no rank*{SUFFIX} files")
+    cap = Capture({}, {})
+    for f in files:
+        reader = ArchiveReader(f, "capture")
+        header = reader.json("capture")
+        if header.get("format") != FORMAT:
+            raise ConfigError("capture", f"{f.name} is not a cpsim capture (format {header.get('format')!r})")
+        rank = int(header.get("rank", 0))
+        if rank in cap.files:
+            raise ConfigError("capture", f"two files claim rank {rank} ({f.name})")
+        cap.files[rank], cap.headers[rank] = reader, header
+        if reader.has("truncated"):
+            cap.truncated[rank] = reader.json("truncated")
+        for name in sorted(reader.names):
+            m = _MEMBER.match(name)
+            if m:
+                step, call = int(m.group(1)), int(m.group(2))
+                meta = reader.json(name[: -len(".json")])
+                cap.index.setdefault(step, {}).setdefault(rank, []).append(Call(rank, step, call, meta, reader))
+    return cap
+
+
+def units(cap: Capture) -> Iterator[tuple[int, str, dict[int, list[Call]]]]:
+    """(step, unit name, file rank -> calls) in step order."""
+    for step in sorted(cap.index):
+        per_rank = cap.index[step]
+        names: dict[str, dict[int, list[Call]]] = {}
+        for rank, calls in per_rank.items():
+            v2_seen = 0
+            for c in sorted(calls, key=lambda c: c.call):
+                fam = c.meta.get("family")
+                if fam == "v1":
+                    names.setdefault("v1", {}).setdefault(rank, []).append(c)
+                elif fam == "v2":
+                    names.setdefault(f"v2#{v2_seen}", {}).setdefault(rank, []).append(c)
+                    v2_seen += 1
+                else:
+                    names.setdefault(f"unsupported:{c.meta.get('kernel')}", {}).setdefault(rank, []).append(c)
+        for name in sorted(names, key=lambda n: (n.startswith("unsupported"), n)):
+            yield step, name, names[name]
+
+
+def _positions_qsl(c: Call, pos_name: str, qsl_name: str) -> tuple[np.ndarray, np.ndarray]:
+    return c.array(pos_name).astype(np.int64, copy=False), c.array(qsl_name).astype(np.int64, copy=False)
+
+
+def _group_limits(step_groups: list[dict], tables: list[list[np.ndarray | None]], meta: dict, world: int,
+                  entries: int, num_reqs: int) -> tuple[tuple[KVGroup, ...], Limits, list[str]]:
+    """KV groups and limits from the launch arguments, the capture's meta, and inference."""
+    notes = []
+    true_sizes = meta.get("block_sizes")
+    if true_sizes is not None:
+        # The deployment's physical block sizes: a kernel handed a wrong KV_CACHE_BLOCK_SIZE
+        # (virtual-block-uses-kernel-block) is then judged against the real layout.
+        if not isinstance(true_sizes, list) or len(true_sizes) != len(step_groups):
+            raise ConfigError("meta.block_sizes", f"needs one physical block size per launched group "
+                                                  f"({len(step_groups)}), got {true_sizes!r}")
+        for gd, B in zip(step_groups, true_sizes):
+            if not isinstance(B, int) or B < gd["entry"] or B % gd["entry"]:
+                raise ConfigError("meta.block_sizes", f"{B!r} must be a multiple of the table entry size {gd['entry']}")
+            gd["block_size"] = B
+    given_blocks = meta.get("num_blocks")
+    names = meta.get("group_names") or []
+    groups = []
+    widths = []
+    for gi, gd in enumerate(step_groups):
+        B, e = gd["block_size"], gd["entry"]
+        per = B // e
+        ts = [t[gi] for t in tables if t[gi] is not None]
+        top = max((int(t.max()) // per for t in ts if t.size), default=0)
+        if isinstance(given_blocks, list) and gi < len(given_blocks):
+            nb = int(given_blocks[gi])
+        elif isinstance(given_blocks, int):
+            nb = given_blocks
+        else:
+            nb = top + 1
+        w = max((t.shape[1] // per for t in ts), default=1)
+        widths.append((w, B, gd))
+        groups.append(KVGroup(names[gi] if gi < len(names) else f"g{gi}", gd["kind"], B,
+                              gd["kernel_block"] if gd["kernel_block"] != B else 0, gd["sharded"], nb))
+    if given_blocks is None:
+        notes.append("num_blocks inferred from the highest table id (give meta num_blocks to bound the cache)")
+    mml = meta.get("max_model_len")
+    if mml is None:
+        sharded = [w * B * world for w, B, gd in widths if gd["sharded"] and gd["kind"] == "attention"]
+        other = [w * B for w, B, gd in widths if gd["kind"] == "attention"]
+        mml = min(sharded or other or [1])
+        notes.append(f"max_model_len {mml} inferred from table widths (give meta max_model_len to check block-sizing)")
+    limits = Limits(int(mml), int(meta.get("max_num_reqs", max(num_reqs, 1))),
+                    int(meta.get("max_num_batched_tokens", entries)), int(meta.get("num_speculative_tokens", 0)))
+    return tuple(groups), limits, notes
+
+
+def _order(per_rank: dict[int, Any], cp_rank_of: dict[int, int | None], world: int, where: str) -> list[int]:
+    """File ranks sorted by CP rank (from the kernel arguments when a group is sharded)."""
+    cp = {fr: (cr if cr is not None else fr) for fr, cr in cp_rank_of.items()}
+    by_cp = {}
+    for fr, cr in cp.items():
+        if cr in by_cp:
+            raise ConfigError("ranks", f"{where}: files of ranks {by_cp[cr]} and {fr} both ran CP rank {cr}")
+        by_cp[cr] = fr
+    missing = [r for r in range(world) if r not in by_cp]
+    if missing:
+        raise ConfigError("ranks", f"{where}: CP world {world} but rank(s) {missing} have no launch here "
+                                   f"(file(s) missing or capture cut short)")
+    return [by_cp[r] for r in range(world)]
+
+
+def _v1_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, source: str) -> ExplicitStep:
+    where = f"step {step} {name}"
+    counts = {r: len(c) for r, c in per_rank.items()}
+    if len(set(counts.values())) != 1:
+        raise ConfigError("capture", f"{where}: ranks launched different numbers of groups {counts}")
+    first = next(iter(per_rank.values()))
+    world = max(int(c.scalar("TOTAL_CP_WORLD_SIZE", 1)) for calls in per_rank.values() for c in calls)
+    interleave = int(first[0].scalar("CP_KV_CACHE_INTERLEAVE_SIZE", 1))
+    unsharded_world = world == 1 and len(per_rank) > 1
+    if unsharded_world:
+        world = len(per_rank)
+    cp_rank_of = {}
+    for fr, calls in per_rank.items():
+        shard = [int(c.scalar("TOTAL_CP_RANK", 0)) for c in calls if int(c.scalar("TOTAL_CP_WORLD_SIZE", 1)) > 1]
+        cp_rank_of[fr] = shard[0] if shard else None
+    order = _order(per_rank, cp_rank_of, world, where)
+    step_groups = []
+    for c in first:
+        B, b = int(c.scalar("KV_CACHE_BLOCK_SIZE")), int(c.scalar("block_size"))
+        circ = bool(c.scalar("IS_CIRCULAR", False))
+        step_groups.append({"block_size": B, "entry": b, "kernel_block": b,
+                            "kind": "sliding_window" if circ else "attention",
+                            "sharded": int(c.scalar("TOTAL_CP_WORLD_SIZE", 1)) > 1 or world == 1})
+    ranks, tables = [], []
+    for fr in order:
+        calls = per_rank[fr]
+        pos, qsl = _positions_qsl(calls[0], "positions_ptr", "query_start_loc_ptr")
+        T = int(calls[0].scalar("max_num_tokens"))
+        slots = np.full((len(calls), T), PAD_SLOT_ID, dtype=np.int64)
+        ts = []
+        for gi, c in enumerate(calls):
+            out = c.array("slot_mapping_ptr").astype(np.int64, copy=False)
+            slots[gi, : min(T, len(out))] = out[:T]
+            ts.append(c.array("block_table_ptr"))
+        tables.append(ts)
+        padded = min(int(calls[0].scalar("num_tokens", qsl[-1])), len(pos))
+        ranks.append(RankBatch(pos, qsl, np.arange(len(qsl) - 1, dtype=np.int64), max(padded, int(qsl[-1])), ts,
+                               slots))
+    groups, limits, notes = _group_limits(step_groups, tables, meta, world, ranks[0].slots.shape[1],
+                                          ranks[0].num_reqs)
+    label = {"step": step, "unit": name, "source": source, "file_ranks": order, "notes": notes,
+             "kernels": sorted({c.meta.get("kernel") for calls in per_rank.values() for c in calls}),
+             "name": f"step {step} {name}"}
+    return validate(ExplicitStep("v1", CPConfig(dcp=world, interleave=interleave), groups,
+                                 tuple(g["entry"] for g in step_groups), limits, ranks, label))
+
+
+def _v2_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, source: str) -> ExplicitStep:
+    where = f"step {step} {name}"
+    calls = {fr: cs[0] for fr, cs in per_rank.items()}
+    first = next(iter(calls.values()))
+    world = int(first.scalar("CP_SIZE", 1))
+    interleave = int(first.scalar("CP_INTERLEAVE", 1))
+    if world == 1 and len(calls) > 1:
+        world = len(calls)
+    order = _order(calls, {fr: int(c.scalar("cp_rank", fr)) if int(c.scalar("CP_SIZE", 1)) > 1 else None
+                           for fr, c in calls.items()}, world, where)
+    sizes = first.array("block_sizes").astype(np.int64, copy=False)
+    G = len(sizes)
+    kbs = first.array("kernel_block_sizes").astype(np.int64, copy=False) if first.has("kernel_block_sizes") else sizes
+    cps = first.array("group_cp_sizes").astype(np.int64, copy=False) if first.has("group_cp_sizes") \
+        else np.full(G, int(first.scalar("CP_SIZE", 1)))
+    enabled = first.array("slot_mapping_enabled") if first.has("slot_mapping_enabled") else np.ones(G)
+    circ = first.array("is_circular") if first.has("is_circular") else np.zeros(G)
+    step_groups = [{"block_size": int(sizes[g]), "entry": int(kbs[g]), "kernel_block": int(kbs[g]),
+                    "kind": "mamba" if not enabled[g] else ("sliding_window" if circ[g] else "attention"),
+                    "sharded": int(cps[g]) > 1 or world == 1} for g in range(G)]
+    ranks, tables = [], []
+    for fr in order:
+        c = calls[fr]
+        pos, qsl = _positions_qsl(c, "pos", "query_start_loc")
+        idx = c.array("idx_mapping").astype(np.int64, copy=False)
+        T = int(c.scalar("max_num_tokens"))
+        out = c.array("slot_mappings_ptr").astype(np.int64, copy=False).reshape(G, -1)[:, :T]
+        ts = [c.array(f"table{g}") for g in range(G)]
+        tables.append(ts)
+        padded = min(int(c.scalar("num_tokens", qsl[-1])), len(pos))
+        pad = c.array("is_padding").astype(bool)[: int(qsl[-1])] if c.has("is_padding") else None
+        ranks.append(RankBatch(pos, qsl, idx, max(padded, int(qsl[-1])), ts, out, pad))
+    groups, limits, notes = _group_limits(step_groups, tables, meta, world, T, ranks[0].num_reqs)
+    label = {"step": step, "unit": name, "source": source, "file_ranks": order, "notes": notes,
+             "kernels": sorted({c.meta.get("kernel") for c in calls.values()}), "name": f"step {step} {name}"}
+    return validate(ExplicitStep("v2", CPConfig(dcp=world, interleave=interleave), groups,
+                                 tuple(g["entry"] for g in step_groups), limits, ranks, label))
+
+
+def to_step(cap: Capture, step: int, name: str, per_rank: dict[int, list[Call]], source: str) -> ExplicitStep:
+    if name == "v1":
+        return _v1_step(step, name, per_rank, cap.meta, source)
+    if name.startswith("v2#"):
+        return _v2_step(step, name, per_rank, cap.meta, source)
+    raise ConfigError("capture", f"step {step}: {name.split(':', 1)[1]} has an ABI replay cannot read yet "
+                                 f"(v1 per-group and v2 multi-group kernels are supported)")
+
+
+def steps(path: str | Path, notes: list[str] | None = None) -> Iterator[ExplicitStep]:
+    """Every unit in step order. Steps from where a rank's budget ran out are skipped (said in ``notes``)."""
+    cap = open_capture(path)
+    cut = min((int(t.get("step", 0)) for t in cap.truncated.values()), default=None)
+    for step, name, per_rank in units(cap):
+        if cut is not None and step >= cut:
+            if notes is not None:
+                notes.append(f"the capture budget ran out at step {cut} on rank(s) {sorted(cap.truncated)}: "
+                             f"steps from {cut} on were not checked")
+            return
+        yield to_step(cap, step, name, per_rank, str(path))

@@ -1,0 +1,123 @@
+"""Run a kernel on an explicit step's inputs: cpsim's own ("builtin") or a user's (``--kernel-v1/-v2 SPEC``).
+
+The kernel gets the captured tables, positions, ``query_start_loc`` and
+``idx_mapping`` as they were, through its own ABI; outputs are poisoned first
+and handed back as int64 ``[groups, entries]`` per rank, for the coordinator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from cpsim import kernels
+from cpsim.capture.batch import ExplicitStep, RankBatch
+from cpsim.errors import ConfigError
+from cpsim.layout import PAD_SLOT_ID, POISON
+
+TILE = 1024
+
+
+def _t(a: np.ndarray, dtype, device) -> torch.Tensor:
+    return torch.as_tensor(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+
+
+def _builtin(path: str):
+    from cpsim.paths._inputs import prepare_triton
+    prepare_triton(torch.device("cpu"))
+    if path == "v1":
+        from cpsim.kernels.triton_v1 import _compute_slot_mapping_kernel as k
+    else:
+        from cpsim.kernels.triton_v2 import _compute_slot_mappings_kernel as k
+    from cpsim.plugin.kernel_under_test import KernelUnderTest, parameters
+    return KernelUnderTest("builtin", k, "builtin", tuple(n for n, _ in parameters(k)))
+
+
+def _v1_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np.ndarray:
+    out = np.full((len(step.groups), T), PAD_SLOT_ID, dtype=np.int64)
+    qsl = _t(np.minimum(rb.query_start_loc, T), torch.int32, device)
+    pos = _t(rb.positions, torch.int64, device)
+    for gi, (g, e, table) in enumerate(zip(step.groups, step.entry_sizes, rb.tables)):
+        if table is None:
+            continue
+        n = g.world(step.cp)
+        tab = _t(table, torch.int32, device)
+        buf = torch.full((T,), POISON, dtype=torch.int64 if k.abi == "builtin" else torch.int32, device=device)
+        args = dict(num_tokens=min(rb.num_tokens_padded, T), max_num_tokens=T, query_start_loc_ptr=qsl,
+                    positions_ptr=pos, block_table_ptr=tab, block_table_stride=tab.stride(0), block_size=e,
+                    slot_mapping_ptr=buf, KV_CACHE_BLOCK_SIZE=g.block_size, BLOCKS_PER_KV_BLOCK=g.block_size // e,
+                    TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=r if n > 1 else 0,
+                    CP_KV_CACHE_INTERLEAVE_SIZE=step.cp.interleave, PAD_ID=PAD_SLOT_ID, TILE_BLOCK_SIZE=TILE,
+                    BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, e), IS_CIRCULAR=g.circular)
+        if g.circular and "IS_CIRCULAR" not in k.params:
+            raise ConfigError("kernel", f"{k.spec} has no IS_CIRCULAR flag; group {g.name} is a sliding-window ring")
+        k.obj[(rb.num_reqs + 1,)](**{n_: v for n_, v in args.items() if n_ in k.params})
+        out[gi] = buf.cpu().to(torch.int64).numpy()
+    return out
+
+
+def _v2_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np.ndarray:
+    G = len(step.groups)
+    out = np.full((G, T), PAD_SLOT_ID, dtype=np.int64)
+    tabs = [_t(t if t is not None else np.zeros((1, 1)), torch.int32, device) for t in rb.tables]
+    per_group = "group_cp_sizes" in k.params
+    launches: dict[tuple[int, int], list[int]] = {}
+    for gi, g in enumerate(step.groups):
+        n = g.world(step.cp)
+        if g.circular and "is_circular" not in k.params:
+            raise ConfigError(f"--kernel-{step.path}", f"{k.spec} has no is_circular flag; group {g.name} is a "
+                                                       f"sliding-window ring, so its captured inputs cannot be rerun")
+        if not g.slot_mapped and "slot_mapping_enabled" not in k.params:
+            continue
+        key = (step.cp.world, r) if per_group or n > 1 else (1, 0)
+        launches.setdefault(key, []).append(gi)
+    dtype = torch.int32 if k.abi == "ascend-v2" else torch.int64
+    for (n, rank), gis in launches.items():
+        buf = torch.full((len(gis), T), POISON, dtype=dtype, device=device)
+
+        def i32(values):
+            return torch.tensor(list(values), dtype=torch.int32, device=device)
+        args = dict(
+            num_tokens=min(rb.num_tokens_padded if k.abi == "builtin" else rb.num_scheduled, T), max_num_tokens=T,
+            idx_mapping=_t(rb.idx_mapping, torch.int32, device),
+            query_start_loc=_t(np.minimum(rb.query_start_loc, T), torch.int32, device),
+            pos=_t(rb.positions, torch.int64, device),
+            block_table_ptrs=torch.tensor([tabs[i].data_ptr() for i in gis], dtype=torch.int64, device=device),
+            block_table_strides=torch.tensor([tabs[i].stride(0) for i in gis], dtype=torch.int64, device=device),
+            block_sizes=i32(step.entry_sizes[i] for i in gis),
+            slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=rank, CP_SIZE=n,
+            CP_INTERLEAVE=step.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
+            BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(step.entry_sizes[i] for i in gis)),
+            BLOCK_TABLE_PAD_SIZE=kernels.next_pow2(max(tabs[i].stride(0) for i in gis)),
+            slot_mapping_enabled=i32(int(step.groups[i].slot_mapped) for i in gis), HAS_SLOT_MAPPING_ENABLED=True,
+            group_cp_sizes=i32(step.groups[i].world(step.cp) for i in gis),
+            is_circular=i32(int(step.groups[i].circular) for i in gis),
+            is_padding=_t(rb.is_padding if rb.is_padding is not None else np.zeros(rb.num_scheduled, bool),
+                          torch.bool, device),
+        )
+        k.obj[(len(gis), rb.num_reqs + 1)](**{n_: v for n_, v in args.items() if n_ in k.params})
+        out[gis] = buf.cpu().to(torch.int64).numpy()
+    return out
+
+
+def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray]:
+    """Per-rank ``[groups, entries]`` slots of ``kernel`` (None: cpsim's built-in kernel of the step's path)."""
+    k = kernel if kernel is not None else _builtin(step.path)
+    if k.abi not in ("builtin", "ascend-v1", "ascend-v2", "vllm-v2"):
+        raise ConfigError(f"--kernel-{step.path}", f"{k.spec}: rerunning captured inputs supports the ascend-v1, "
+                                                   f"ascend-v2 and vllm-v2 ABIs, not {k.abi}")
+    if k.abi != "builtin":
+        from cpsim.paths._inputs import prepare_triton
+        prepare_triton(torch.device(device))
+    dev = torch.device(device)
+    outs = []
+    for r, rb in enumerate(step.ranks):
+        T = rb.slots.shape[1] if rb.slots is not None else step.limits.slot_buffer_size
+        fn = _v1_rank if step.path == "v1" else _v2_rank
+        out = fn(k, step, r, rb, T, dev)
+        if rb.is_padding is not None and "is_padding" not in k.params:
+            # The runtime masks flagged tokens around a kernel that does not take the flags.
+            flagged = np.nonzero(rb.is_padding)[0]
+            out[:, flagged[flagged < T]] = PAD_SLOT_ID
+        outs.append(out)
+    return outs
