@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     err = Console(stderr=True)
     try:
+        from cpsim.run import isolation
+        isolation.configure_from_args(args)
         return int(args.func(args) or 0)
     except ConfigError as e:
         err.print(f"[bold red]error:[/bold red] {e}", highlight=False)
