@@ -20,6 +20,8 @@ from cpsim.scenario import Scenario
 
 INVARIANTS = (
     "kernel-completes",
+    "guard-intact",
+    "row-bounds",
     "exactly-one-owner",
     "owner-rule",
     "dense-local",
@@ -28,8 +30,6 @@ INVARIANTS = (
     "capacity",
     "padding",
     "matches-reference",
-    "guard-intact",
-    "row-bounds",
     "paths-agree",
     "same-scenario",
 )

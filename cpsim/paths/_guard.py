@@ -5,9 +5,9 @@ into memory it does not own; without guards that memory is either another group'
 row (the error shows up as a confusing wrong slot) or outside the allocation (silent
 corruption, or a crash). Every output row is therefore allocated with ``WIDTH``
 entries holding ``GUARD`` before and after it, and the guards are read back after
-the rank's launches. Block tables get guard entries past each row's width and a
-guard row above and below the table, holding ``layout.table_guard_id`` (an id past
-the cache), so a kernel that reads outside its row produces a recognisable slot.
+the rank's launches. Block tables get ``WIDTH`` guard rows above and below, and every
+row no request uses holds guard ids too (``layout.table_guard_id``, an id past the
+cache), so a kernel that reads outside the rows it serves produces a recognisable slot.
 
 Buffers register with a watch opened by ``cpsim.paths.run_path`` around one rank's
 run (module state: one rank runs at a time in a process); nothing here judges the
@@ -53,13 +53,24 @@ def buffer(groups: Iterable[int], entries: int, dtype: torch.dtype, device, fill
     return view
 
 
-def table(t: torch.Tensor, num_blocks: int, block_size: int, entry_size: int) -> torch.Tensor:
-    """``t`` [rows, width] as a view of a table with guard entries past every row and guard rows around it."""
+def table(t: torch.Tensor, used_rows: Iterable[int], num_blocks: int, block_size: int, entry_size: int
+          ) -> torch.Tensor:
+    """``t`` [rows, width] inside guard rows, with every row no request uses holding guard ids too.
+
+    The row stride stays ``width``, as upstream (kernels may bound their loads by the
+    stride), so a load past a row's width reaches the next row: a real request's blocks
+    (caught as wrong slots by dense-local / matches-reference) or, past the last used
+    row, guard ids that ``row-bounds`` names.
+    """
     guard_id = table_guard_id(num_blocks, block_size, entry_size)
     rows, width = t.shape
-    full = torch.full((rows + 2, width + WIDTH), guard_id, dtype=t.dtype, device=t.device)
-    full[1:rows + 1, :width] = t
-    return full[1:rows + 1, :width]
+    full = torch.full((rows + 2 * WIDTH, width), guard_id, dtype=t.dtype, device=t.device)
+    view = full[WIDTH:WIDTH + rows]
+    used = sorted({r for r in used_rows if 0 <= r < rows})
+    if used:
+        index = torch.tensor(used, dtype=torch.int64, device=t.device)
+        view[index] = t[index]
+    return view
 
 
 class Watch:

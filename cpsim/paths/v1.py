@@ -37,7 +37,7 @@ def buffer_size(s: Scenario, knobs: Knobs) -> int:
 def _tables(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
     rows = list(range(s.batch.num_reqs))
     phys = physical_table(alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs))
-    return _guard.table(logical_table(phys, g.bpk).to(device), g.num_blocks, g.block_size, g.b)
+    return _guard.table(logical_table(phys, g.bpk).to(device), rows, g.num_blocks, g.block_size, g.b)
 
 
 def _sizes(s: Scenario, g: KVGroup, knobs: Knobs) -> tuple[int, int]:

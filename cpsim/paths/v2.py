@@ -30,10 +30,11 @@ def table_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
 
 def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> tuple[torch.Tensor, int]:
     """(table, slots per entry). The kernel-block fault hands over kernel-block entries."""
-    phys = physical_table(alloc, list(s.batch.rows_v2()), s.limits.max_num_reqs, table_width(s, g, knobs))
+    rows = list(s.batch.rows_v2())
+    phys = physical_table(alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs))
     if knobs.virtual_from_kernel_block and g.bpk > 1:
-        return _guard.table(logical_table(phys, g.bpk).to(device), g.num_blocks, g.block_size, g.b), g.b
-    return _guard.table(phys.to(device), g.num_blocks, g.block_size, g.block_size), g.block_size
+        return _guard.table(logical_table(phys, g.bpk).to(device), rows, g.num_blocks, g.block_size, g.b), g.b
+    return _guard.table(phys.to(device), rows, g.num_blocks, g.block_size, g.block_size), g.block_size
 
 
 def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:

@@ -118,7 +118,7 @@ class Worker:
         there.close()
         self.conn, self.device = here, device
         reply = self._ask(("prepare", device), STARTUP_S)
-        if reply is None or reply[0] != "ok":
+        if reply[0] != "ok":
             self.stop()
             if reply is not None and reply[0] == "config":
                 raise ConfigError(reply[1], reply[2])
@@ -135,14 +135,14 @@ class Worker:
         self.proc = self.conn = None
 
     def _ask(self, msg, timeout: float):
-        """The reply, or None when the child did not answer in time or died (look at ``proc.exitcode``)."""
+        """The reply; ("timeout",) when the child did not answer in time, ("dead",) when it died."""
         try:
             self.conn.send(msg)
             if not self.conn.poll(timeout):
-                return None
+                return ("timeout",)
             return self.conn.recv()
         except (EOFError, OSError):
-            return None
+            return ("dead",)
 
     def run(self, path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel, timeout: float
             ) -> RankOutput | None:
@@ -157,10 +157,10 @@ class Worker:
             record = {"spec": kernel.spec, "abi": kernel.abi, "v2_launch": kernel.v2_launch,
                       "shim_vllm": kernel.shim_vllm}
         reply = self._ask(("run", path, s, allocs, rank, device, knobs, record), timeout)
-        if reply is None:
-            if self.proc.is_alive():  # no answer in time: a hang
-                self.stop()
-                raise _fail("timeout", f"exceeded {timeout:g} s (worker killed)", path, rank, kernel)
+        if reply[0] == "timeout":
+            self.stop()
+            raise _fail("timeout", f"exceeded {timeout:g} s (worker killed)", path, rank, kernel)
+        if reply[0] == "dead":
             self.proc.join(5)
             code = self.proc.exitcode
             self.stop()
