@@ -5,7 +5,8 @@
 (1) `cpsim run --quiet` (default preset, 8 ranks, 3 paths) as a fresh process, with
     CPSIM_KERNEL_ISOLATION=0 (in-process) and 1 (worker process, the default);
     alternating, median of --runs each.
-(2) In one process, `run_virtual` over --scenarios small scenarios (the mtp preset
+(2) The worker's start-up alone (paid once per command, and again after a crash/timeout).
+(3) In one process, `run_virtual` over --scenarios small scenarios (the mtp preset
     at CP 2, one seed each, v1 + v2 paths), after one warm-up: the steady per-scenario
     cost fuzz pays, in-process vs in the warm worker.
 """
@@ -30,6 +31,17 @@ def whole_run(runs: int) -> dict[str, list[float]]:
                            stdout=subprocess.DEVNULL)
             times[label].append(time.perf_counter() - t)
     return times
+
+
+def startup() -> float:
+    """Seconds to start the forkserver, preload torch + cpsim, fork the worker and import Triton there."""
+    from cpsim.run import isolation
+    w = isolation.Worker()
+    t = time.perf_counter()
+    w.start("cpu")
+    dt = time.perf_counter() - t
+    w.stop()
+    return dt
 
 
 def per_scenario(n: int) -> dict[str, float]:
@@ -57,6 +69,7 @@ def main() -> None:
     for label, ts in whole_run(a.runs).items():
         print(f"cpsim run --quiet, {label}: median {statistics.median(ts):.2f} s  (runs: "
               f"{', '.join(f'{t:.2f}' for t in ts)})")
+    print(f"worker start-up (forkserver + preload + Triton import in the worker): {startup():.2f} s")
     for label, t in per_scenario(a.scenarios).items():
         print(f"run_virtual mtp CP 2 v1+v2, {label}: {t * 1000:.0f} ms per scenario")
 

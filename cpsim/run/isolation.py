@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from cpsim.errors import ConfigError
+from cpsim.errors import ConfigError, DistError
 from cpsim.paths import KernelFailure, Knobs, RankOutput, run_path
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -69,8 +69,12 @@ def current() -> Isolation:
     return _config
 
 
-class KernelFailed(RuntimeError):
-    """A rank run that did not complete; ``failure`` says how."""
+class KernelFailed(DistError):
+    """A rank run that did not complete; ``failure`` says how.
+
+    The virtual world turns it into a ``kernel-completes`` violation; under torchrun
+    it ends the rank like any DistError: one line naming the kernel and the rank.
+    """
 
     def __init__(self, failure: KernelFailure):
         self.failure = failure
