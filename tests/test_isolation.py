@@ -58,6 +58,19 @@ def test_misbehaving_callable_is_a_named_violation(capsys, tmp_path, name, phras
     assert phrase in _failure(report)
 
 
+def test_failure_is_in_every_report_format(capsys, tmp_path):
+    import xml.etree.ElementTree as ET
+    html, xml = tmp_path / "r.html", tmp_path / "r.xml"
+    code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:raises", "--html", str(html), "--junit", str(xml))
+    assert code == 1
+    phrase = "kernel raised ValueError: boom from cp_rank 0 on rank 0, group attn"
+    assert phrase in _failure(report) and "rank 1 not run" in _failure(report)
+    [f] = [c.find("failure") for c in ET.parse(xml).getroot().iter("testcase") if c.find("failure") is not None]
+    assert f.get("type") == "kernel-completes" and phrase in f.get("message")
+    page = html.read_text()
+    assert phrase in page and "not run" in page
+
+
 def test_hanging_kernel_is_bounded_by_kernel_timeout(capsys, tmp_path):
     code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:hang", "--kernel-timeout", "3")
     assert code == 1

@@ -339,7 +339,9 @@ def row_bounds(ctx, path, g, full: torch.Tensor, entry_sizes: torch.Tensor) -> l
 
 def kernel_failed(path: str, failure, world: int) -> list[Verdict]:
     """A path whose kernel raised, crashed, hung or ended its process on a rank: that is its verdict."""
-    rest = f"; ranks {failure.not_run[0]}-{failure.not_run[-1]} not run" if failure.not_run else ""
+    left = failure.not_run
+    rest = "" if not left else (f"; rank {left[0]} not run" if len(left) == 1 else
+                                f"; ranks {left[0]}-{left[-1]} not run")
     vio = Violation("kernel-completes", path, failure.group, 1, failure.message + rest, [failure.rank])
     why = f"the kernel did not complete on rank {failure.rank}"
     return [Verdict("kernel-completes", path, "fail", world, [vio])] + [
