@@ -17,6 +17,9 @@ is only replaced after a crash or a timeout. Triton is imported inside the worke
 after ``TRITON_INTERPRET=1`` is set (``cpsim.paths._inputs.prepare_triton``).
 Cost: docs/BENCHMARKS.md.
 
+Under torchrun (``run_rank_checked``) only the user's kernels go to a worker: the
+rank is already a process of its own with bounded collectives.
+
 ``CPSIM_KERNEL_ISOLATION=0`` runs kernels in-process (exceptions and ``sys.exit``
 still become failures; crashes and hangs are not caught) - for debugging only.
 """
@@ -209,19 +212,25 @@ def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kern
 _worker = Worker()
 
 
-def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), kernel=None) -> RankOutput | None:
+def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), kernel=None,
+             builtin_in_worker: bool = True) -> RankOutput | None:
     """``run_path`` for one rank under the configured isolation; raises ``KernelFailed``."""
     device = str(device)
-    if not _config.process:
+    if not _config.process or (kernel is None and not builtin_in_worker):
         return _in_process(path, s, allocs, rank, device, knobs, kernel)
     return _worker.run(path, s, allocs, rank, device, knobs, kernel, _config.timeout_s)
 
 
 def run_rank_checked(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), kernel=None
                      ) -> RankOutput | None:
-    """For a torchrun rank, which gathers slots but not guards: a broken guard is a failure here."""
+    """For a torchrun rank, which gathers slots but not guards: a broken guard is a failure here.
+
+    Only the user's kernels go to the worker here: every torchrun rank is already its own
+    process with bounded collectives, and a second process per rank for cpsim's own
+    kernels would double the processes on an oversubscribed host for no protection.
+    """
     from cpsim.layout import GUARD
-    out = run_rank(path, s, allocs, rank, device, knobs, kernel)
+    out = run_rank(path, s, allocs, rank, device, knobs, kernel, builtin_in_worker=False)
     if out is None:
         return None
     if out.guard is not None and bool((out.guard != GUARD).any()):
