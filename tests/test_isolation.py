@@ -170,3 +170,11 @@ def test_guards_are_intact_in_every_built_in_path(world):  # noqa: F811
         assert G.guards is not None and bool((G.guards == GUARD).all())
         assert G.failures == []
         assert torch.equal(G.slots, G.slots.contiguous())
+
+
+def test_kernel_file_calling_sys_exit_at_import_is_bad_input(capsys, tmp_path):
+    f = tmp_path / "exits.py"
+    f.write_text("import sys\nsys.exit(0)\n\n\ndef f(positions):\n    return positions\n")
+    assert cli.main([*SMALL, "--kernel-v1", f"{f}:f"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load" in err and "SystemExit" in err and "Traceback" not in err
