@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from cpsim.validate import check_args
         check_args(args)  # option bounds and output paths, before any work
+        from cpsim.run import isolation
+        isolation.configure_from_args(args)
         return int(args.func(args) or 0)
     except ConfigError as e:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: every rank ends together, one line

@@ -24,6 +24,8 @@ import torch
 
 PAD_SLOT_ID = -1
 POISON = -7777  # written into output buffers before every launch; never a slot nor PAD
+GUARD = -7919   # held by the guard entries around every output row; a kernel never writes there
+TABLE_GUARD_GAP = 7  # guard block id = first id past the cache + this gap (see table_guard_id)
 
 IntOrTensor = Union[int, torch.Tensor]
 
@@ -130,6 +132,17 @@ def max_table_index(max_model_len: int, block_size: int, kernel_block_size: int,
     pos = torch.arange(lo, max_model_len, dtype=torch.int64)
     k, _, _ = table_index(pos, block_size, kernel_block_size, world, interleave)
     return int(k.max())
+
+
+def table_guard_id(num_blocks: int, block_size: int, entry_size: int) -> int:
+    """Block id held by the guard entries around a block table (past each row and above/below the table).
+
+    It lies past every id of the cache (``num_blocks`` physical blocks of ``block_size``
+    slots, seen through table entries of ``entry_size`` slots), so a kernel that reads
+    outside its row writes a slot in ``[id * entry_size, (id + 1) * entry_size)`` that no
+    real entry produces. Capped to fit the int32 tables.
+    """
+    return min(num_blocks * (block_size // max(entry_size, 1)) + TABLE_GUARD_GAP, 2**31 - 1)
 
 
 def table_width(max_model_len: int, block_size: int, world: int) -> int:

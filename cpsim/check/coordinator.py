@@ -15,10 +15,13 @@ import torch
 from cpsim import layout
 from cpsim.check import reference
 from cpsim.allocator import Allocation
-from cpsim.layout import PAD_SLOT_ID, POISON
+from cpsim.layout import GUARD, PAD_SLOT_ID, POISON
 from cpsim.scenario import Scenario
 
 INVARIANTS = (
+    "kernel-completes",
+    "guard-intact",
+    "row-bounds",
     "exactly-one-owner",
     "owner-rule",
     "dense-local",
@@ -58,9 +61,10 @@ class Violation:
 class Verdict:
     invariant: str
     path: str
-    status: str                  # "pass" | "fail" | "n/a"
+    status: str                  # "pass" | "fail" | "n/a" | "not run"
     checked: int = 0             # entries or items examined
     violations: list[Violation] = field(default_factory=list)
+    note: str = ""               # why a verdict is "not run"
 
     @property
     def count(self) -> int:
@@ -301,6 +305,56 @@ def capacity(ctx, path, entries: int) -> list[Violation]:
                       f"+ {draft} draft x {lim.max_num_reqs} requests (this batch writes {demand})")]
 
 
+def guard_intact(ctx, path, g, guards: torch.Tensor, entries: int) -> list[Violation]:
+    """The guard entries framing each output row (gathered as [ranks, 2 * width]) still hold GUARD."""
+    width = guards.shape[1] // 2
+    out = []
+    for r in range(guards.shape[0]):
+        bad = (guards[r] != GUARD).nonzero().flatten().tolist()
+        if not bad:
+            continue
+        index = [c - width if c < width else entries + c - width for c in bad]
+        out.append(Violation("guard-intact", path, g.name, len(bad),
+                             f"rank {r}: {len(bad)} guard entr(ies) around the slot buffer overwritten: the kernel "
+                             f"wrote outside [0, {entries}) (max_num_tokens {entries}); first at index {index[0]}",
+                             [r], [Example(r, None, None, f"untouched guard at index {i}", _fmt(int(guards[r, c])))
+                                   for i, c in list(zip(index, bad))[:MAX_EXAMPLES]]))
+    return out
+
+
+def row_bounds(ctx, path, g, full: torch.Tensor, entry_sizes: torch.Tensor) -> list[Violation]:
+    """No slot comes from a guard entry of the block table (past a row's width, or above/below the table)."""
+    out = []
+    for r in range(full.shape[0]):
+        e = int(entry_sizes[r])
+        gid = layout.table_guard_id(g.num_blocks, g.block_size, e)
+        hit = ((full[r] >= 0) & (torch.div(full[r], e, rounding_mode="floor") == gid)).nonzero().flatten()
+        if len(hit):
+            out.append(Violation("row-bounds", path, g.name, len(hit),
+                                 f"rank {r}: {len(hit)} entr(ies) read outside table row: their slots come from "
+                                 f"guard block id {gid}, held only past each row's width and around the table",
+                                 [r], _examples(ctx, hit, full[r], "a block of the request's own row", r)))
+    return out
+
+
+def kernel_failed(path: str, failure, world: int) -> list[Verdict]:
+    """A path whose kernel raised, crashed, hung or ended its process on a rank: that is its verdict."""
+    left = failure.not_run
+    rest = "" if not left else (f"; rank {left[0]} not run" if len(left) == 1 else
+                                f"; ranks {left[0]}-{left[-1]} not run")
+    vio = Violation("kernel-completes", path, failure.group, 1, failure.message + rest, [failure.rank])
+    why = f"the kernel did not complete on rank {failure.rank}"
+    return [Verdict("kernel-completes", path, "fail", world, [vio])] + [
+        Verdict(inv, path, "not run", note=why) for inv in INVARIANTS
+        if inv not in ("kernel-completes", "paths-agree", "same-scenario")]
+
+
+def not_run(path: str, reason: str) -> list[Verdict]:
+    """Verdicts for a requested path that was not run, so every report states it."""
+    return [Verdict(inv, path, "not run", note=reason) for inv in INVARIANTS
+            if inv not in ("paths-agree", "same-scenario")]
+
+
 # ---- whole check -------------------------------------------------------------
 
 def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fingerprints: list[str] | None = None,
@@ -309,6 +363,10 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
     ctx = _Ctx(s)
     verdicts: list[Verdict] = []
     for path, G in gathered.items():
+        failures = getattr(G, "failures", None) or []
+        if failures:
+            verdicts += kernel_failed(path, failures[0], s.cp.world)
+            continue
         found: dict[str, list[Violation]] = {k: [] for k in INVARIANTS}
         checked: dict[str, int] = {k: 0 for k in INVARIANTS}
         applies: dict[str, bool] = {k: False for k in INVARIANTS}
@@ -316,11 +374,18 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
         found["capacity"] += capacity(ctx, path, entries)
         applies["capacity"] = True
         checked["capacity"] = 1
+        applies["kernel-completes"] = True
+        checked["kernel-completes"] = G.slots.shape[0]
+        guards = getattr(G, "guards", None)
         for gi, g in enumerate(s.groups):
             enabled = G.enabled[:, gi]
             found["block-sizing"] += block_sizing(ctx, path, g, G.widths[:, gi], G.entry_sizes[:, gi])
             applies["block-sizing"] = True
             checked["block-sizing"] += G.widths.shape[0]
+            if guards is not None:
+                applies["guard-intact"] = True
+                checked["guard-intact"] += guards[:, gi].numel()
+                found["guard-intact"] += guard_intact(ctx, path, g, guards[:, gi], entries)
             if not bool(enabled.any()):
                 continue
             full = G.slots[:, gi, :]
@@ -332,6 +397,9 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
             checked["matches-reference"] += full.numel()
             if not g.slot_mapped:
                 continue
+            applies["row-bounds"] = True
+            checked["row-bounds"] += full.numel()
+            found["row-bounds"] += row_bounds(ctx, path, g, full, G.entry_sizes[:, gi])
             for name, fn in (("exactly-one-owner", exactly_one_owner), ("owner-rule", owner_rule),
                              ("no-collision", no_collision)):
                 if name == "owner-rule" and g.world(s.cp) == 1:
@@ -354,7 +422,7 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
 
 
 def paths_agree(ctx, gathered: dict) -> list[Verdict]:
-    names = list(gathered)
+    names = [n for n in gathered if not getattr(gathered[n], "failures", None)]  # a failed path has no slots
     if len(names) < 2:
         return [Verdict("paths-agree", "*", "n/a")]
     base = names[0]

@@ -129,6 +129,9 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
                         "'single' launches every group with the CP size, as the runtime does (default: split)")
     g.add_argument("--shim-vllm", action="store_true",
                    help="provide vllm.triton_utils and _load_ptr from Triton so a kernel file loads without vLLM")
+    g.add_argument("--kernel-timeout", type=float, metavar="SECONDS",
+                   help="wall-clock bound of one rank's run of a path; kernels run in a worker process, and one "
+                        "that raises, crashes, hangs past this or exits is a violation (default: --timeout, else 300)")
 
 
 def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None) -> dict:

@@ -231,6 +231,8 @@ def run_virtual_sweep(args, entries, progress):
         s = e.build(0)
         gathered = run_virtual(s, e.paths, device=dev.device, kernels=e.kernels)
         verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+        verdicts += [v for p in e.paths if p not in gathered
+                     for v in coordinator.not_run(p, f"not applicable at CP world size {s.cp.world}")]
         results.append(GroupResult(e.label, 0, list(range(s.cp.world)), s, verdicts,
                                    [p for p in e.paths if p not in gathered]))
         if progress:

@@ -7,7 +7,7 @@ other ranks, processes or collectives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,6 +44,19 @@ class RankOutput:
     enabled: list[bool]       # the path produced a mapping for this group
     widths: list[int]         # entries per row of the table the kernel read
     entry_sizes: list[int]    # slots per table entry (b for logical tables, B for physical)
+    guard: torch.Tensor | None = None  # [groups, 2 * _guard.WIDTH] guard entries around the rows after the launches
+
+
+@dataclass
+class KernelFailure:
+    """A rank's run of a path that did not complete: the kernel raised, crashed, hung or ended its process."""
+
+    path: str
+    rank: int
+    kind: str                 # "raised" | "crashed" | "timeout" | "exited"
+    message: str              # one line naming the kernel's deed, the rank and (when known) the group
+    group: str = "*"
+    not_run: list[int] = field(default_factory=list)  # ranks of the path left unrun after it
 
 
 def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str = "cpu",
@@ -59,6 +72,13 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
-    if kernel is not None:
-        return kernel.run(name, scenario, allocs, rank, torch.device(device), knobs)
-    return runners[name](scenario, allocs, rank, torch.device(device), knobs)
+    from cpsim.paths import _guard
+    with _guard.Watch(len(scenario.groups)) as watch:
+        if kernel is not None:
+            out = kernel.run(name, scenario, allocs, rank, torch.device(device), knobs)
+        else:
+            out = runners[name](scenario, allocs, rank, torch.device(device), knobs)
+    if out is not None:
+        out.slots = out.slots.contiguous()  # rows were views into guarded storage
+        out.guard = watch.guards()
+    return out

@@ -11,7 +11,7 @@ import torch
 from cpsim import kernels, layout
 from cpsim.allocator import Allocation, logical_table, physical_table
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import POISON, Knobs, RankOutput, _tile
+from cpsim.paths import Knobs, RankOutput, _guard, _tile
 from cpsim.paths._inputs import batch_tensors, prepare_triton
 from cpsim.scenario import KVGroup, Scenario
 
@@ -37,7 +37,7 @@ def buffer_size(s: Scenario, knobs: Knobs) -> int:
 def _tables(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
     rows = list(range(s.batch.num_reqs))
     phys = physical_table(alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs))
-    return logical_table(phys, g.bpk).to(device)
+    return _guard.table(logical_table(phys, g.bpk).to(device), rows, g.num_blocks, g.block_size, g.b)
 
 
 def _sizes(s: Scenario, g: KVGroup, knobs: Knobs) -> tuple[int, int]:
@@ -48,7 +48,7 @@ def _sizes(s: Scenario, g: KVGroup, knobs: Knobs) -> tuple[int, int]:
 
 
 def _poisoned(s: Scenario, knobs: Knobs, device) -> torch.Tensor:
-    return torch.full((len(s.groups), buffer_size(s, knobs)), POISON, dtype=torch.int64, device=device)
+    return _guard.buffer(range(len(s.groups)), buffer_size(s, knobs), torch.int64, device)
 
 
 def _result(out: torch.Tensor, s: Scenario, knobs: Knobs, enabled: list[bool]) -> RankOutput:
@@ -73,6 +73,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
         n = g.world(s.cp)
         table = _tables(s, g, allocs[gi], knobs, device)
         kv_bs, bpk = _sizes(s, g, knobs)
+        _guard.launch(g.name)
         if knobs.kernel_design == "tile":
             _tile.launch_v1(s, g, min(bt.num_tokens, T), qsl, bt.positions, table, out[gi], kv_bs, bpk, rank,
                             knobs.kernel_fault)
@@ -142,7 +143,7 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
     groups = [(gi, g) for gi, g in enumerate(s.groups) if g.slot_mapped]
     if groups:
         tables = [_tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
-        view = out[[gi for gi, _ in groups]].contiguous()
+        view = _guard.buffer([gi for gi, _ in groups], T, torch.int64, device)
         ptrs = torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device)
         strides = torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device)
         sizes = torch.tensor([g.b for _, g in groups], dtype=torch.int32, device=device)

@@ -11,7 +11,7 @@ import torch
 from cpsim import kernels, layout
 from cpsim.allocator import Allocation, logical_table, physical_table
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import POISON, Knobs, RankOutput, _tile
+from cpsim.paths import Knobs, RankOutput, _guard, _tile
 from cpsim.paths._inputs import batch_tensors, prepare_triton
 from cpsim.scenario import KVGroup, Scenario
 
@@ -30,10 +30,11 @@ def table_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
 
 def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> tuple[torch.Tensor, int]:
     """(table, slots per entry). The kernel-block fault hands over kernel-block entries."""
-    phys = physical_table(alloc, list(s.batch.rows_v2()), s.limits.max_num_reqs, table_width(s, g, knobs))
+    rows = list(s.batch.rows_v2())
+    phys = physical_table(alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs))
     if knobs.virtual_from_kernel_block and g.bpk > 1:
-        return logical_table(phys, g.bpk).to(device), g.b
-    return phys.to(device), g.block_size
+        return _guard.table(logical_table(phys, g.bpk).to(device), rows, g.num_blocks, g.block_size, g.b), g.b
+    return _guard.table(phys.to(device), rows, g.num_blocks, g.block_size, g.block_size), g.block_size
 
 
 def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:
@@ -42,7 +43,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
 
     bt = batch_tensors(s, device)
     T = knobs.buffer_size or s.limits.slot_buffer_size
-    out = torch.full((len(s.groups), T), POISON, dtype=torch.int64, device=device)
+    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
     tables, entry = zip(*(_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)))
 
     def i32(values):

@@ -16,8 +16,8 @@ import torch
 
 from cpsim import kernels
 from cpsim.errors import ConfigError
-from cpsim.layout import PAD_SLOT_ID, POISON
-from cpsim.paths import Knobs, RankOutput, v1, v2
+from cpsim.layout import PAD_SLOT_ID
+from cpsim.paths import Knobs, RankOutput, _guard, v1, v2
 from cpsim.paths._inputs import batch_tensors, prepare_triton
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
@@ -81,7 +81,7 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankO
         n = g.world(s.cp)
         table = v1._tables(s, g, allocs[gi], knobs, device)
         kv_bs, bpk = v1._sizes(s, g, knobs)
-        buf = torch.full((T,), POISON, dtype=torch.int32, device=device)
+        buf = _guard.buffer([gi], T, torch.int32, device)[0]
         args = dict(
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T, query_start_loc_ptr=qsl,
             positions_ptr=bt.positions, block_table_ptr=table, block_table_stride=table.stride(0),
@@ -92,6 +92,7 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankO
         )
         if has_circular:
             args["IS_CIRCULAR"] = g.circular
+        _guard.launch(g.name)
         k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf.to(torch.int64)
         enabled.append(True)
@@ -112,7 +113,7 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
             groups.append((gi, g))
     if groups:
         tables = [v1._tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
-        bufs = [torch.full((T,), POISON, dtype=torch.int32, device=device) for _ in groups]
+        bufs = [_guard.buffer([gi], T, torch.int32, device)[0] for gi, _ in groups]
         args = dict(
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T,
             query_start_loc_ptr=bt.query_start_loc.clamp(max=T), positions_ptr=bt.positions,
@@ -128,6 +129,7 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
             args["is_circular_ptr"] = _i32((int(g.circular) for _, g in groups), device)
             if "HAS_CIRCULAR" in k.params:
                 args["HAS_CIRCULAR"] = any(g.circular for _, g in groups)
+        _guard.launch(",".join(g.name for _, g in groups))
         k.obj[(len(groups) * (s.batch.num_reqs * FUSED_PARALLEL_TILES + 1),)](**args)
         for (gi, _), buf in zip(groups, bufs):
             out[gi] = buf.to(torch.int64)
@@ -140,7 +142,7 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
 def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
     T = knobs.buffer_size or s.limits.slot_buffer_size
-    out = torch.full((len(s.groups), T), POISON, dtype=torch.int64, device=device)
+    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
     tables, entry = zip(*(v2._table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)))
     has_enabled = "slot_mapping_enabled" in k.params
     launches: dict[tuple[int, int], list[int]] = {}
@@ -168,7 +170,7 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     rows = _i32(s.batch.rows_v2(), device)
     qsl = bt.query_start_loc.clamp(max=T)
     for (n, r), gis in launches.items():
-        buf = torch.full((len(gis), T), POISON, dtype=dtype, device=device)
+        buf = _guard.buffer(gis, T, dtype, device)
         args = dict(
             max_num_tokens=T, idx_mapping=rows, query_start_loc=qsl, pos=bt.positions,
             block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
@@ -189,6 +191,7 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
             args["slot_mapping_enabled"] = _i32((int(s.groups[i].slot_mapped) for i in gis), device)
             if "HAS_SLOT_MAPPING_ENABLED" in k.params:
                 args["HAS_SLOT_MAPPING_ENABLED"] = True
+        _guard.launch(",".join(s.groups[i].name for i in gis))
         k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf.to(torch.int64)
     done = {gi for gis in launches.values() for gi in gis}
@@ -199,8 +202,8 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
 
 def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
-    out = v1._poisoned(s, knobs, device) if path != "v2" else torch.full(
-        (len(s.groups), knobs.buffer_size or s.limits.slot_buffer_size), POISON, dtype=torch.int64, device=device)
+    out = v1._poisoned(s, knobs, device) if path != "v2" else _guard.buffer(
+        range(len(s.groups)), knobs.buffer_size or s.limits.slot_buffer_size, torch.int64, device)
     T = out.shape[1]
     n_tok = bt.num_scheduled
     counts = (bt.query_start_loc[1:] - bt.query_start_loc[:-1]).to(torch.int64)
@@ -225,6 +228,7 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
             cp_world_size=n, cp_rank=rank if n > 1 else 0, cp_interleave=s.cp.interleave,
             is_circular=g.circular, pad_id=PAD_SLOT_ID, max_num_tokens=T,
         )
+        _guard.launch(g.name)
         res = k.obj(**{p: inputs[p] for p in k.params if p in inputs})
         if not isinstance(res, torch.Tensor) or res.dim() != 1 or res.dtype.is_floating_point:
             raise ConfigError("kernel", f"{k.spec} returned {type(res).__name__}"

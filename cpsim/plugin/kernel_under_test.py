@@ -219,7 +219,7 @@ def resolve(spec: str, path: str, where: str) -> Any:
     else:
         try:
             module = importlib.import_module(module_part)
-        except Exception as e:  # noqa: BLE001 - any import failure is bad input here
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any import failure (even sys.exit) is bad input here
             raise ConfigError(where, f"cannot import {module_part}: {type(e).__name__}: {e}{_hint(e)}") from None
     obj = module
     for part in attr.split("."):
@@ -249,7 +249,7 @@ def _load_file(file: Path, where: str):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (sys.exit at import must not end cpsim with its code)
         del sys.modules[name]
         raise ConfigError(where, f"cannot load {file}: {type(e).__name__}: {e}{_hint(e)}") from None
     return module

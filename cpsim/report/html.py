@@ -40,6 +40,8 @@ def _e(x: Any) -> str:
 def _cell(v: Verdict | None) -> str:
     if v is None or v.status == "n/a":
         return '<td class="na">n/a</td>'
+    if v.status == "not run":
+        return f'<td class="na" title="{_e(v.note)}">not run</td>'
     if v.status == "pass":
         return '<td class="pass">pass</td>'
     return f'<td class="fail">FAIL {v.count}</td>'

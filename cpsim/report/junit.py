@@ -23,13 +23,13 @@ from typing import Mapping, Sequence
 from cpsim.check.coordinator import Verdict, Violation
 from cpsim.scenario import KVGroup, Scenario
 
-PER_PATH = ("capacity",)
+PER_PATH = ("capacity", "kernel-completes")
 PER_RUN = ("same-scenario",)
 
 
 def applies(invariant: str, g: KVGroup, s: Scenario) -> bool:
     """Whether a per-group invariant is checked for this group (SPEC §4)."""
-    if invariant in ("exactly-one-owner", "no-collision"):
+    if invariant in ("exactly-one-owner", "no-collision", "row-bounds"):
         return g.slot_mapped
     if invariant == "owner-rule":
         return g.slot_mapped and g.world(s.cp) > 1
@@ -52,6 +52,9 @@ def _cases(s: Scenario, verdicts: list[Verdict], label: str):
     """(classname, name, status, violations, skip reason) per testcase."""
     for v in verdicts:
         cls = f"cpsim.{label}.{v.path}"
+        if v.status == "not run":
+            yield cls, v.invariant, "n/a", [], f"not run: {v.note}"
+            continue
         if v.invariant in PER_PATH or v.invariant in PER_RUN:
             yield cls, v.invariant, v.status, v.violations, "not applicable"
             continue

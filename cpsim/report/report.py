@@ -43,6 +43,8 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
 def _cell(v: Verdict | None) -> str:
     if v is None or v.status == "n/a":
         return "[dim]n/a[/dim]"
+    if v.status == "not run":
+        return "[yellow]not run[/yellow]"
     if v.status == "pass":
         return "[green]pass[/green]"
     return f"[bold red]FAIL {v.count}[/bold red]"
@@ -78,6 +80,8 @@ def print_report(console: Console, s: Scenario, verdicts: list[Verdict], title: 
                   f"interleave {s.cp.interleave}, {len(s.groups)} group(s), {s.batch.num_reqs} request(s), "
                   f"{s.batch.num_tokens} token(s)")
     console.print(table(verdicts))
+    for path, note in dict.fromkeys((v.path, v.note) for v in verdicts if v.status == "not run"):
+        console.print(f"[yellow]{escape(path)}: not run[/yellow] - {escape(note)}", highlight=False)
     shown = 0
     for v in verdicts:
         for vio in v.violations:

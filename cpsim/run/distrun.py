@@ -32,7 +32,8 @@ from cpsim.allocator import allocate_rank, allocate_world
 from cpsim.check.coordinator import Verdict
 from cpsim.errors import DistError
 from cpsim.layout import POISON
-from cpsim.paths import Knobs, RankOutput, run_path
+from cpsim.paths import Knobs, RankOutput
+from cpsim.run.isolation import run_rank_checked
 from cpsim.scenario import Scenario
 from cpsim.run.world import knobs_for, stack
 
@@ -209,7 +210,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
         if hooks.raise_rank == comm.rank:
             raise RuntimeError(f"test hook CPSIM_TEST_RAISE_RANK: rank {comm.rank} raised inside path {path}")
         with _timed("kernels"):
-            out = run_path(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
+            out = run_rank_checked(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
             if out is not None and device.type == "cuda":
                 torch.cuda.synchronize(device)  # count the launches' GPU time here, not in the gather
         if N == 1:

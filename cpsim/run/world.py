@@ -6,13 +6,13 @@ coordinator cannot tell a virtual run from a torchrun one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from cpsim.allocator import allocate_rank
-from cpsim.paths import Knobs, RankOutput, run_path
+from cpsim.paths import KernelFailure, Knobs, RankOutput
 from cpsim.scenario import Scenario
 
 
@@ -25,6 +25,8 @@ class Gathered:
     enabled: torch.Tensor        # [ranks, groups] bool
     widths: torch.Tensor         # [ranks, groups] int64
     entry_sizes: torch.Tensor    # [ranks, groups] int64
+    guards: torch.Tensor | None = None  # [ranks, groups, 2 * guard width] entries around each output row
+    failures: list[KernelFailure] = field(default_factory=list)  # rank runs that did not complete (no outputs then)
 
 
 def stack(path: str, outs: list[RankOutput]) -> Gathered:
@@ -34,7 +36,16 @@ def stack(path: str, outs: list[RankOutput]) -> Gathered:
         torch.tensor([o.enabled for o in outs], dtype=torch.bool),
         torch.tensor([o.widths for o in outs], dtype=torch.int64),
         torch.tensor([o.entry_sizes for o in outs], dtype=torch.int64),
+        torch.stack([o.guard for o in outs]) if outs and all(o.guard is not None for o in outs) else None,
     )
+
+
+def failed(path: str, s: Scenario, failure: KernelFailure) -> Gathered:
+    """A path whose kernel did not complete on some rank: nothing to check but the failure."""
+    ranks, groups = s.cp.world, len(s.groups)
+    return Gathered(path, torch.zeros((ranks, groups, 0), dtype=torch.int64), torch.zeros((ranks, groups), dtype=torch.bool),
+                    torch.zeros((ranks, groups), dtype=torch.int64), torch.ones((ranks, groups), dtype=torch.int64),
+                    failures=[failure])
 
 
 def knobs_for(rank: int, knobs: Knobs, inject_rank: int | None) -> Knobs:
@@ -46,16 +57,29 @@ def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_ra
                 device: str = "cpu", kernels: dict | None = None,
                 on_rank: Callable[[str, int], None] | None = None) -> dict[str, Gathered]:
     """``kernels`` maps a path name to the user's kernel that replaces its built-in one;
-    ``on_rank(path, rank)`` is called after each rank's run (progress bars)."""
+    ``on_rank(path, rank)`` is called after each rank's run (progress bars).
+
+    Each rank run goes through ``cpsim.run.isolation`` (a worker process, bounded in
+    time); a path whose kernel fails on a rank stops there and is gathered as failed.
+    """
+    from cpsim.run.isolation import KernelFailed, run_rank
     kernels = kernels or {}
     allocs = [allocate_rank(s, r) for r in range(s.cp.world)]
     gathered: dict[str, Gathered] = {}
     for path in paths:
         outs = []
         for r in range(s.cp.world):
-            outs.append(run_path(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank), kernels.get(path)))
+            try:
+                outs.append(run_rank(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank),
+                                     kernels.get(path)))
+            except KernelFailed as e:
+                e.failure.not_run = list(range(r + 1, s.cp.world))
+                gathered[path] = failed(path, s, e.failure)
+                break
             if on_rank is not None:
                 on_rank(path, r)
+        if path in gathered:
+            continue
         if outs[0] is not None:
             gathered[path] = stack(path, outs)
     return gathered

@@ -1,0 +1,106 @@
+"""Guard regions around output buffers and block tables.
+
+A kernel that stores one entry past ``max_num_tokens`` (or before index 0) writes
+into memory it does not own; without guards that memory is either another group's
+row (the error shows up as a confusing wrong slot) or outside the allocation (silent
+corruption, or a crash). Every output row is therefore allocated with ``WIDTH``
+entries holding ``GUARD`` before and after it, and the guards are read back after
+the rank's launches. Block tables get ``WIDTH`` guard rows above and below, and every
+row no request uses holds guard ids too (``layout.table_guard_id``, an id past the
+cache), so a kernel that reads outside the rows it serves produces a recognisable slot.
+
+Buffers register with a watch opened by ``cpsim.paths.run_path`` around one rank's
+run (module state: one rank runs at a time in a process); nothing here judges the
+values - the coordinator does, from the gathered guard entries.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from cpsim.layout import GUARD, POISON, table_guard_id
+
+WIDTH = 16  # guard entries on each side of an output row and past each table row
+
+_watched: list[tuple[torch.Tensor, list[int]]] | None = None
+_launching = "*"  # the group(s) of the launch in progress, named when a kernel raises
+
+
+def launch(group: str) -> None:
+    """Record which group(s) the next launch serves, so a failure can name them."""
+    global _launching
+    _launching = group
+
+
+def launching() -> str:
+    return _launching
+
+
+def buffer(groups: Iterable[int], entries: int, dtype: torch.dtype, device, fill: int = POISON) -> torch.Tensor:
+    """[len(groups), entries] view filled with ``fill``, each row framed by ``WIDTH`` guard entries.
+
+    The view's row stride is ``entries + 2 * WIDTH``; kernels that take a stride get it
+    from the view, so row ``i``'s overrun lands in its own guard.
+    """
+    groups = list(groups)
+    full = torch.full((len(groups), entries + 2 * WIDTH), GUARD, dtype=dtype, device=device)
+    view = full[:, WIDTH:WIDTH + entries]
+    view.fill_(fill)
+    if _watched is not None:
+        _watched.append((full, groups))
+    return view
+
+
+def table(t: torch.Tensor, used_rows: Iterable[int], num_blocks: int, block_size: int, entry_size: int
+          ) -> torch.Tensor:
+    """``t`` [rows, width] inside guard rows, with every row no request uses holding guard ids too.
+
+    The row stride stays ``width``, as upstream (kernels may bound their loads by the
+    stride), so a load past a row's width reaches the next row: a real request's blocks
+    (caught as wrong slots by dense-local / matches-reference) or, past the last used
+    row, guard ids that ``row-bounds`` names.
+    """
+    guard_id = table_guard_id(num_blocks, block_size, entry_size)
+    rows, width = t.shape
+    full = torch.full((rows + 2 * WIDTH, width), guard_id, dtype=t.dtype, device=t.device)
+    view = full[WIDTH:WIDTH + rows]
+    used = sorted({r for r in used_rows if 0 <= r < rows})
+    if used:
+        index = torch.tensor(used, dtype=torch.int64, device=t.device)
+        view[index] = t[index]
+    return view
+
+
+class Watch:
+    """Collects the guard entries of every buffer allocated while it is open."""
+
+    def __init__(self, num_groups: int):
+        self.num_groups = num_groups
+        self.buffers: list[tuple[torch.Tensor, list[int]]] = []
+
+    def __enter__(self) -> "Watch":
+        global _watched
+        self._outer = _watched
+        _watched = self.buffers
+        launch("*")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _watched
+        _watched = self._outer
+
+    def guards(self) -> torch.Tensor:
+        """[groups, 2 * WIDTH] int64: the entries before (first WIDTH) and after each group's rows.
+
+        Where several buffers serve one group, an overwritten entry of any of them wins.
+        """
+        out = torch.full((self.num_groups, 2 * WIDTH), GUARD, dtype=torch.int64)
+        for full, groups in self.buffers:
+            frame = torch.cat([full[:, :WIDTH], full[:, -WIDTH:]], 1).cpu().to(torch.int64)
+            for row, gi in enumerate(groups):
+                if 0 <= gi < self.num_groups:
+                    hit = frame[row] != GUARD
+                    out[gi][hit] = frame[row][hit]
+        return out

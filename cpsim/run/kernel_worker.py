@@ -1,0 +1,87 @@
+"""The child side of kernel isolation: a loop that runs whole rank runs of a path.
+
+It imports no Triton at module level (the forkserver preloads this module; Triton
+must see ``TRITON_INTERPRET=1`` first, which ``prepare_triton`` sets for CPU
+devices). Every reply is a tuple whose first item says what happened; anything
+the kernel does that ends the process shows up on the parent's side as a closed
+pipe and an exit status instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from cpsim.errors import ConfigError
+from cpsim.paths import RankOutput, _guard, run_path
+
+
+def pack(out: RankOutput | None) -> dict[str, Any] | None:
+    """A RankOutput as plain numpy data: pickles by value, whatever torch's sharing strategy."""
+    if out is None:
+        return None
+    return {"slots": out.slots.detach().cpu().numpy(), "enabled": list(out.enabled), "widths": list(out.widths),
+            "entry_sizes": list(out.entry_sizes),
+            "guard": None if out.guard is None else out.guard.cpu().numpy()}
+
+
+def unpack(data: dict[str, Any] | None) -> RankOutput | None:
+    if data is None:
+        return None
+    return RankOutput(torch.from_numpy(np.ascontiguousarray(data["slots"])), data["enabled"], data["widths"],
+                      data["entry_sizes"], None if data["guard"] is None else torch.from_numpy(data["guard"]))
+
+
+def _kernel(cache: dict, path: str, record: dict | None, device: str):
+    if record is None:
+        return None
+    key = (path, tuple(sorted(record.items())), device)
+    if key not in cache:
+        from cpsim.plugin.kernel_under_test import load
+        cache[key] = load(record["spec"], path, record["abi"], shim_vllm=record["shim_vllm"], device=device,
+                          v2_launch=record["v2_launch"], where=f"kernel for {path}")
+    return cache[key]
+
+
+def serve(conn) -> None:
+    """Answer requests until the parent closes the pipe."""
+    kernels: dict = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] == "prepare":
+            conn.send(_prepare(msg[1]))
+        elif msg[0] == "run":
+            conn.send(_run(kernels, *msg[1:]))
+
+
+def _prepare(device: str) -> tuple:
+    try:
+        if torch.device(device).type == "cpu":
+            from cpsim.paths._inputs import prepare_triton
+            prepare_triton(torch.device(device))
+    except ConfigError as e:
+        return ("config", e.field, e.rule)
+    except Exception as e:  # noqa: BLE001  (reported to the parent, which names it)
+        return ("raised", type(e).__name__, str(e), "*")
+    return ("ok",)
+
+
+def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, record: dict | None) -> tuple:
+    try:
+        k = _kernel(kernels, path, record, device)
+    except ConfigError as e:
+        return ("unloadable", f"{e.field}: {e.rule}")
+    try:
+        out = run_path(path, s, allocs, rank, device, knobs, k)
+    except ConfigError as e:
+        return ("config", e.field, e.rule)
+    except SystemExit as e:
+        return ("exit", repr(e.code), _guard.launching())
+    except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
+        return ("raised", type(e).__name__, str(e).splitlines()[0] if str(e) else "", _guard.launching())
+    return ("ok", pack(out), list(k.notes) if k is not None else [])

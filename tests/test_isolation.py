@@ -1,0 +1,180 @@
+"""A hostile kernel under test never yields exit 0, never hangs, never shows a traceback.
+
+Each kernel in tests/kernels/hostile.py (callables) and the one-bug Triton kernels
+beside it attacks the process or the memory around its buffers; cpsim must report a
+named violation (exit 1) in the terminal and the JSON. The guard checks of the
+coordinator are also fed broken gathered data directly, and must fail.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cpsim import cli
+from cpsim.check import coordinator
+from cpsim.layout import GUARD, table_guard_id
+from cpsim.paths import KernelFailure
+from test_coordinator import SHARDED, broken, judge, world  # noqa: F401  (world is a fixture)
+
+HERE = Path(__file__).parent
+K = HERE / "kernels"
+# A small scenario: 2 ranks, 1 group, 110 tokens; only the v1 path.
+SMALL = ["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1"]
+
+
+def _run(capsys, tmp_path, kernel: str, *extra: str) -> tuple[int, str, dict]:
+    out = tmp_path / "r.json"
+    code = cli.main([*SMALL, "--kernel-v1", kernel, "--json", str(out), *extra])
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert "Traceback" not in text
+    return code, " ".join(text.split()), json.loads(out.read_text())
+
+
+def _failure(report: dict) -> str:
+    [v] = [v for v in report["verdicts"] if v["invariant"] == "kernel-completes" and v["status"] == "fail"]
+    assert report["passed"] is False
+    rest = {x["status"] for x in report["verdicts"] if x["path"] == "v1" and x["invariant"] != "kernel-completes"}
+    assert rest == {"not run"}  # nothing else was checked, and the report says so
+    return v["violations"][0]["message"]
+
+
+@pytest.mark.parametrize("name, phrase", [
+    ("raises", "kernel raised ValueError: boom from cp_rank 0 on rank 0, group attn"),
+    ("segfault", "kernel crashed with SIGSEGV on rank 0"),
+    ("sysexit", "kernel called sys.exit(0) on rank 0"),
+    ("osexit", "kernel ended its process with exit code 0"),
+])
+def test_misbehaving_callable_is_a_named_violation(capsys, tmp_path, name, phrase):
+    code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:{name}")
+    assert code == 1
+    assert phrase in text
+    assert phrase in _failure(report)
+
+
+def test_failure_is_in_every_report_format(capsys, tmp_path):
+    import xml.etree.ElementTree as ET
+    html, xml = tmp_path / "r.html", tmp_path / "r.xml"
+    code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:raises", "--html", str(html), "--junit", str(xml))
+    assert code == 1
+    phrase = "kernel raised ValueError: boom from cp_rank 0 on rank 0, group attn"
+    assert phrase in _failure(report) and "rank 1 not run" in _failure(report)
+    [f] = [c.find("failure") for c in ET.parse(xml).getroot().iter("testcase") if c.find("failure") is not None]
+    assert f.get("type") == "kernel-completes" and phrase in f.get("message")
+    page = html.read_text()
+    assert phrase in page and "not run" in page
+
+
+def test_hanging_kernel_is_bounded_by_kernel_timeout(capsys, tmp_path):
+    code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:hang", "--kernel-timeout", "3")
+    assert code == 1
+    assert "kernel exceeded 3 s (worker killed) on rank 0" in _failure(report)
+    assert "kernel exceeded 3 s" in text
+
+
+def test_out_of_bounds_triton_store_crashes_the_worker_not_cpsim(capsys, tmp_path):
+    code, text, report = _run(capsys, tmp_path, f"{K}/wild_store_v1.py:_compute_slot_mapping_kernel")
+    assert code == 1
+    assert "kernel crashed with SIGSEGV on rank 0" in _failure(report)
+
+
+def test_one_entry_past_max_num_tokens_breaks_the_guard(capsys, tmp_path):
+    code, text, report = _run(capsys, tmp_path, f"{K}/overrun_v1.py:_compute_slot_mapping_kernel")
+    assert code == 1
+    fails = {v["invariant"] for v in report["verdicts"] if v["status"] == "fail"}
+    assert fails == {"guard-intact"}  # the overrun is invisible to every other invariant
+    [v] = [v for v in report["verdicts"] if v["invariant"] == "guard-intact"]
+    assert v["count"] == 2  # one entry on each of the 2 ranks
+    assert "wrote outside [0, 128)" in text and "first at index 128" in text
+
+
+def test_reading_past_the_row_is_named(capsys, tmp_path):
+    code, text, report = _run(capsys, tmp_path, f"{K}/next_row_v1.py:_compute_slot_mapping_kernel")
+    assert code == 1
+    [v] = [v for v in report["verdicts"] if v["invariant"] == "row-bounds"]
+    assert v["status"] == "fail"
+    assert "read outside table row" in v["violations"][0]["message"]
+
+
+@pytest.mark.parametrize("name", ["sysexit", "osexit"])
+def test_process_exit_code_is_never_zero(tmp_path, name):
+    """The real process, as CI runs it: the exit code and the JSON on disk."""
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "cpsim", *SMALL, "--kernel-v1", f"{K}/hostile.py:{name}",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert json.loads(out.read_text())["passed"] is False
+
+
+def test_bad_kernel_timeout_is_bad_input(capsys):
+    assert cli.main([*SMALL, "--kernel-timeout", "0"]) == 2
+    assert "--kernel-timeout" in capsys.readouterr().err
+
+
+# ---- the coordinator's new checks, fed broken gathered data --------------------
+
+def test_correct_run_has_intact_guards(world):  # noqa: F811
+    fails, verdicts = judge(world)
+    assert fails == set()
+    ran = {(v.invariant, v.status) for v in verdicts if v.invariant in ("guard-intact", "row-bounds",
+                                                                         "kernel-completes")}
+    assert ran == {("guard-intact", "pass"), ("row-bounds", "pass"), ("kernel-completes", "pass")}
+
+
+@pytest.mark.parametrize("column, index", [(0, -16), (15, -1), (16, "T"), (31, "T+15")])
+def test_overwritten_guard_fails(world, column, index):  # noqa: F811
+    g, G = broken(world)
+    G.guards[1, SHARDED, column] = 5
+    fails, verdicts = judge(world, g)
+    assert fails == {("guard-intact", "v2")}
+    T = G.slots.shape[2]
+    want = {-16: -16, -1: -1, "T": T, "T+15": T + 15}[index]
+    [vio] = [x for v in verdicts if v.invariant == "guard-intact" for x in v.violations]
+    assert vio.ranks == [1] and vio.group == "attn" and f"first at index {want}" in vio.message
+
+
+def test_slot_from_a_guard_entry_is_read_outside_table_row(world):  # noqa: F811
+    s = world[0]
+    g, G = broken(world)
+    grp = s.groups[SHARDED]
+    e = int(G.entry_sizes[2, SHARDED])
+    held = (G.slots[2, SHARDED] >= 0).nonzero().flatten()
+    G.slots[2, SHARDED, held[0]] = table_guard_id(grp.num_blocks, grp.block_size, e) * e + 3
+    fails, verdicts = judge(world, g)
+    assert ("row-bounds", "v2") in fails
+    [vio] = [x for v in verdicts if v.invariant == "row-bounds" for x in v.violations]
+    assert vio.ranks == [2] and "read outside table row" in vio.message
+
+
+def test_kernel_failure_fails_and_leaves_the_path_unchecked(world):  # noqa: F811
+    g, G = broken(world)
+    G.failures = [KernelFailure("v2", 3, "crashed", "kernel crashed with SIGSEGV on rank 3")]
+    fails, verdicts = judge(world, g)
+    assert fails == {("kernel-completes", "v2")}
+    v2 = {v.invariant: v.status for v in verdicts if v.path == "v2"}
+    assert v2.pop("kernel-completes") == "fail" and set(v2.values()) == {"not run"}
+    agree = [v.path for v in verdicts if v.invariant == "paths-agree"]
+    assert all("v2" not in p for p in agree)  # a failed path is compared with nothing
+    assert not coordinator.passed(verdicts)
+
+
+def test_guards_are_intact_in_every_built_in_path(world):  # noqa: F811
+    for G in world[2].values():
+        assert G.guards is not None and bool((G.guards == GUARD).all())
+        assert G.failures == []
+        assert torch.equal(G.slots, G.slots.contiguous())
+
+
+def test_kernel_file_calling_sys_exit_at_import_is_bad_input(capsys, tmp_path):
+    f = tmp_path / "exits.py"
+    f.write_text("import sys\nsys.exit(0)\n\n\ndef f(positions):\n    return positions\n")
+    assert cli.main([*SMALL, "--kernel-v1", f"{f}:f"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load" in err and "SystemExit" in err and "Traceback" not in err
