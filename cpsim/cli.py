@@ -22,6 +22,7 @@ COMMANDS = (
     "cpsim.cmd.fuzz",
     "cpsim.cmd.replay",
     "cpsim.cmd.bugs",
+    "cpsim.cmd.ascend_check",
 )
 
 

@@ -10,6 +10,8 @@ token. Padding entries are written by the same programs.
 import triton
 import triton.language as tl
 
+from cpsim.kernels._common import gather_split, split16
+
 INT32_BIG = tl.constexpr(2147483647)
 
 
@@ -35,9 +37,10 @@ def find_requests(qsl_ptr, num_reqs, t, TILE: tl.constexpr, REQ_BLOCK: tl.conste
     lo = tl.zeros([TILE], tl.int32) + r0
     hi = tl.zeros([TILE], tl.int32) + r1
     width = r1 - r0
+    q_hi, q_lo = split16(q)  # int32 gathers go through float32 halves (triton-ascend; exact)
     while width > 0:
         mid = (lo + hi + 1) // 2
-        go = tl.gather(q, mid, 0) <= t
+        go = gather_split(q_hi, q_lo, mid) <= t
         lo = tl.where(go, mid, lo)
         hi = tl.where(go, hi, mid - 1)
         width = width // 2
