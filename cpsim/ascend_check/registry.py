@@ -22,7 +22,7 @@ CP_SIZES = (1, 2, 4, 8)
 INTERLEAVES = (1, 16, 64)
 # (physical B, kernel b, circular): BPK 1 and 2, small blocks, a block size that is not a power of two.
 GROUP_SHAPES = ((128, 128, False), (128, 64, False), (16, 16, False), (96, 48, False), (64, 64, True))
-NPU_TILES = (64, 1024)              # cpsim.kernels.tile.plan on npu: smallest and largest tile
+NPU_TILES = (64, 1024)              # cpsim.kernels.tile.NPU_TILE: smallest and largest tile on npu
 REQ_BLOCKS = (8, 256)
 
 
@@ -154,7 +154,7 @@ BUILTINS: list[Entry] = [
     Entry("triton_v1 fused", "cpsim.kernels.triton_v1:_compute_slot_mapping_fused_kernel", _V1_FUSED_SIG,
           _v1_fused_combos),
     Entry("triton_v2", "cpsim.kernels.triton_v2:_compute_slot_mappings_kernel", _V2_SIG, _v2_combos),
-    Entry("tile_v1", "cpsim.kernels.tile_v1:_tile_slot_mapping_kernel", _TILE_V1_SIG, _tile_v1_combos),
+    Entry("tile_v1 (npu)", "cpsim.kernels.tile_npu:_tile_slot_mapping_kernel", _TILE_V1_SIG, _tile_v1_combos),
     Entry("tile_v1 fused (npu)", "cpsim.kernels.tile_npu:_tile_slot_mapping_fused_kernel",
           _with(_V1_FUSED_SIG, "max_num_tokens", num_reqs="i32"), _tile_v1_fused_combos),
     Entry("tile_v2 (npu)", "cpsim.kernels.tile_npu:_tile_slot_mappings_kernel",
