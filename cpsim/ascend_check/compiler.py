@@ -9,6 +9,7 @@ without the on-disk kernel cache (nothing is written outside a temporary folder)
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -38,21 +39,20 @@ def first_error(e: BaseException) -> str:
             head = next((ln for ln in lines if not ln.startswith(("#", "Stack dump", "0x"))), "")
             return f"triton-adapter-opt crashed ({sig})" + (f": {head}" if head else "")
         return (errs or lines or [f"exit status {e.returncode}"])[0]
-    # Frontend: CompilationError wraps the error of the innermost call; report that one.
-    inner, where = e, None
+    # Frontend: CompilationError wraps the error of the innermost call; report that one and where.
+    inner, where = e, ""
     while True:
-        if getattr(inner, "node", None) is not None and hasattr(inner.node, "lineno"):
-            where = (getattr(getattr(inner, "src", None), "splitlines", lambda: [])()[:1], inner.node.lineno)
+        node, src = getattr(inner, "node", None), getattr(inner, "src", None)
+        if node is not None and hasattr(node, "lineno") and isinstance(src, str):
+            m = re.search(r"def\s+(\w+)", src)
+            where = f" (in {m.group(1) if m else 'kernel'}, line {node.lineno} of its source)"
         nxt = inner.__cause__ or (inner.__context__ if not inner.__suppress_context__ else None)
         if nxt is None:
             break
         inner = nxt
     msg = getattr(inner, "error_message", None) or str(inner)
     lines = [ln.strip() for ln in str(msg).splitlines() if ln.strip()]
-    text = lines[-1] if lines else type(inner).__name__
-    if where and where[0]:
-        text += f" (in `{where[0][0].strip()}` line {where[1]})"
-    return text
+    return (lines[-1] if lines else type(inner).__name__) + where
 
 
 def compile_kernel(fn, signature: dict[str, str], constants: dict, arch: str = TARGET_ARCH) -> Outcome:

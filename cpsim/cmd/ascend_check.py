@@ -88,7 +88,8 @@ def main(args) -> int:
     def progress(r):
         done[0] += 1
         if not r.ok:
-            out.print(f"[red]FAIL[/red] {r.job.kernel} [{r.job.label()}]: {r.stage}: {r.error}", highlight=False)
+            out.print(f"[red]FAIL[/red] {r.job.kernel} [{r.job.label()}]: {r.stage}: {r.error}", highlight=False,
+                      soft_wrap=True)
         elif done[0] % 25 == 0:
             out.print(f"  {done[0]}/{len(jobs)} compiled", highlight=False)
 
@@ -108,7 +109,8 @@ def main(args) -> int:
         table.add_row(name, str(len(rs)), str(len(rs) - len(bad)), str(len(bad)), first)
     out.print(table)
     failed = [r for r in results if not r.ok]
-    out.print(f"{len(results) - len(failed)} passed, {len(failed)} failed in {wall:.1f} s", highlight=False)
+    out.print(f"{len(results) - len(failed)} passed, {len(failed)} failed in {wall:.1f} s "
+              f"({len(results)} compilations up to triton-adapter-opt)", highlight=False)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"arch": args.arch, "wall_seconds": round(wall, 2), "results": [
