@@ -11,7 +11,7 @@ POS_INT32 switches; fault switches stay off. Pure Python: no triton import here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from cpsim.kernels import next_pow2, window_size
@@ -24,6 +24,8 @@ INTERLEAVES = (1, 16, 64)
 GROUP_SHAPES = ((128, 128, False), (128, 64, False), (16, 16, False), (96, 48, False), (64, 64, True))
 NPU_TILES = (64, 1024)              # cpsim.kernels.tile.NPU_TILE: smallest and largest tile on npu
 REQ_BLOCKS = (8, 256)
+# One layout per tile kernel also goes through every tile in between and extreme request blocks.
+TILE_SWEEP = ((128, 2), (256, 32), (512, 1024))
 
 
 @dataclass(frozen=True)
@@ -101,14 +103,17 @@ def _tile_v1_combos() -> list[dict]:
             out.append(dict(block_size=b, KV_CACHE_BLOCK_SIZE=B, BLOCKS_PER_KV_BLOCK=B // b, TOTAL_CP_WORLD_SIZE=n,
                             TOTAL_CP_RANK=n - 1, CP_KV_CACHE_INTERLEAVE_SIZE=i, PAD_ID=PAD, TILE=tile,
                             REQ_BLOCK=rb, IS_CIRCULAR=circ, FAULT=0, POS_INT32=p32))
-    return out
+    base = next(c for c in out if c["TOTAL_CP_WORLD_SIZE"] == 8 and c["BLOCKS_PER_KV_BLOCK"] == 2
+                and c["CP_KV_CACHE_INTERLEAVE_SIZE"] == 16)
+    return out + [dict(base, TILE=t, REQ_BLOCK=rb) for t, rb in TILE_SWEEP]
 
 
 def _tile_v1_fused_combos() -> list[dict]:
-    return [dict(PAD_ID=PAD, TILE=tile, REQ_BLOCK=rb, NUM_GROUPS=g, GROUP_BLOCK=next_pow2(g), FAULT=0,
-                 POS_INT32=p32, POW2=pow2)
-            for g in (1, 3, 4) for pow2 in (True, False) for tile, rb, p32 in
-            ((NPU_TILES[-1], REQ_BLOCKS[-1], True), (NPU_TILES[0], REQ_BLOCKS[0], False))]
+    out = [dict(PAD_ID=PAD, TILE=tile, REQ_BLOCK=rb, NUM_GROUPS=g, GROUP_BLOCK=next_pow2(g), FAULT=0,
+                POS_INT32=p32, POW2=pow2)
+           for g in (1, 3, 4) for pow2 in (True, False) for tile, rb, p32 in
+           ((NPU_TILES[-1], REQ_BLOCKS[-1], True), (NPU_TILES[0], REQ_BLOCKS[0], False))]
+    return out + [dict(out[-1], TILE=t, REQ_BLOCK=rb) for t, rb in TILE_SWEEP]
 
 
 def _tile_v2_combos() -> list[dict]:
@@ -122,7 +127,8 @@ def _tile_v2_combos() -> list[dict]:
                         out.append(dict(CP_SIZE=n, CP_INTERLEAVE=i, PAD_ID=PAD, TRITON_BLOCK_SIZE=tile,
                                         NUM_GROUPS=g, GROUP_BLOCK=next_pow2(g), REQ_BLOCK=rb, FAULT=0,
                                         POS_INT32=p32, POW2=pow2))
-    return out
+    base = next(c for c in out if c["CP_SIZE"] == 8 and c["CP_INTERLEAVE"] == 16 and c["NUM_GROUPS"] == 4)
+    return out + [dict(base, TRITON_BLOCK_SIZE=t, REQ_BLOCK=rb) for t, rb in TILE_SWEEP]
 
 
 _V1_SIG = {"num_tokens": "i32", "max_num_tokens": "i32", "query_start_loc_ptr": "*i32", "positions_ptr": "*i64",
@@ -203,12 +209,3 @@ def user_combos(abi: str, params: set[str]) -> list[dict]:
             seen.add(key)
             out.append(c)
     return out
-
-
-@dataclass
-class UserKernel:
-    flag: str       # --kernel-v1 ...
-    spec: str
-    abi: str = "auto"
-    shim_vllm: bool = False
-    extra: dict = field(default_factory=dict)
