@@ -54,8 +54,11 @@ def _compute_slot_mapping_kernel(
         else:
             # Positions interleave over ranks inside a virtual block of B * N
             # positions; each rank keeps its share densely in one physical block.
-            vo = pos % V
-            local = (vo // CP_KV_CACHE_INTERLEAVE_SIZE) % TOTAL_CP_WORLD_SIZE == TOTAL_CP_RANK
+            # Remainders as multiply-subtract (Ascend's vector unit has no integer remainder).
+            vb = pos // V
+            vo = pos - vb * V
+            chunk = vo // CP_KV_CACHE_INTERLEAVE_SIZE
+            local = chunk - (chunk // TOTAL_CP_WORLD_SIZE) * TOTAL_CP_WORLD_SIZE == TOTAL_CP_RANK
             if FAULT & 32:  # short-request-rank: no rank is left with an empty segment
                 last = tl.load(positions_ptr + end - 1).to(tl.int64)
                 empty = last < TOTAL_CP_RANK * CP_KV_CACHE_INTERLEAVE_SIZE
@@ -66,15 +69,16 @@ def _compute_slot_mapping_kernel(
         if tl.max(valid.to(tl.int32), 0) > 0:
             if IS_CIRCULAR:
                 k = pos * 0
-                o = pos % block_size
+                o = pos - (pos // block_size) * block_size
             elif TOTAL_CP_WORLD_SIZE > 1:
                 lo = (vo // (TOTAL_CP_WORLD_SIZE * CP_KV_CACHE_INTERLEAVE_SIZE)) * CP_KV_CACHE_INTERLEAVE_SIZE \
-                    + vo % CP_KV_CACHE_INTERLEAVE_SIZE
-                k = (pos // V) * BLOCKS_PER_KV_BLOCK + lo // block_size
-                o = lo % block_size
+                    + (vo - chunk * CP_KV_CACHE_INTERLEAVE_SIZE)
+                kb = lo // block_size
+                k = vb * BLOCKS_PER_KV_BLOCK + kb
+                o = lo - kb * block_size
             else:
                 k = pos // block_size
-                o = pos % block_size
+                o = pos - k * block_size
             slot = lookup_slots(row_ptr, block_table_stride, k, o, valid, block_size, PAD_ID,
                                 BLOCK_TABLE_WINDOW_SIZE, FAULT)
         tl.store(slot_mapping_ptr + offs, slot.to(slot_mapping_ptr.dtype.element_ty), mask=mask)
@@ -119,8 +123,9 @@ def _compute_slot_mapping_fused_kernel(
         offs = tile + tl.arange(0, TILE_BLOCK_SIZE)
         mask = offs < end
         pos = tl.load(positions_ptr + offs, mask=mask, other=0).to(tl.int64)
-        k = tl.where(circular, 0, pos // block_size)
-        o = pos % block_size
+        kp = pos // block_size
+        k = tl.where(circular, 0, kp)
+        o = pos - kp * block_size
         valid = mask & (pos >= 0)
         slot = lookup_slots(row_ptr, stride, k, o, valid, block_size, PAD_ID, BLOCK_TABLE_WINDOW_SIZE, FAULT)
         tl.store(out_ptr + offs, slot.to(out_ptr.dtype.element_ty), mask=mask)

@@ -69,8 +69,10 @@ def _compute_slot_mappings_kernel(
         if sharded:
             # Virtual block of B * N positions, one physical block per rank
             # holding that rank's interleaved share densely.
-            vo = p % virtual
-            local = (vo // CP_INTERLEAVE) % CP_SIZE == cp_rank
+            # Remainders as multiply-subtract (Ascend's vector unit has no integer remainder).
+            vo = p - (p // virtual) * virtual
+            chunk = vo // CP_INTERLEAVE
+            local = chunk - (chunk // CP_SIZE) * CP_SIZE == cp_rank
         else:
             vo = p
             local = p >= 0
@@ -80,10 +82,10 @@ def _compute_slot_mappings_kernel(
         if tl.max(valid.to(tl.int32), 0) > 0:
             if sharded:
                 k = p // virtual
-                o = (vo // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + vo % CP_INTERLEAVE
+                o = (vo // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + (vo - (vo // CP_INTERLEAVE) * CP_INTERLEAVE)
             else:
                 k = p // block_size
-                o = p % block_size
+                o = p - k * block_size
             if circular:
                 k = k * 0
             slot = lookup_slots(row_ptr, stride, k, o, valid, block_size, PAD_ID, BLOCK_TABLE_WINDOW_SIZE, FAULT)
