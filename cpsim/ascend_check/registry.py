@@ -19,7 +19,7 @@ from cpsim.kernels import next_pow2, window_size
 PAD = -1
 PER_REQ_TILE = 1024                 # cpsim/paths/v1.py, v2.py TILE
 CP_SIZES = (1, 2, 4, 8)
-INTERLEAVES = (1, 16, 64)
+INTERLEAVES = (1, 16, 64, 128)   # presets use 1, 16, 64, 128 (= B); random scenarios 1..32
 # (physical B, kernel b, circular): BPK 1 and 2, small blocks, a block size that is not a power of two.
 GROUP_SHAPES = ((128, 128, False), (128, 64, False), (16, 16, False), (96, 48, False), (64, 64, True))
 NPU_TILES = (64, 1024)              # cpsim.kernels.tile.NPU_TILE: smallest and largest tile on npu
