@@ -69,11 +69,16 @@ def _cp_layouts(shapes=GROUP_SHAPES):
                     yield B, b, circ, n, i
 
 
+def _pos_widths(n: int, i: int) -> tuple[bool, ...]:
+    """POS_INT32 values compiled: int32 for every layout, int64 (max_model_len >= 2**31) for a subset."""
+    return (True, False) if n == 1 or i == 16 else (True,)
+
+
 def _v1_combos() -> list[dict]:
     return [dict(KV_CACHE_BLOCK_SIZE=B, BLOCKS_PER_KV_BLOCK=B // b, TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=n - 1,
                  CP_KV_CACHE_INTERLEAVE_SIZE=i, PAD_ID=PAD, TILE_BLOCK_SIZE=PER_REQ_TILE,
-                 BLOCK_TABLE_WINDOW_SIZE=window_size(PER_REQ_TILE, b), IS_CIRCULAR=circ, FAULT=0)
-            for B, b, circ, n, i in _cp_layouts()]
+                 BLOCK_TABLE_WINDOW_SIZE=window_size(PER_REQ_TILE, b), IS_CIRCULAR=circ, FAULT=0, POS_INT32=p32)
+            for B, b, circ, n, i in _cp_layouts() for p32 in _pos_widths(n, i)]
 
 
 def _min_entries():
@@ -82,7 +87,7 @@ def _min_entries():
 
 def _v1_fused_combos() -> list[dict]:
     return [dict(PAD_ID=PAD, TILE_BLOCK_SIZE=PER_REQ_TILE, BLOCK_TABLE_WINDOW_SIZE=window_size(PER_REQ_TILE, b),
-                 FAULT=0) for b in _min_entries()]
+                 FAULT=0, POS_INT32=p32) for b in _min_entries() for p32 in (True, False)]
 
 
 def _v2_combos() -> list[dict]:
@@ -90,8 +95,9 @@ def _v2_combos() -> list[dict]:
     for n in CP_SIZES:
         for i in (INTERLEAVES if n > 1 else (16,)):
             for b in _min_entries():
-                out.append(dict(CP_SIZE=n, CP_INTERLEAVE=i, PAD_ID=PAD, TRITON_BLOCK_SIZE=PER_REQ_TILE,
-                                BLOCK_TABLE_WINDOW_SIZE=window_size(PER_REQ_TILE, b), FAULT=0))
+                for p32 in _pos_widths(n, i):
+                    out.append(dict(CP_SIZE=n, CP_INTERLEAVE=i, PAD_ID=PAD, TRITON_BLOCK_SIZE=PER_REQ_TILE,
+                                    BLOCK_TABLE_WINDOW_SIZE=window_size(PER_REQ_TILE, b), FAULT=0, POS_INT32=p32))
     return out
 
 

@@ -4,6 +4,10 @@ One program per request plus one padding program; each request is walked in
 tiles of ``TILE_BLOCK_SIZE`` tokens. The table is the *logical* one (kernel blocks
 of size ``block_size``; a physical block of ``KV_CACHE_BLOCK_SIZE`` spans
 ``BLOCKS_PER_KV_BLOCK`` entries).
+
+``POS_INT32`` (set by the paths when ``max_model_len < 2**31``: every intermediate of
+the index math is at most the position) does the position math in int32, which
+Ascend's vector unit runs natively; slots are formed in int64 either way.
 """
 
 import triton
@@ -32,6 +36,7 @@ def _compute_slot_mapping_kernel(
     BLOCK_TABLE_WINDOW_SIZE: tl.constexpr,
     IS_CIRCULAR: tl.constexpr = False,
     FAULT: tl.constexpr = 0,
+    POS_INT32: tl.constexpr = False,
 ):
     req = tl.program_id(0)
     if req == tl.num_programs(0) - 1:
@@ -47,7 +52,8 @@ def _compute_slot_mapping_kernel(
     for tile in range(start, end, TILE_BLOCK_SIZE):
         offs = tile + tl.arange(0, TILE_BLOCK_SIZE)
         mask = offs < end
-        pos = tl.load(positions_ptr + offs, mask=mask, other=0).to(tl.int64)
+        pos = tl.load(positions_ptr + offs, mask=mask, other=0)
+        pos = pos.to(tl.int32) if POS_INT32 else pos.to(tl.int64)
         V: tl.constexpr = KV_CACHE_BLOCK_SIZE * TOTAL_CP_WORLD_SIZE
         if IS_CIRCULAR or TOTAL_CP_WORLD_SIZE == 1:
             local = pos >= 0
@@ -100,6 +106,7 @@ def _compute_slot_mapping_fused_kernel(
     TILE_BLOCK_SIZE: tl.constexpr,
     BLOCK_TABLE_WINDOW_SIZE: tl.constexpr,
     FAULT: tl.constexpr = 0,
+    POS_INT32: tl.constexpr = False,
 ):
     """All groups in one launch, grid (groups, num_reqs + 1); CP world size 1 only."""
     group = tl.program_id(0)
@@ -114,7 +121,9 @@ def _compute_slot_mapping_fused_kernel(
 
     table_ptr = tl.load(block_table_ptrs + group).to(tl.pointer_type(tl.int32))
     stride = tl.load(block_table_strides + group)
-    block_size = tl.load(block_sizes + group).to(tl.int64)
+    block_size = tl.load(block_sizes + group)
+    if not POS_INT32:
+        block_size = block_size.to(tl.int64)
     circular = tl.load(is_circular + group) != 0
     start = tl.load(query_start_loc_ptr + req)
     end = tl.load(query_start_loc_ptr + req + 1)
@@ -122,7 +131,8 @@ def _compute_slot_mapping_fused_kernel(
     for tile in range(start, end, TILE_BLOCK_SIZE):
         offs = tile + tl.arange(0, TILE_BLOCK_SIZE)
         mask = offs < end
-        pos = tl.load(positions_ptr + offs, mask=mask, other=0).to(tl.int64)
+        pos = tl.load(positions_ptr + offs, mask=mask, other=0)
+        pos = pos.to(tl.int32) if POS_INT32 else pos.to(tl.int64)
         kp = pos // block_size
         k = tl.where(circular, 0, kp)
         o = pos - kp * block_size
