@@ -8,6 +8,7 @@ only when it cannot be created (no network, no python3.11).
 from __future__ import annotations
 
 import fcntl
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,7 @@ def ascend_python() -> str:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cpsim", "ascend-check", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=900, env={**__import__("os").environ, "COLUMNS": "200"})
+                          text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
 
 
 def test_int32_gather_fails_and_its_fp32_twin_passes(ascend_python):
