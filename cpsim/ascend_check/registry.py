@@ -160,7 +160,7 @@ def _with(sig: dict, after: str, **extra) -> dict:
 
 _TILE_V1_SIG = {k: v for k, v in _with(_V1_SIG, "max_num_tokens", num_reqs="i32").items() if k != "block_size"}
 
-# The kernels cpsim launches on an NPU (cpsim.kernels.select.for_device("npu")), one entry each.
+# The kernels cpsim launches on an NPU (cpsim.kernels.select.tile_kernels("npu") for the tile design), one entry each.
 BUILTINS: list[Entry] = [
     Entry("triton_v1", "cpsim.kernels.triton_v1:_compute_slot_mapping_kernel", _V1_SIG, _v1_combos),
     Entry("triton_v1 fused", "cpsim.kernels.triton_v1:_compute_slot_mapping_fused_kernel", _V1_FUSED_SIG,
