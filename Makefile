@@ -11,6 +11,12 @@ TRITON ?= triton==3.6.0
 NUMPY ?= numpy>=1.24,<2.3
 NPROC ?= 8
 TEST_ARGS ?= -n auto
+# The Ascend compile check's side venv: triton-ascend ships its own module `triton`,
+# so it never goes into $(VENV). Its wheel is built for CPython 3.11.
+ASCEND_VENV ?= .venv-ascend
+ASCEND_BASE_PY ?= python3.11
+TRITON_ASCEND ?= triton-ascend==3.2.0
+ASCEND_ARGS ?=
 
 ifeq ($(PY),)
 PYTHON := $(VENV)/bin/python
@@ -20,7 +26,7 @@ PYTHON := $(PY)
 STAMP :=
 endif
 
-.PHONY: run test venv clean
+.PHONY: run test venv clean ascend-venv ascend-check
 venv: $(STAMP)
 
 $(VENV)/.cpsim-ready: pyproject.toml Makefile
@@ -36,5 +42,16 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PYTHON) -m pytest $(TEST_ARGS)
 
+ascend-venv: $(ASCEND_VENV)/.cpsim-ready
+
+$(ASCEND_VENV)/.cpsim-ready: Makefile
+	test -x $(ASCEND_VENV)/bin/python || $(ASCEND_BASE_PY) -m venv $(ASCEND_VENV)
+	$(ASCEND_VENV)/bin/python -m pip install -q "$(TRITON_ASCEND)" "pybind11>=2.10"
+	touch $@
+
+# Every built-in kernel x constexpr combination through triton-ascend up to triton-adapter-opt.
+ascend-check: $(STAMP) ascend-venv
+	$(PYTHON) -m cpsim ascend-check --ascend-python $(ASCEND_VENV)/bin/python $(ASCEND_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(ASCEND_VENV) .pytest_cache .hypothesis

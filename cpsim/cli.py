@@ -25,6 +25,7 @@ COMMANDS = (
     "cpsim.cmd.replay",
     "cpsim.cmd.bugs",
     "cpsim.cmd.doctor",
+    "cpsim.cmd.ascend_check",
 )
 
 

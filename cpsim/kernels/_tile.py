@@ -10,24 +10,33 @@ token. Padding entries are written by the same programs.
 import triton
 import triton.language as tl
 
+from cpsim.kernels._common import gather_split, split16
+
 INT32_BIG = tl.constexpr(2147483647)
 
 
 @triton.jit
 def find_requests(qsl_ptr, num_reqs, t, TILE: tl.constexpr, REQ_BLOCK: tl.constexpr):
     # t must be program_id(0) * TILE + arange(0, TILE).
-    """(request of each token, query_start_loc[num_reqs], query_start_loc in registers).
+    """(request of each token, query_start_loc[num_reqs]) for the tile of this program."""
+    return find_requests_from(qsl_ptr, num_reqs, tl.program_id(0) * TILE, t, TILE, REQ_BLOCK)
+
+
+@triton.jit
+def find_requests_from(qsl_ptr, num_reqs, t0, t, TILE: tl.constexpr, REQ_BLOCK: tl.constexpr):
+    # t must be t0 + arange(0, TILE).
+    """(request of each token, query_start_loc[num_reqs]).
 
     The request of token ``t`` is the largest ``r < num_reqs`` with
     ``qsl[r] <= t`` (empty requests share their start with the next one and lose).
-    The tile's first and last real tokens bound the search by two reductions;
-    a tile inside one request (prefill) then skips the per-token search.
+    ``query_start_loc`` is held in registers (one vector load); the tile's first
+    and last real tokens bound the search by two reductions, so a tile inside one
+    request (prefill) skips the per-token search.
     """
     idx = tl.arange(0, REQ_BLOCK)
     q = tl.load(qsl_ptr + idx, mask=idx <= num_reqs, other=INT32_BIG)
     actual = tl.load(qsl_ptr + num_reqs)
     inner = tl.where((idx >= 1) & (idx < num_reqs), q, INT32_BIG)
-    t0 = tl.program_id(0) * TILE
     t1 = tl.minimum(t0 + TILE - 1, actual - 1)
     r0 = tl.sum((inner <= t0).to(tl.int32), 0)
     r1 = tl.sum((inner <= t1).to(tl.int32), 0)
@@ -35,9 +44,10 @@ def find_requests(qsl_ptr, num_reqs, t, TILE: tl.constexpr, REQ_BLOCK: tl.conste
     lo = tl.zeros([TILE], tl.int32) + r0
     hi = tl.zeros([TILE], tl.int32) + r1
     width = r1 - r0
+    q_hi, q_lo = split16(q)  # int32 gathers go through float32 halves (triton-ascend; exact)
     while width > 0:
         mid = (lo + hi + 1) // 2
-        go = tl.gather(q, mid, 0) <= t
+        go = gather_split(q_hi, q_lo, mid) <= t
         lo = tl.where(go, mid, lo)
         hi = tl.where(go, hi, mid - 1)
         width = width // 2

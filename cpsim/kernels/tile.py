@@ -12,6 +12,8 @@ from cpsim.kernels import next_pow2
 
 INT32_MAX = 2**31 - 1
 CPU_TILE = 8192      # the interpreter pays per program: few, large tiles
+NPU_TILE = (64, 1024)  # smallest / largest tile on an Ascend NPU (cpsim/ascend_check/registry.py compiles each)
+NPU_VECTOR_CORES = 48  # when the driver cannot say (Ascend 910B: 40-48 vector cores)
 
 
 @dataclass(frozen=True)
@@ -20,9 +22,21 @@ class TileLaunch:
     req_block: int
     pos_int32: bool
     num_warps: int
+    max_programs: int = 0   # > 0: a persistent grid of at most this many programs (npu)
 
     def grid(self, max_num_tokens: int) -> tuple[int]:
-        return (max(-(-max_num_tokens // self.tile), 1),)
+        tiles = max(-(-max_num_tokens // self.tile), 1)
+        return (min(tiles, self.max_programs) if self.max_programs else tiles,)
+
+
+def npu_vector_cores() -> int:
+    """Vector cores of the current NPU, as triton-ascend's driver reports them (vllm-ascend sizes grids so)."""
+    try:
+        import triton
+        return int(triton.runtime.driver.active.utils.get_device_properties("npu")["num_vectorcore"]) \
+            or NPU_VECTOR_CORES
+    except Exception:  # noqa: BLE001 - grid size only: every tile is still walked by the persistent loop
+        return NPU_VECTOR_CORES
 
 
 def gpu_tile(max_num_tokens: int) -> tuple[int, int]:
@@ -46,13 +60,17 @@ def plan(max_num_tokens: int, max_num_reqs: int, max_model_len: int, device_type
     so int32 is exact when ``max_model_len <= 2**31 - 1``.
     """
     warps = 4
-    if tile is None:
+    programs = 0
+    if device_type == "npu":
+        tile = tile or min(max(next_pow2(max_num_tokens), NPU_TILE[0]), NPU_TILE[1])
+        programs = npu_vector_cores()
+    elif tile is None:
         if device_type == "cpu":
             tile = min(next_pow2(max_num_tokens), CPU_TILE)
         else:
             tile, warps = gpu_tile(max_num_tokens)
     return TileLaunch(tile=tile, req_block=next_pow2(max_num_reqs + 1),
-                      pos_int32=max_model_len <= INT32_MAX, num_warps=num_warps or warps)
+                      pos_int32=max_model_len <= INT32_MAX, num_warps=num_warps or warps, max_programs=programs)
 
 
 def is_pow2(x: int) -> bool:

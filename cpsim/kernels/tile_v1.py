@@ -13,7 +13,7 @@ int64 (``FAULT`` 8 reproduces the int32 overflow on purpose).
 import triton
 import triton.language as tl
 
-from cpsim.kernels._tile import find_requests, log2_pow2, read_blocks, slot_of, write_mask
+from cpsim.kernels._tile import find_requests, find_requests_from, log2_pow2, read_blocks, slot_of, write_mask
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs"])
@@ -39,27 +39,47 @@ def _tile_slot_mapping_kernel(
     FAULT: tl.constexpr = 0,
     POS_INT32: tl.constexpr = True,
 ):
-    t = tl.program_id(0) * TILE + tl.arange(0, TILE)
-    req, actual = find_requests(query_start_loc_ptr, num_reqs, t, TILE, REQ_BLOCK)
+    v1_tile(tl.program_id(0) * TILE, num_tokens, max_num_tokens, num_reqs, query_start_loc_ptr, positions_ptr,
+            block_table_ptr, block_table_stride, block_size, slot_mapping_ptr, KV_CACHE_BLOCK_SIZE,
+            BLOCKS_PER_KV_BLOCK, TOTAL_CP_WORLD_SIZE, TOTAL_CP_RANK, CP_KV_CACHE_INTERLEAVE_SIZE, PAD_ID, TILE,
+            REQ_BLOCK, IS_CIRCULAR, FAULT, POS_INT32)
+
+
+@triton.jit
+def v1_tile(t0, num_tokens, max_num_tokens, num_reqs, query_start_loc_ptr, positions_ptr, block_table_ptr,
+            block_table_stride, block_size: tl.constexpr, slot_mapping_ptr, KV_CACHE_BLOCK_SIZE: tl.constexpr,
+            BLOCKS_PER_KV_BLOCK: tl.constexpr, TOTAL_CP_WORLD_SIZE: tl.constexpr, TOTAL_CP_RANK: tl.constexpr,
+            CP_KV_CACHE_INTERLEAVE_SIZE: tl.constexpr, PAD_ID: tl.constexpr, TILE: tl.constexpr,
+            REQ_BLOCK: tl.constexpr, IS_CIRCULAR: tl.constexpr, FAULT: tl.constexpr, POS_INT32: tl.constexpr):
+    """Entries ``[t0, t0 + TILE)`` of one group's slot buffer (shared by the CUDA and NPU kernels).
+
+    Remainders are written as multiply-subtract (``x - (x // d) * d``, the same
+    value as ``%`` for either sign): Ascend's vector unit has no integer remainder.
+    """
+    t = t0 + tl.arange(0, TILE)
+    req, actual = find_requests_from(query_start_loc_ptr, num_reqs, t0, t, TILE, REQ_BLOCK)
     tok = (t < actual) & (t < max_num_tokens)
     pos = tl.load(positions_ptr + t, mask=tok, other=0)
     if POS_INT32:
         pos = pos.to(tl.int32)
     if IS_CIRCULAR:
         k = pos * 0
-        o = pos % block_size
+        o = pos - (pos // block_size) * block_size
         local = pos >= 0
     elif TOTAL_CP_WORLD_SIZE > 1:
-        vb = pos // (KV_CACHE_BLOCK_SIZE * TOTAL_CP_WORLD_SIZE)
-        vo = pos % (KV_CACHE_BLOCK_SIZE * TOTAL_CP_WORLD_SIZE)
-        local = (vo // CP_KV_CACHE_INTERLEAVE_SIZE) % TOTAL_CP_WORLD_SIZE == TOTAL_CP_RANK
-        lo = (vo // (TOTAL_CP_WORLD_SIZE * CP_KV_CACHE_INTERLEAVE_SIZE)) * CP_KV_CACHE_INTERLEAVE_SIZE \
-            + vo % CP_KV_CACHE_INTERLEAVE_SIZE
-        k = vb * BLOCKS_PER_KV_BLOCK + lo // block_size
-        o = lo % block_size
+        V: tl.constexpr = KV_CACHE_BLOCK_SIZE * TOTAL_CP_WORLD_SIZE
+        W: tl.constexpr = TOTAL_CP_WORLD_SIZE * CP_KV_CACHE_INTERLEAVE_SIZE
+        vb = pos // V
+        vo = pos - vb * V
+        chunk = vo // CP_KV_CACHE_INTERLEAVE_SIZE
+        local = chunk - (chunk // TOTAL_CP_WORLD_SIZE) * TOTAL_CP_WORLD_SIZE == TOTAL_CP_RANK
+        lo = (vo // W) * CP_KV_CACHE_INTERLEAVE_SIZE + (vo - chunk * CP_KV_CACHE_INTERLEAVE_SIZE)
+        kb = lo // block_size
+        k = vb * BLOCKS_PER_KV_BLOCK + kb
+        o = lo - kb * block_size
     else:
         k = pos // block_size
-        o = pos % block_size
+        o = pos - k * block_size
         local = pos >= 0
     valid = tok & local
     ptrs = block_table_ptr + req.to(tl.int64) * block_table_stride

@@ -16,6 +16,7 @@ in a valid batch) are left unwritten, as the per-request kernel leaves them.
 import triton
 import triton.language as tl
 
+from cpsim.kernels._common import gather_i32
 from cpsim.kernels._tile import find_requests, log2_pow2, read_blocks, slot_of, write_mask
 
 
@@ -51,7 +52,7 @@ def _tile_slot_mappings_kernel(
     req, actual = find_requests(query_start_loc, num_reqs, t, TRITON_BLOCK_SIZE, REQ_BLOCK)
     ridx = tl.arange(0, REQ_BLOCK)
     rows = tl.load(idx_mapping + ridx, mask=ridx < num_reqs, other=-1)
-    row = tl.gather(rows, req, 0)
+    row = gather_i32(rows, req)
     tok = (t < actual) & (t < max_num_tokens)
     p = tl.load(pos + t, mask=tok, other=0)
     if POS_INT32:

@@ -36,6 +36,7 @@ def _compute_slot_mappings_kernel(
     group_cp_sizes,
     is_circular,
     FAULT: tl.constexpr = 0,
+    POS_INT32: tl.constexpr = False,
 ):
     group = tl.program_id(0)
     batch_idx = tl.program_id(1)
@@ -59,18 +60,23 @@ def _compute_slot_mappings_kernel(
     circular = tl.load(is_circular + group) != 0
     table_ptr = tl.load(block_table_ptrs + group).to(tl.pointer_type(tl.int32))
     stride = tl.load(block_table_strides + group)
-    block_size = tl.load(block_sizes + group).to(tl.int64)
+    block_size = tl.load(block_sizes + group)
+    if not POS_INT32:  # int32 position math when the paths prove it exact (see triton_v1)
+        block_size = block_size.to(tl.int64)
     row_ptr = table_ptr + row.to(tl.int64) * stride
     for tile in range(start, end, TRITON_BLOCK_SIZE):
         offs = tile + tl.arange(0, TRITON_BLOCK_SIZE)
         mask = offs < end
-        p = tl.load(pos + offs, mask=mask, other=0).to(tl.int64)
+        p = tl.load(pos + offs, mask=mask, other=0)
+        p = p.to(tl.int32) if POS_INT32 else p.to(tl.int64)
         virtual = block_size * CP_SIZE
         if sharded:
             # Virtual block of B * N positions, one physical block per rank
             # holding that rank's interleaved share densely.
-            vo = p % virtual
-            local = (vo // CP_INTERLEAVE) % CP_SIZE == cp_rank
+            # Remainders as multiply-subtract (Ascend's vector unit has no integer remainder).
+            vo = p - (p // virtual) * virtual
+            chunk = vo // CP_INTERLEAVE
+            local = chunk - (chunk // CP_SIZE) * CP_SIZE == cp_rank
         else:
             vo = p
             local = p >= 0
@@ -80,10 +86,10 @@ def _compute_slot_mappings_kernel(
         if tl.max(valid.to(tl.int32), 0) > 0:
             if sharded:
                 k = p // virtual
-                o = (vo // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + vo % CP_INTERLEAVE
+                o = (vo // (CP_SIZE * CP_INTERLEAVE)) * CP_INTERLEAVE + (vo - (vo // CP_INTERLEAVE) * CP_INTERLEAVE)
             else:
                 k = p // block_size
-                o = p % block_size
+                o = p - k * block_size
             if circular:
                 k = k * 0
             slot = lookup_slots(row_ptr, stride, k, o, valid, block_size, PAD_ID, BLOCK_TABLE_WINDOW_SIZE, FAULT)

@@ -13,7 +13,7 @@ from cpsim.allocator import Allocation, logical_table, physical_table
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile
 from cpsim.paths._inputs import batch_tensors, prepare_triton
-from cpsim.scenario import KVGroup, Scenario
+from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024
 
@@ -28,6 +28,11 @@ def physical_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
         return layout.table_width(mml, g.block_size, n)
     # The runner hands every group cdiv(max_model_len, B * N); unsharded groups scale it back by N.
     return layout.table_width(mml, g.block_size, n) * n
+
+
+def pos_int32(s: Scenario) -> bool:
+    """Whether the per-request kernels may do position math in int32 (every intermediate <= the position)."""
+    return s.limits.max_model_len <= INT32_MAX
 
 
 def buffer_size(s: Scenario, knobs: Knobs) -> int:
@@ -84,7 +89,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
             TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=rank if n > 1 else 0,
             CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave, PAD_ID=PAD_SLOT_ID,
             TILE_BLOCK_SIZE=TILE, BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, g.b),
-            IS_CIRCULAR=g.circular, FAULT=knobs.kernel_fault,
+            IS_CIRCULAR=g.circular, FAULT=knobs.kernel_fault, POS_INT32=pos_int32(s),
         )
         if knobs.draft_overwrite and not g.circular:
             _write_draft(s, g, table, kv_bs, n, rank if n > 1 else 0, out[gi])
@@ -157,7 +162,7 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
                 min(bt.num_tokens, T), T, qsl, bt.positions, ptrs, strides, sizes, circ,
                 view, view.stride(0), PAD_ID=PAD_SLOT_ID, TILE_BLOCK_SIZE=TILE,
                 BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(g.b for _, g in groups)),
-                FAULT=knobs.kernel_fault,
+                FAULT=knobs.kernel_fault, POS_INT32=pos_int32(s),
             )
         out[[gi for gi, _ in groups]] = view
     return _result(out, s, knobs, [g.slot_mapped for g in s.groups])

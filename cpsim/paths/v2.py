@@ -11,7 +11,7 @@ import torch
 from cpsim import kernels, layout
 from cpsim.allocator import Allocation, logical_table, physical_table
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, RankOutput, _guard, _tile
+from cpsim.paths import Knobs, RankOutput, _guard, _tile, v1
 from cpsim.paths._inputs import batch_tensors, prepare_triton
 from cpsim.scenario import KVGroup, Scenario
 
@@ -65,7 +65,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
         slot_mapping_enabled=i32([int(g.slot_mapped) for g in s.groups]),
         group_cp_sizes=i32([g.world(s.cp) for g in s.groups]),
         is_circular=i32([int(g.circular) for g in s.groups]),
-        FAULT=knobs.kernel_fault,
+        FAULT=knobs.kernel_fault, POS_INT32=v1.pos_int32(s),
     )
     widths = [t.shape[1] for t in tables]
     return RankOutput(out, [True] * len(s.groups), widths, list(entry))
