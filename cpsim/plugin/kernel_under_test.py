@@ -80,6 +80,13 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
         "block_table_strides", "block_sizes", "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE",
         "CP_INTERLEAVE", "PAD_ID", "TRITON_BLOCK_SIZE"),
         launch="grid (num_groups, num_reqs + 1), int64 output"),
+    Abi("vllm-mrv2", ("v2",), (
+        "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
+        "num_blocks_ptr", "num_blocks_stride", "block_sizes", "kernel_block_sizes", "group_cp_sizes",
+        "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE", "CP_INTERLEAVE", "PAD_ID",
+        "TRITON_BLOCK_SIZE"), ("is_padding", "is_circular"),
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with its own CP size, "
+               "kernel-block tables, int64 output"),
     Abi("callable", ("v1", "v1-fused", "v2"), (), tuple(CALLABLE_INPUTS),
         launch="called once per group and rank; returns the group's slots (1-D integer tensor)"),
 )}
