@@ -242,3 +242,40 @@ def test_partial_replica_preset_passes_at_cp8():
     assert coordinator.passed(verdicts)
     v2 = gathered["v2"].slots
     assert torch.equal(v2[0:4, 1], v2[4:8, 1])  # the cp4 group's two replicas
+
+
+def test_fuzz_strategy_draws_group_cp_sizes_and_padding():
+    from hypothesis import HealthCheck, given, settings
+
+    from cpsim import fuzz as fz
+    seen = set()
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+              derandomize=True)
+    @given(fz.scenarios())
+    def probe(s):
+        if any(1 < g.world(s.cp) < s.cp.world for g in s.groups):
+            seen.add("partial replica")
+        if any(g.cp_size for g in s.groups):
+            seen.add("cp_size given")
+        if any(r.padded_drafts for r in s.batch.requests):
+            seen.add("padded drafts")
+        if s.batch.is_padding:
+            seen.add("is_padding")
+
+    probe()
+    assert seen == {"partial replica", "cp_size given", "padded drafts", "is_padding"}
+
+
+def test_draw_shows_replica_sets(tmp_path):
+    pytest.importorskip("matplotlib")
+    from cpsim.report import draw
+    s = sc.validate(sc.load("docs/examples/replicas-cp4.json"))
+    from cpsim.paths import Knobs
+    from cpsim import kernels
+    pic = draw.simulate(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_SHARD_IS_CP_RANK))
+    half = next(p for p in pic.panels.values() if p.group.name == "cp2")
+    assert any(v.invariant == "replicas-agree" for v in half.violations)
+    assert half.strip_bad.any()  # the tokens the second replica set lost are outlined
+    fig = draw.render(pic)
+    assert "replica sets 0-1, 2-3" in " ".join(ax.get_title(loc="left") for ax in fig.axes)
