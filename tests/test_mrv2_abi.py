@@ -72,3 +72,33 @@ def test_older_abi_without_is_padding_gets_a_host_mask_and_a_note():
     s, verdicts = run_one(k, "v2", preset("partial-replica"))
     assert all(v.status != "fail" for v in verdicts)
     assert any("no is_padding input" in n for n in k.notes)
+
+
+ADAPTIVE = f"{ROOT}/tests/kernels/ascend_v1_fused_adaptive_abi.py:_compute_slot_mapping_fused_groups_adaptive_kernel"
+
+
+def test_adaptive_fused_abi_is_detected_and_passes_at_cp1():
+    assert load(ADAPTIVE, "v1-fused").abi == "ascend-v1-fused-adaptive"
+    results = check_kernel(ADAPTIVE, path="v1-fused", scenarios=("hybrid-mamba", "random:4", "default"))
+    assert all(name.endswith("@cp1") for name in results)
+
+
+def test_adaptive_tile_choice():
+    from cpsim.plugin.adapters import adaptive_tile
+    assert adaptive_tile(1, 1) == 16 and adaptive_tile(40, 2) == 32 and adaptive_tile(10**6, 1) == 1024
+
+
+def test_adaptive_fused_small_tile_bug_fails(tmp_path):
+    file, attr = ADAPTIVE.rsplit(":", 1)
+    text = Path(file).read_text()
+    old = "if end - start <= SMALL_TILE_BLOCK_SIZE:"
+    assert text.count(old) == 1
+    bug = tmp_path / "bug_adaptive.py"
+    # A long request done in one small tile: the tokens past it are never written.
+    bug.write_text(text.replace(old, "if end - start <= 4 * SMALL_TILE_BLOCK_SIZE:").replace(
+        "_slots(table, out, req, positions_ptr, start, end, stride, bs, circular, PAD_ID, SMALL_TILE_BLOCK_SIZE)",
+        "_slots(table, out, req, positions_ptr, start, tl.minimum(end, start + SMALL_TILE_BLOCK_SIZE), stride, "
+        "bs, circular, PAD_ID, SMALL_TILE_BLOCK_SIZE)"))
+    with pytest.raises(AssertionError) as e:
+        check_kernel(f"{bug}:{attr}", path="v1-fused", scenarios=["default"])
+    assert "✗ padding [v1-fused]" in str(e.value) or "✗ matches-reference [v1-fused]" in str(e.value)

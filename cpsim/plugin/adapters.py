@@ -35,6 +35,7 @@ def run(k, path: str, s: Scenario, allocs, rank: int, device: torch.device, knob
         _mask_padding(k, s, out)
         return out
     runner = {"ascend-v1": _ascend_v1, "ascend-v1-fused": _ascend_v1_fused,
+              "ascend-v1-fused-adaptive": _ascend_v1_fused,
               "ascend-v2": _v2, "vllm-v2": _v2, "vllm-mrv2": _mrv2}[k.abi]
     prepare_triton(device)
     out = runner(k, s, allocs, rank, device, knobs)
@@ -113,6 +114,13 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankO
     return v1._result(out, s, knobs, enabled)
 
 
+def adaptive_tile(num_tokens: int, num_reqs: int, lo: int = 16) -> int:
+    """SMALL_TILE_BLOCK_SIZE for the adaptive fused kernel: tokens per request rounded up to a
+    power of two, between ``lo`` and 1024 (cpsim's choice; upstream picks from its own ladder)."""
+    per_req = -(-max(num_tokens, 1) // max(num_reqs, 1))
+    return min(max(kernels.next_pow2(per_req), lo), TILE)
+
+
 def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
     out = v1._poisoned(s, knobs, device)
@@ -128,6 +136,7 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
     if groups:
         tables = [v1._tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
         bufs = [torch.full((T,), POISON, dtype=torch.int32, device=device) for _ in groups]
+        smallest = min(g.b for _, g in groups)
         args = dict(
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T,
             query_start_loc_ptr=bt.query_start_loc.clamp(max=T), positions_ptr=bt.positions,
@@ -135,15 +144,23 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
             slot_mapping_addrs_ptr=_i64((b.data_ptr() for b in bufs), device),
             block_table_strides_ptr=_i64((t.stride(0) for t in tables), device),
             block_sizes_ptr=_i32((g.b for _, g in groups), device),
-            PAD_ID=PAD_SLOT_ID, NUM_REQS=s.batch.num_reqs, TILE_BLOCK_SIZE=TILE,
-            PARALLEL_TILES=FUSED_PARALLEL_TILES,
-            BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(g.b for _, g in groups)),
+            PAD_ID=PAD_SLOT_ID, NUM_REQS=s.batch.num_reqs,
         )
+        adaptive = k.abi == "ascend-v1-fused-adaptive"
+        if adaptive:
+            small = adaptive_tile(bt.num_scheduled, s.batch.num_reqs)
+            args.update(SMALL_TILE_BLOCK_SIZE=small,
+                        SMALL_BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(small, smallest),
+                        LARGE_BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, smallest))
+        else:
+            args.update(TILE_BLOCK_SIZE=TILE, PARALLEL_TILES=FUSED_PARALLEL_TILES,
+                        BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, smallest))
         if has_circular:
             args["is_circular_ptr"] = _i32((int(g.circular) for _, g in groups), device)
             if "HAS_CIRCULAR" in k.params:
                 args["HAS_CIRCULAR"] = any(g.circular for _, g in groups)
-        k.obj[(len(groups) * (s.batch.num_reqs * FUSED_PARALLEL_TILES + 1),)](**args)
+        per_group = s.batch.num_reqs + 1 if adaptive else s.batch.num_reqs * FUSED_PARALLEL_TILES + 1
+        k.obj[(len(groups) * per_group,)](**args)
         for (gi, _), buf in zip(groups, bufs):
             out[gi] = buf.to(torch.int64)
     done = {gi for gi, _ in groups}
