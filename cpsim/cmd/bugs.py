@@ -85,7 +85,7 @@ def main_list(args) -> int:
     if args.markdown:
         Console().print(list_markdown(), highlight=False, markup=False, soft_wrap=True)
         return 0
-    t = Table(title="cpsim bug catalogue (SPEC §5)")
+    t = Table(title="cpsim bug catalogue (docs/SPEC.md §6)")
     t.add_column("name", style="bold", no_wrap=True)
     t.add_column("paths")
     t.add_column("caught by")
