@@ -47,10 +47,12 @@ def _blocks_for(s: Scenario, g: KVGroup, rank: int, seq_len: int) -> int:
 
 
 def allocate(s: Scenario, rank: int, group_index: int) -> Allocation:
+    """Replicas (ranks with the same shard rank ``rank % g``) get identical block ids."""
     g = s.groups[group_index]
-    shared = g.world(s.cp) == 1
-    rng = np.random.default_rng([s.seed, group_index, SHARED_RANK if shared else rank])
-    counts = [_blocks_for(s, g, 0 if shared else rank, r.seq_len) for r in s.batch.requests]
+    n = g.world(s.cp)
+    shard = layout.shard_rank(rank, n)
+    rng = np.random.default_rng([s.seed, group_index, SHARED_RANK if n == 1 else shard])
+    counts = [_blocks_for(s, g, shard, length) for length in s.batch.allocated_lens()]
     total = sum(counts)
     ids = rng.choice(g.num_blocks - 1, size=total, replace=False).astype(np.int64) + 1
     return Allocation(tuple(np.split(ids, np.cumsum(counts)[:-1])) if counts else ())

@@ -115,7 +115,9 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         room = mml - q
         # Few tokens, but anywhere up to max_model_len (or right below it): big positions are cheap.
         ctx = 0 if kind == "prefill" else draw(st.one_of(st.integers(0, room), st.integers(max(0, room - 16), room)))
-        return sc.Request(ctx, q, kind)
+        # Rejected / excess drafts of a spec request are padding (shrinks to none).
+        padded_drafts = draw(st.integers(0, q - 1)) if kind == "spec" and q > 1 else 0
+        return sc.Request(ctx, q, kind, padded_drafts)
 
     @st.composite
     def build(draw) -> sc.Scenario:
@@ -132,6 +134,9 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         interleave = draw(st.integers(1, 2 * max(g.block_size for g in groups)) if invalid
                           else st.one_of(st.sampled_from(_divisors(common)), st.just(common)))
         cp = sc.CPConfig(dcp=world // pcp, pcp=pcp, interleave=interleave)
+        # A CP size per sharded group: 0 (the world size, where shrinking goes) or any divisor.
+        groups = [dataclasses.replace(g, cp_size=draw(st.sampled_from([0] + _divisors(world))))
+                  if g.cp_sharded and g.kind == "attention" and world > 1 else g for g in groups]
 
         budget_reqs = max(1, min(64, max_programs // (world * len(groups)) - 1))
         spec = draw(small_or(0, 2, 6))
@@ -155,7 +160,8 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
             perm = draw(st.permutations(range(max_num_reqs)))[:nreq]
             idx = tuple(-1 if r.num_tokens == 0 and draw(st.booleans()) else int(x) for r, x in zip(reqs, perm))
         padded = draw(st.integers(total, limits.slot_buffer_size)) if draw(st.booleans()) else 0
-        s = sc.Scenario("fuzz", cp, tuple(groups), limits, sc.Batch(tuple(reqs), idx, padded),
+        flagged = tuple(sorted(draw(st.sets(st.integers(0, total - 1), max_size=min(total, 3))))) if total else ()
+        s = sc.Scenario("fuzz", cp, tuple(groups), limits, sc.Batch(tuple(reqs), idx, padded, flagged),
                         seed=draw(st.integers(0, 2**16)), allow_invalid=invalid)
         sized = []
         for g, (_, spare) in zip(s.groups, drawn):

@@ -34,6 +34,22 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def shard_rank(rank: int, group_cp_size: int) -> int:
+    """Which shard of a group of CP size ``g`` rank ``rank`` holds: ``rank % g``.
+
+    Every formula below takes ``world = g`` and this shard rank, so a partially
+    replicated group (``1 < g < N``) is ``N // g`` independent copies of a group
+    sharded over ``g`` ranks; ``g = 1`` is shard 0 everywhere (replicated).
+    """
+    return rank % max(group_cp_size, 1)
+
+
+def replica_sets(world: int, group_cp_size: int) -> list[range]:
+    """The sets of ``g`` consecutive ranks that each hold one whole copy of the group."""
+    g = max(group_cp_size, 1)
+    return [range(k, k + g) for k in range(0, world, g)]
+
+
 def owner_rank(pos: IntOrTensor, world: int, interleave: int) -> IntOrTensor:
     """Global rule: which CP rank stores the K/V of position ``pos``."""
     return (pos // interleave) % world
@@ -146,5 +162,7 @@ def table_guard_id(num_blocks: int, block_size: int, entry_size: int) -> int:
 
 
 def table_width(max_model_len: int, block_size: int, world: int) -> int:
-    """Physical table width: one entry per virtual block of ``B * N`` positions."""
+    """Physical table width: one entry per virtual block of ``B * g`` positions
+    (``world`` is the group's CP size ``g``; v2 tables are ``BPK`` times wider in kernel blocks)."""
     return cdiv(max_model_len, block_size * world)
+

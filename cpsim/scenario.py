@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,9 @@ class KVGroup:
     kind: str = "attention"
     block_size: int = 128          # physical block size B
     kernel_block_size: int = 0     # b; 0 means b = B
-    cp_sharded: bool = True        # upstream `dcp_sharded`
+    cp_sharded: bool = True        # upstream `dcp_sharded`; false is cp_size 1
     num_blocks: int = 4096         # physical blocks in each rank's cache
+    cp_size: int = 0               # upstream `group_cp_sizes[i]`: g | N; 1 replicated; 0 = the world size
 
     @property
     def b(self) -> int:
@@ -64,8 +66,11 @@ class KVGroup:
         return self.kind != "mamba"
 
     def world(self, cp: CPConfig) -> int:
-        """CP size this group is sharded over (1 when every rank holds every token)."""
-        return cp.world if (self.cp_sharded and self.kind == "attention") else 1
+        """The group's CP size ``g``: ranks one copy of its KV is sharded over (1 = every rank
+        holds every token). Ranks ``r`` and ``r + k*g`` are replicas of each other."""
+        if not self.cp_sharded or self.kind != "attention":
+            return 1
+        return self.cp_size or cp.world
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,7 @@ class Request:
     context_len: int               # tokens already in the KV cache
     num_tokens: int                # tokens scheduled this step
     kind: str = ""                 # label only: prefill, chunked, decode, spec, dummy
+    padded_drafts: int = 0         # the last n scheduled tokens are padding (rejected / excess drafts)
 
     @property
     def seq_len(self) -> int:
@@ -97,10 +103,37 @@ class Batch:
     requests: tuple[Request, ...]
     idx_mapping: tuple[int, ...] = ()   # v2 table row per batch index; -1 = dummy; () = identity
     num_tokens_padded: int = 0          # graph padding; 0 = no padding
+    is_padding: tuple[int, ...] = ()    # scheduled token indices that are padding (get PAD)
 
     @property
     def num_reqs(self) -> int:
         return len(self.requests)
+
+    def padding_mask(self) -> np.ndarray:
+        """bool [num_tokens]: tokens flagged padding (``is_padding`` or a request's padded drafts)."""
+        mask = np.zeros(self.num_tokens, dtype=bool)
+        qsl = self.query_start_loc()
+        for i, r in enumerate(self.requests):
+            if r.padded_drafts:
+                mask[int(qsl[i + 1]) - r.padded_drafts: int(qsl[i + 1])] = True
+        idx = [t for t in self.is_padding if 0 <= t < self.num_tokens]
+        mask[idx] = True
+        return mask
+
+    @property
+    def has_padding(self) -> bool:
+        return bool(self.is_padding) or any(r.padded_drafts for r in self.requests)
+
+    def allocated_lens(self) -> list[int]:
+        """Positions each request holds blocks for: up to its last token that is not padding
+        (the scheduler allocates for the tokens it keeps; padding past them has no block)."""
+        mask = self.padding_mask()
+        qsl = self.query_start_loc()
+        out = []
+        for i, r in enumerate(self.requests):
+            real = np.flatnonzero(~mask[int(qsl[i]): int(qsl[i + 1])])
+            out.append(r.context_len + (int(real[-1]) + 1 if len(real) else 0))
+        return out
 
     @property
     def num_tokens(self) -> int:
@@ -132,7 +165,18 @@ class Scenario:
 
     # ---- serialisation -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Fields added later are left out at their defaults, so fingerprints of older
+        scenarios (and repro files) stay the same."""
+        d = dataclasses.asdict(self)
+        for g in d["groups"]:
+            if not g["cp_size"]:
+                del g["cp_size"]
+        for r in d["batch"]["requests"]:
+            if not r["padded_drafts"]:
+                del r["padded_drafts"]
+        if not d["batch"]["is_padding"]:
+            del d["batch"]["is_padding"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Scenario":
@@ -143,12 +187,13 @@ class Scenario:
             return cls(
                 name=str(d.get("name", "custom")),
                 cp=CPConfig(**d.get("cp", {})),
-                groups=tuple(KVGroup(**g) for g in d["groups"]),
+                groups=tuple(_group(i, g) for i, g in enumerate(d["groups"])),
                 limits=Limits(**d.get("limits", {})),
                 batch=Batch(
                     requests=tuple(Request(**r) for r in batch.get("requests", [])),
                     idx_mapping=tuple(batch.get("idx_mapping", ())),
                     num_tokens_padded=int(batch.get("num_tokens_padded", 0)),
+                    is_padding=tuple(batch.get("is_padding", ())),
                 ),
                 seed=int(d.get("seed", 0)),
                 allow_invalid=bool(d.get("allow_invalid", False)),
@@ -174,6 +219,15 @@ class Scenario:
             path.write_text(tomli_w.dumps(self.to_dict()))
         else:
             path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _group(i: int, g: dict[str, Any]) -> KVGroup:
+    """A group from JSON/TOML: ``cp_sharded`` is the older spelling of ``cp_size`` (true = the
+    world size, false = 1); both may be given only when they agree."""
+    if "cp_size" in g and "cp_sharded" in g and not g["cp_sharded"] and g["cp_size"] not in (0, 1):
+        raise ConfigError(f"groups[{i}].cp_size", f"cp_size {g['cp_size']} contradicts cp_sharded = false "
+                                                  f"(an alias of cp_size 1); give one of them")
+    return KVGroup(**g)
 
 
 def load(path: str | Path) -> Scenario:
@@ -227,7 +281,14 @@ def validate(s: Scenario) -> Scenario:
         if g.block_size % g.b:
             raise ConfigError(f"{f}.kernel_block_size",
                               f"kernel block size {g.b} must divide physical block size {g.block_size}")
-        if g.circular and g.cp_sharded and s.cp.world > 1:
+        _positive(f"{f}.cp_size", g.cp_size, 0)
+        if g.cp_size and s.cp.world % g.cp_size:
+            raise ConfigError(f"{f}.cp_size", f"group CP size {g.cp_size} must divide the CP world size "
+                                              f"{s.cp.world} (dcp x pcp)")
+        if g.cp_size > 1 and g.kind != "attention":
+            raise ConfigError(f"{f}.cp_size", f"only attention groups can be CP-sharded; a {g.kind} group "
+                                              f"has cp_size 1, got {g.cp_size}")
+        if g.circular and g.cp_sharded and g.cp_size != 1 and s.cp.world > 1:
             raise ConfigError(f"{f}.cp_sharded", f"a sliding_window (circular) group cannot be CP-sharded "
                               f"with CP world size {s.cp.world} > 1; set cp_sharded = false")
         err = cp_layout_error(s.cp, g)
@@ -240,6 +301,10 @@ def validate(s: Scenario) -> Scenario:
     for i, r in enumerate(b.requests):
         _positive(f"batch.requests[{i}].context_len", r.context_len, 0)
         _positive(f"batch.requests[{i}].num_tokens", r.num_tokens, 0)
+        _positive(f"batch.requests[{i}].padded_drafts", r.padded_drafts, 0)
+        if r.padded_drafts > r.num_tokens:
+            raise ConfigError(f"batch.requests[{i}].padded_drafts", f"{r.padded_drafts} padded drafts exceed the "
+                                                                    f"request's {r.num_tokens} scheduled tokens")
         if r.seq_len > lim.max_model_len:
             raise ConfigError(f"batch.requests[{i}]", f"context_len + num_tokens = {r.seq_len} exceeds "
                               f"limits.max_model_len {lim.max_model_len}")
@@ -250,6 +315,12 @@ def validate(s: Scenario) -> Scenario:
     if b.num_tokens_padded and not (b.num_tokens <= b.num_tokens_padded <= cap):
         raise ConfigError("batch.num_tokens_padded", f"{b.num_tokens_padded} must lie in "
                           f"[{b.num_tokens}, {cap}] (scheduled tokens .. slot buffer size)")
+    if b.is_padding:
+        bad = [t for t in b.is_padding if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+               or not 0 <= t < b.num_tokens]
+        if bad or len(set(b.is_padding)) != len(b.is_padding):
+            raise ConfigError("batch.is_padding", f"must be distinct scheduled token indices in [0, {b.num_tokens}), "
+                                                  f"got {list(b.is_padding)}")
     if b.idx_mapping:
         if len(b.idx_mapping) != b.num_reqs:
             raise ConfigError("batch.idx_mapping", f"has {len(b.idx_mapping)} entries for {b.num_reqs} requests")
@@ -335,6 +406,26 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
         reqs = [Request(int(rng.integers(100, 8000)), 6, "spec") for _ in range(12)]
         reqs[0] = Request(0, 44, "prefill")
         batch = Batch(tuple(reqs))
+    elif name == "partial-replica":
+        # Upstream MRV2 today: per-group CP sizes in one launch (8 = sharded, 4 = two replicas
+        # of a 4-way shard, 1 = replicated), hybrid kernel blocks, spec decode whose rejected
+        # drafts are padded (is_padding), a dummy request and graph padding.
+        cp = CPConfig(dcp=8, pcp=1, interleave=16)
+        groups = (KVGroup("attn-cp8", "attention", 128, 64, num_blocks=2048),
+                  KVGroup("attn-cp4", "attention", 64, 32, num_blocks=4096, cp_size=4),
+                  KVGroup("attn-cp1", "attention", 16, num_blocks=8192, cp_size=1),
+                  KVGroup("mamba", "mamba", 128, num_blocks=2048, cp_sharded=False))
+        limits = Limits(max_model_len=4096, max_num_reqs=16, max_num_batched_tokens=2048,
+                        num_speculative_tokens=3)
+        reqs = [Request(0, 700, "prefill"), Request(1500, 300, "chunked")]
+        reqs += [Request(int(rng.integers(1, limits.max_model_len - 8)), 1, "decode") for _ in range(5)]
+        reqs += [Request(int(rng.integers(1, limits.max_model_len - 8)), 4, "spec", padded_drafts=d)
+                 for d in (0, 1, 2, 3)]
+        reqs.append(Request(0, 0, "dummy"))
+        rows = [int(x) for x in rng.permutation(limits.max_num_reqs)[: len(reqs) - 1]] + [-1]
+        total = sum(r.num_tokens for r in reqs)
+        # one more padding token inside the chunked prefill, by index
+        batch = Batch(tuple(reqs), tuple(rows), num_tokens_padded=total + 29, is_padding=(700 + 299,))
     else:
         raise ConfigError("scenario", f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     s = Scenario(name, cp, groups, limits, batch, seed=seed)
@@ -343,6 +434,9 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
         s = s.replace(cp=dataclasses.replace(s.cp, **over))
     if min(s.cp.dcp, s.cp.pcp, s.cp.interleave) < 1:
         return s  # validate() names the bad field
+    # An overridden world size keeps each group CP size a divisor of it.
+    s = s.replace(groups=tuple(dataclasses.replace(g, cp_size=math.gcd(g.cp_size, s.cp.world))
+                               if g.cp_size and s.cp.world % g.cp_size else g for g in s.groups))
     # A smaller CP size puts more blocks on each rank: grow the cache to fit.
     groups = []
     for g in s.groups:
@@ -351,13 +445,20 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
     return s.replace(groups=tuple(groups))
 
 
-PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp")
+PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica")
 
 
 def random_scenario(seed: int, max_world: int = 8, max_groups: int = 4, max_reqs: int = 12,
-                    max_model_len: int = 65536) -> Scenario:
-    """A valid random scenario, small enough for the interpreter (used by tests and sweeps)."""
+                    max_model_len: int = 65536, upstream_features: float = 0.3) -> Scenario:
+    """A valid random scenario, small enough for the interpreter (used by tests and sweeps).
+
+    With probability ``upstream_features`` each sharded group gets a random group CP size
+    (a divisor of the world size) and each spec request some padded drafts, plus a few
+    is_padding tokens. Those draws come from a second generator, so the rest of a seed's
+    scenario is what it was before these features existed.
+    """
     rng = np.random.default_rng(seed)
+    extra = np.random.default_rng([seed, 0x13])
     world = int(rng.integers(1, max_world + 1))
     dcp = world
     pcp = 1
@@ -407,7 +508,16 @@ def random_scenario(seed: int, max_world: int = 8, max_groups: int = 4, max_reqs
     padded = 0
     if rng.random() < 0.5:
         padded = int(rng.integers(total, limits.slot_buffer_size + 1))
-    batch = Batch(tuple(reqs), tuple(rows), padded)
+    world = cp.world
+    divisors = [d for d in range(1, world + 1) if world % d == 0]
+    groups = [dataclasses.replace(g, cp_size=int(extra.choice(divisors)))
+              if g.world(cp) > 1 and extra.random() < upstream_features else g for g in groups]
+    reqs = [dataclasses.replace(r, padded_drafts=int(extra.integers(1, r.num_tokens)))
+            if r.kind == "spec" and r.num_tokens > 1 and extra.random() < upstream_features else r for r in reqs]
+    flagged: tuple[int, ...] = ()
+    if total and extra.random() < upstream_features / 2:
+        flagged = tuple(sorted(int(t) for t in extra.choice(total, size=min(total, 3), replace=False)))
+    batch = Batch(tuple(reqs), tuple(rows), padded, flagged)
     s = Scenario(f"random-{seed}", cp, tuple(groups), limits, batch, seed=seed)
     sized = tuple(dataclasses.replace(g, num_blocks=max_blocks_needed(s, g) + 1 + int(rng.integers(0, 64)))
                   for g in s.groups)

@@ -74,6 +74,7 @@ class KVGroupModel(Strict):
     kernel_block_size: Annotated[StrictInt, Field(ge=0, le=MAX_BLOCK)] = 0
     cp_sharded: StrictBool = True
     num_blocks: Annotated[StrictInt, Field(ge=2, le=INT32_MAX)] = 4096
+    cp_size: Annotated[StrictInt, Field(ge=0, le=MAX_CP)] = 0   # group CP size g; 0 = the world size
 
 
 class LimitsModel(Strict):
@@ -87,6 +88,7 @@ class RequestModel(Strict):
     context_len: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
     num_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
     kind: Annotated[StrictStr, Field(max_length=200)] = ""
+    padded_drafts: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
 
 
 class BatchModel(Strict):
@@ -94,6 +96,7 @@ class BatchModel(Strict):
     requests: Annotated[list[RequestModel], Field(min_length=1, max_length=MAX_REQS)]
     idx_mapping: list[Annotated[StrictInt, Field(ge=-1, le=MAX_REQS)]] = []
     num_tokens_padded: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
+    is_padding: list[Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]] = []
 
 
 class ScenarioModel(Strict):

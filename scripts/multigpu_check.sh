@@ -35,5 +35,26 @@ for bug in $("$PY" -c "from cpsim import faults; print(*faults.names())"); do
 done
 step replay-repro 1 launch/local.sh "$n" replay docs/examples/virtual-block-uses-kernel-block.json --device cuda
 step doctor 0 launch/local.sh "$n" doctor --device cuda
+# A real fault: rank 1 killed by its PID mid-run (its kernel stalls); rank 0 must exit
+# non-zero within --timeout, naming rank 1, and the launcher must say so in one line.
+kill_rank() {
+    local pidf=$out/kill.pid timeout=30 t0 lp kpid p
+    rm -f "$pidf"
+    CPSIM_TEST_PID_FILE=$pidf launch/local.sh "$n" --device cuda --scenario mtp --dcp "$n" --paths v1 \
+        --kernel-v1 tests/kernels/sleepy.py:slot_mapping --kernel-abi callable --timeout $timeout &
+    lp=$!
+    for _ in $(seq 600); do [[ -s $pidf ]] && break; sleep 0.2; done
+    kpid=$(cat "$pidf"); p=$kpid
+    # the rank process: the ancestor of the kernel whose parent is the launcher
+    while ! tr '\0' ' ' < "/proc/$(awk '{print $4}' "/proc/$p/stat")/cmdline" | grep -q cpsim.run.launcher; do
+        p=$(awk '{print $4}' "/proc/$p/stat")
+    done
+    echo "killing rank 1: pid $p (kernel pid $kpid)"
+    t0=$SECONDS; kill -9 "$p"
+    wait "$lp"; local rc=$?
+    echo "launcher exit $rc, $((SECONDS - t0)) s after the kill (--timeout $timeout)"
+    [[ $rc -ne 0 && $((SECONDS - t0)) -lt $timeout ]]
+}
+step kill-rank-1 0 kill_rank
 echo "mismatches: $bad" | tee -a "$summary"
 exit $((bad > 0))

@@ -25,10 +25,12 @@ from cpsim.scenario import validate  # noqa: E402
 NAMES = faults.names()
 SPEC_NAMES = ("virtual-block-uses-kernel-block", "mamba-sized-per-cp", "cp-applied-to-unsharded-groups",
               "mtp-draft-capacity", "table-width-not-divided", "stale-tail", "fixed-table-window",
-              "fp32-block-gather", "int32-slot-overflow", "draft-overwrite", "short-request-rank")
+              "fp32-block-gather", "int32-slot-overflow", "draft-overwrite", "short-request-rank",
+              "group-cp-size-ignored", "shard-rank-not-modulo", "virtual-block-uses-world-size",
+              "kernel-block-size-ignored", "is-padding-ignored", "padded-count-tail")
 
 
-def test_catalogue_is_spec_section_5():
+def test_catalogue_is_spec_section_6():
     assert sorted(NAMES) == sorted(SPEC_NAMES)
 
 

@@ -24,6 +24,7 @@ INVARIANTS = (
     "row-bounds",
     "exactly-one-owner",
     "owner-rule",
+    "replicas-agree",
     "dense-local",
     "no-collision",
     "block-sizing",
@@ -79,6 +80,11 @@ class _Ctx:
         self.pos = torch.from_numpy(s.batch.positions())
         self.req = torch.from_numpy(s.batch.token_request())
         self.n = int(self.pos.numel())
+        self.pad = torch.from_numpy(s.batch.padding_mask())  # is_padding tokens: PAD on every rank
+
+    def sets(self, ranks: int, g) -> list[range]:
+        """Replica sets of group ``g``: ``g`` consecutive ranks, one of each shard rank."""
+        return layout.replica_sets(ranks, g.world(self.s.cp))
 
 
 def _examples(ctx: _Ctx, idx: torch.Tensor, actual: torch.Tensor, expected, rank: int | None,
@@ -111,20 +117,28 @@ def _real(x: torch.Tensor) -> torch.Tensor:
 # ---- invariants on one (path, group) ----------------------------------------
 
 def exactly_one_owner(ctx, path, g, x) -> list[Violation]:
+    """Sharded groups: one holder per replica set. Padding tokens have none; they are the
+    ``padding`` invariant's to judge, so they are left out here."""
     real = _real(x)
     world = g.world(ctx.s.cp)
+    live = ~ctx.pad[: x.shape[1]]
     if world > 1:
-        cnt = real.sum(0)
-        bad = (cnt != 1).nonzero().flatten()
-        if len(bad):
-            return [Violation("exactly-one-owner", path, g.name, len(bad),
-                              f"{len(bad)} token(s) held by {sorted(set(cnt[bad].tolist()))} ranks instead of 1",
-                              examples=[Example(None, int(ctx.req[t]), int(ctx.pos[t]), "1 rank",
-                                                f"{int(cnt[t])} ranks: {real[:, t].nonzero().flatten().tolist()}")
-                                        for t in bad[:MAX_EXAMPLES].tolist()])]
-        return []
+        out = []
+        for ranks in ctx.sets(x.shape[0], g):
+            cnt = real[ranks.start:ranks.stop].sum(0)
+            bad = ((cnt != 1) & live).nonzero().flatten()
+            if len(bad):
+                where = "" if world == x.shape[0] else f" of replica set {ranks.start}..{ranks.stop - 1}"
+                out.append(Violation(
+                    "exactly-one-owner", path, g.name, len(bad),
+                    f"{len(bad)} token(s) held by {sorted(set(cnt[bad].tolist()))} ranks{where} instead of 1",
+                    list(ranks) if where else [],
+                    [Example(None, int(ctx.req[t]), int(ctx.pos[t]), "1 rank",
+                             f"{int(cnt[t])} ranks: {(real[ranks.start:ranks.stop, t].nonzero().flatten() + ranks.start).tolist()}")
+                     for t in bad[:MAX_EXAMPLES].tolist()]))
+        return out
     out = []
-    missing = (~real).any(0).nonzero().flatten()
+    missing = ((~real).any(0) & live).nonzero().flatten()
     if len(missing):
         ranks = sorted(set((~real[:, missing]).nonzero()[:, 0].tolist()))
         out.append(Violation("exactly-one-owner", path, g.name, len(missing),
@@ -146,17 +160,39 @@ def owner_rule(ctx, path, g, x) -> list[Violation]:
     world = g.world(ctx.s.cp)
     if world == 1:
         return []
-    owner = layout.owner_rank(ctx.pos, world, ctx.s.cp.interleave)
-    held = _real(x).gather(0, owner.unsqueeze(0)).squeeze(0)
-    bad = (~held).nonzero().flatten()
-    if not len(bad):
-        return []
-    return [Violation("owner-rule", path, g.name, len(bad),
-                      f"{len(bad)} token(s) not stored on rank (p // {ctx.s.cp.interleave}) % {world}",
-                      sorted(set(owner[bad].tolist())),
-                      [Example(int(owner[t]), int(ctx.req[t]), int(ctx.pos[t]), f"real slot on rank {int(owner[t])}",
-                               f"PAD there; held by {_real(x)[:, t].nonzero().flatten().tolist()}")
-                       for t in bad[:MAX_EXAMPLES].tolist()])]
+    shard = layout.owner_rank(ctx.pos, world, ctx.s.cp.interleave)
+    live = ~ctx.pad[: x.shape[1]]
+    out = []
+    for ranks in ctx.sets(x.shape[0], g):
+        owner = shard + ranks.start  # the holder inside this replica set
+        held = _real(x).gather(0, owner.unsqueeze(0)).squeeze(0)
+        bad = (~held & live).nonzero().flatten()
+        if len(bad):
+            rule = f"(p // {ctx.s.cp.interleave}) % {world}" + (f" + {ranks.start}" if ranks.start else "")
+            out.append(Violation("owner-rule", path, g.name, len(bad),
+                                 f"{len(bad)} token(s) not stored on rank {rule}",
+                                 sorted(set(owner[bad].tolist())),
+                                 [Example(int(owner[t]), int(ctx.req[t]), int(ctx.pos[t]),
+                                          f"real slot on rank {int(owner[t])}",
+                                          f"PAD there; held by {_real(x)[:, t].nonzero().flatten().tolist()}")
+                                  for t in bad[:MAX_EXAMPLES].tolist()]))
+    return out
+
+
+def replicas_agree(ctx, path, g, full) -> list[Violation]:
+    """Ranks with the same shard rank ``r % g`` hold the same copy: identical buffers."""
+    world = g.world(ctx.s.cp)
+    out = []
+    for r in range(world, full.shape[0]):
+        twin = r % world
+        diff = (full[r] != full[twin]).nonzero().flatten()
+        if len(diff):
+            out.append(Violation("replicas-agree", path, g.name, len(diff),
+                                 f"rank {r} differs from its replica rank {twin} (shard rank {r} % {world}) "
+                                 f"in {len(diff)} entr(ies)", [twin, r],
+                                 _examples(ctx, diff, full[r], lambda t: f"{_fmt(int(full[twin, t]))} (rank {twin})",
+                                           r)))
+    return out
 
 
 def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
@@ -169,7 +205,7 @@ def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
         held = _real(x[r]).nonzero().flatten()  # only held tokens can break the rule
         if not len(held):
             continue
-        j = layout.owned_before(ctx.pos[held], r if world > 1 else 0, world, ctx.s.cp.interleave)
+        j = layout.owned_before(ctx.pos[held], layout.shard_rank(r, world), world, ctx.s.cp.interleave)
         blocks = allocs[r].padded()
         bi = j // B
         inside = bi < blocks.shape[1]
@@ -247,6 +283,16 @@ def padding(ctx, path, g, full: torch.Tensor) -> list[Violation]:
                              f"(index {ctx.n}) are not PAD; first at index {ctx.n + int(idx[0])}", ranks,
                              [Example(r, None, None, f"PAD at index {ctx.n + t}", _fmt(int(tail[r, t])))
                               for t in idx[:MAX_EXAMPLES].tolist()]))
+    m = min(ctx.n, full.shape[1])
+    flagged = full[:, :m][:, ctx.pad[:m]]
+    bad = flagged != PAD_SLOT_ID
+    if bad.any():
+        idx = ctx.pad[:m].nonzero().flatten()
+        ranks = sorted(set(bad.nonzero()[:, 0].tolist()))
+        r = ranks[0]
+        out.append(Violation("padding", path, g.name, int(bad.sum()),
+                             f"{int(bad.sum())} entr(ies) of is_padding tokens are not PAD", ranks,
+                             _examples(ctx, idx[bad[r]], full[r], "PAD (is_padding)", r)))
     head = full[:, : ctx.n] == MISSING
     if head.any():
         ranks = sorted(set(head.nonzero()[:, 0].tolist()))
@@ -407,6 +453,10 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
                 applies[name] = True
                 checked[name] += x.numel()
                 found[name] += fn(ctx, path, g, x)
+            if g.world(s.cp) < full.shape[0]:
+                applies["replicas-agree"] = True
+                checked["replicas-agree"] += full.numel()
+                found["replicas-agree"] += replicas_agree(ctx, path, g, full)
             if not g.circular:
                 applies["dense-local"] = True
                 checked["dense-local"] += x.numel()

@@ -30,15 +30,26 @@ def group_slots(s: Scenario, g: KVGroup, alloc: Allocation, rank: int,
     if not g.slot_mapped or positions.numel() == 0:
         return torch.full_like(positions, PAD_SLOT_ID)
     blocks = alloc.padded()
+    pad = _padding(s, positions)
     if g.circular:
         first = blocks[req, 0]
-        return torch.where(positions >= 0, first * g.block_size + positions % g.b, PAD_SLOT_ID)
+        return torch.where((positions >= 0) & ~pad, first * g.block_size + positions % g.b, PAD_SLOT_ID)
     n = g.world(s.cp)
     k, o, owner = group_index(s, g, positions) if index is None else index
     phys_idx = k // g.bpk
-    mine = (owner == (rank if n > 1 else 0)) & (phys_idx < blocks.shape[1])
+    # Block 0 is the null block: an index past the request's allocation (``num_blocks``) reads 0 -> PAD.
     phys = blocks[req, phys_idx.clamp(max=blocks.shape[1] - 1)]
+    mine = (owner == layout.shard_rank(rank, n)) & (phys_idx < blocks.shape[1]) & (phys != 0) & ~pad
     return torch.where(mine, phys * g.block_size + (k % g.bpk) * g.b + o, PAD_SLOT_ID)
+
+
+def _padding(s: Scenario, positions: torch.Tensor) -> torch.Tensor:
+    """is_padding of the scheduled tokens (the first ``len(positions)`` of them)."""
+    mask = torch.from_numpy(s.batch.padding_mask())
+    n = positions.numel()
+    if mask.numel() >= n:
+        return mask[:n]
+    return torch.cat([mask, torch.zeros(n - mask.numel(), dtype=torch.bool)])
 
 
 def rank_slots(s: Scenario, allocs: list[Allocation], rank: int, num_entries: int) -> torch.Tensor:

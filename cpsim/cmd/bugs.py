@@ -22,6 +22,13 @@ from cpsim.scenario import PRESETS, Scenario
 from cpsim.validate import write_outputs
 
 
+def _sharding(s, g) -> str:
+    n = g.world(s.cp)
+    if n == 1:
+        return "not sharded"
+    return "CP-sharded" if n == s.cp.world else f"CP size {n} ({s.cp.world // n} replicas)"
+
+
 def register(sub) -> None:
     p = sub.add_parser("bugs", help="the catalogue of real CP slot-mapping bugs: list, show, reproduce, matrix")
     bsub = p.add_subparsers(dest="bugs_command", required=True, metavar="ACTION")
@@ -79,7 +86,7 @@ def main_list(args) -> int:
     if args.markdown:
         Console().print(list_markdown(), highlight=False, markup=False, soft_wrap=True)
         return 0
-    t = Table(title="cpsim bug catalogue (SPEC §5)")
+    t = Table(title="cpsim bug catalogue (docs/SPEC.md §6)")
     t.add_column("name", style="bold", no_wrap=True)
     t.add_column("paths")
     t.add_column("caught by")
@@ -111,7 +118,7 @@ def scenario_lines(s: Scenario) -> list[str]:
     for g in s.groups:
         kb = f", kernel block {g.b} (BPK {g.bpk})" if g.bpk > 1 else ""
         lines.append(f"group {g.name}: {g.kind}, B {g.block_size}{kb}, "
-                     f"{'CP-sharded' if g.world(s.cp) > 1 else 'not sharded'}, {g.num_blocks} blocks per rank")
+                     f"{_sharding(s, g)}, {g.num_blocks} blocks per rank")
     lines.append(f"limits: max_model_len {lim.max_model_len}, max_num_reqs {lim.max_num_reqs}, "
                  f"max_num_batched_tokens {lim.max_num_batched_tokens}, "
                  f"num_speculative_tokens {lim.num_speculative_tokens} -> slot buffer {lim.slot_buffer_size}")

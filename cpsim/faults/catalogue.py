@@ -1,4 +1,4 @@
-"""The eleven catalogue entries of SPEC §5 and their smallest triggering scenarios.
+"""The catalogue entries of docs/SPEC.md §6 and their smallest triggering scenarios.
 
 Scenarios are kept tiny (one or a few requests, two CP ranks) so each entry runs
 in seconds under the Triton interpreter. Faults that need huge values use a huge
@@ -118,6 +118,30 @@ def _short() -> Scenario:
                 (KVGroup("attn", "attention", 16, num_blocks=8),),
                 Limits(max_model_len=64, max_num_reqs=1, max_num_batched_tokens=8),
                 [Request(0, 5, "prefill-short")])
+
+
+# ---- the per-group CP size era (vLLM MRV2 BlockTables, cpsim/kernels/mrv2.py) ----
+
+def _mixed(name: str, kernel_block: int = 0) -> Scenario:
+    """CP 4: a group sharded over all 4 ranks and one at CP size 2 (ranks 0/2 and 1/3 replicas)."""
+    return _one(name, CPConfig(dcp=4, interleave=2),
+                (KVGroup("full", "attention", 8, num_blocks=16),
+                 KVGroup("half", "attention", 16 if kernel_block else 8, kernel_block, num_blocks=16, cp_size=2)),
+                Limits(max_model_len=128, max_num_reqs=2, max_num_batched_tokens=32),
+                [Request(0, 24, "prefill"), Request(40, 1, "decode")])
+
+
+def _padded_drafts() -> Scenario:
+    # A spec step of 1 + 3 tokens whose last 2 drafts were rejected, plus a graph-padded tail.
+    return validate(Scenario("bug:is-padding-ignored", CPConfig(dcp=2, interleave=1),
+                             (KVGroup("attn", "attention", 8, num_blocks=16),),
+                             Limits(max_model_len=64, max_num_reqs=2, max_num_batched_tokens=16,
+                                    num_speculative_tokens=3),
+                             Batch((Request(5, 4, "spec", padded_drafts=2), Request(0, 3, "prefill")), (), 12)))
+
+
+def _mrv2_tail() -> Scenario:
+    return _padded_drafts().replace(name="bug:padded-count-tail")
 
 
 FAULTS: tuple[Fault, ...] = (
@@ -277,5 +301,90 @@ FAULTS: tuple[Fault, ...] = (
         "The text of #11807 was not found; the model is one plausible failure of the 'every rank has a "
         "token' assumption at slot-mapping level. Failures in attention with a zero-length segment (LSE "
         "merge, seq_len 0) are outside cpsim.",
+    ),
+    Fault(
+        "group-cp-size-ignored",
+        "a partially replicated group sharded with the world CP size",
+        "Upstream MRV2 gives each KV-cache group its own CP size g: a group at g = 4 under CP 8 is two "
+        "replicas of a 4-way shard (ranks r and r + 4 hold the same slots). A kernel that reads the group "
+        "CP size only as 'sharded or not' and shards every sharded group over the world size N splits that "
+        "group N ways: each replica set holds only part of every token range, the two replicas hold "
+        "different tokens, and the local offsets follow the wrong virtual block.",
+        ("vLLM MRV2 BlockTables group_cp_sizes (no upstream issue found)",),
+        ("v2",),
+        Knobs(kernel_fault=kernels.FAULT_GROUP_CP_IGNORED),
+        lambda: _mixed("group-cp-size-ignored"),
+        ("exactly-one-owner", "replicas-agree", "matches-reference"),
+        "Modelled in cpsim's MRV2 kernel (a group with 1 < g < N is launched with g = N).",
+    ),
+    Fault(
+        "shard-rank-not-modulo",
+        "shard rank taken as cp_rank instead of cp_rank % g",
+        "For a group of CP size g the rank's shard is cp_rank % g. Comparing the owner (vo // I) % g with "
+        "the raw cp_rank matches on ranks below g only: every rank of the second and later replica sets "
+        "owns nothing and writes PAD for the whole group, so those replicas hold no KV at all while the "
+        "first set looks perfect.",
+        ("vLLM MRV2 BlockTables get_group_cp_parameters (no upstream issue found)",),
+        ("v2",),
+        Knobs(kernel_fault=kernels.FAULT_SHARD_IS_CP_RANK),
+        lambda: _mixed("shard-rank-not-modulo"),
+        ("exactly-one-owner", "replicas-agree", "matches-reference"),
+    ),
+    Fault(
+        "virtual-block-uses-world-size",
+        "virtual block sized B x N instead of B x g",
+        "The virtual block of a group of CP size g holds g physical blocks (one per shard), B x g "
+        "positions. Sizing it with the world size N while the owner uses g keeps ownership right but "
+        "walks the table N / g times too slowly and lets the local offset run past B: tokens land at "
+        "the wrong offsets and in the next physical block, overwriting each other.",
+        ("vLLM MRV2 BlockTables group_cp_sizes (no upstream issue found)",),
+        ("v2",),
+        Knobs(kernel_fault=kernels.FAULT_VIRTUAL_FROM_WORLD),
+        lambda: _mixed("virtual-block-uses-world-size"),
+        ("dense-local", "matches-reference"),
+    ),
+    Fault(
+        "kernel-block-size-ignored",
+        "v2 slot computed with the physical block size over a kernel-block table",
+        "MRV2 tables hold kernel-block ids (physical block q staged as q*BPK .. q*BPK+BPK-1) and the slot "
+        "is table[local // b] * b + local % b with the kernel block size b. Using the physical B there "
+        "(the value the user configured, before the attention backend forced a smaller kernel block) "
+        "indexes the table BPK times too coarsely and scales ids by the wrong size: slots of other blocks.",
+        ("vLLM #51031",),
+        ("v2",),
+        Knobs(kernel_fault=kernels.FAULT_KERNEL_BLOCK_IGNORED),
+        lambda: _mixed("kernel-block-size-ignored", kernel_block=8),
+        ("dense-local", "matches-reference"),
+        "vLLM #51031 fixed the v2 DCP kernel reusing the user's block size instead of the kernel block "
+        "size; cpsim models it in the slot formula of its MRV2 kernel.",
+    ),
+    Fault(
+        "is-padding-ignored",
+        "tokens flagged is_padding get real slots",
+        "With speculative decoding a step schedules 1 + k tokens per request; drafts that were rejected "
+        "(or added to fill a uniform batch) are flagged is_padding and must get PAD. A kernel that maps "
+        "them like real tokens writes their garbage KV into the cache at positions the request will "
+        "reuse - or through table entries past num_blocks, where stale block ids of freed blocks live.",
+        ("vLLM MRV2 compute_slot_mappings(..., is_padding) (no upstream issue found)",),
+        ("v2",),
+        Knobs(kernel_fault=kernels.FAULT_PADDING_IGNORED),
+        _padded_drafts,
+        ("padding", "matches-reference"),
+    ),
+    Fault(
+        "padded-count-tail",
+        "MRV2 tail padded from the padded token count",
+        "The last program of each group pads the slot buffer from query_start_loc[num_reqs], the real "
+        "token count. Starting at num_tokens_padded instead leaves the entries between the last real "
+        "token and the padded count unwritten: they keep stale valid slot ids from an earlier step and "
+        "the graph-padded tokens write over real KV.",
+        ("vLLM MRV2 kernel comment on stale slot ids from previous chunks", "vllm-ascend #11774",
+         "vllm-ascend #3482"),
+        ("v2",),
+        Knobs(kernel_fault=kernels.FAULT_STALE_TAIL),
+        _mrv2_tail,
+        ("padding",),
+        "The same mistake as stale-tail, in cpsim's MRV2 kernel (which gets the padded count only for "
+        "this fault).",
     ),
 )

@@ -104,7 +104,7 @@ def ownership(r: Run) -> list[Ownership]:
             owner = owner_rank(pos, world, s.cp.interleave)
             for i in range(s.batch.num_reqs):
                 sel = req == i
-                rows = [Ownership(path, g.name, i, rk, pos[sel & (owner == rk)].tolist(),
+                rows = [Ownership(path, g.name, i, rk, pos[sel & (owner == rk % world)].tolist(),
                                   pos[sel & real[rk]].tolist()) for rk in range(x.shape[0])]
                 if any(o.expected != o.actual for o in rows):
                     out += rows

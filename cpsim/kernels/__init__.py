@@ -19,6 +19,14 @@ FAULT_FP32_GATHER = 4         # block ids pass through float32
 FAULT_INT32_SLOT = 8          # block * b + o computed in int32
 FAULT_FULL_CP = 16            # v2: CP owner transform applied to every group
 FAULT_SHORT_REQ = 32          # v1: a rank owning none of a short request still maps its first token
+# MRV2 kernel (cpsim/kernels/mrv2.py) only; FAULT_STALE_TAIL applies there too.
+FAULT_GROUP_CP_IGNORED = 64   # a partially replicated group (1 < g < N) sharded with the world size
+FAULT_SHARD_IS_CP_RANK = 128  # shard rank taken as cp_rank instead of cp_rank % g
+FAULT_VIRTUAL_FROM_WORLD = 256  # virtual block B * N instead of B * g
+FAULT_KERNEL_BLOCK_IGNORED = 512  # slot from the physical block size over a kernel-block table
+FAULT_PADDING_IGNORED = 1024  # is_padding tokens mapped like real ones
+MRV2_FAULTS = (FAULT_GROUP_CP_IGNORED | FAULT_SHARD_IS_CP_RANK | FAULT_VIRTUAL_FROM_WORLD
+               | FAULT_KERNEL_BLOCK_IGNORED | FAULT_PADDING_IGNORED)
 
 
 def use_interpreter() -> None:

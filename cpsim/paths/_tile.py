@@ -25,7 +25,7 @@ def launch_v1(s: Scenario, g: KVGroup, num_tokens: int, qsl: torch.Tensor, posit
     tile_kernels(out.device.type).v1[p.grid(out.shape[0])](
         num_tokens, out.shape[0], s.batch.num_reqs, qsl, positions, table, table.stride(0), g.b, out,
         KV_CACHE_BLOCK_SIZE=kv_bs, BLOCKS_PER_KV_BLOCK=bpk, TOTAL_CP_WORLD_SIZE=n,
-        TOTAL_CP_RANK=rank if n > 1 else 0, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave, PAD_ID=PAD_SLOT_ID,
+        TOTAL_CP_RANK=rank % n, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave, PAD_ID=PAD_SLOT_ID,
         TILE=p.tile, REQ_BLOCK=p.req_block, IS_CIRCULAR=g.circular, FAULT=fault, POS_INT32=p.pos_int32,
         num_warps=p.num_warps,
     )

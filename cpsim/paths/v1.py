@@ -19,11 +19,12 @@ TILE = 1024
 
 
 def physical_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
-    """``max_num_blocks_per_req``: divided by CP for sharded attention only."""
+    """``max_num_blocks_per_req``: divided by the group's CP size for sharded attention only."""
     n = s.cp.world
     mml = s.limits.max_model_len
     if g.world(s.cp) > 1:
-        return layout.cdiv(mml, g.block_size) if knobs.sharded_width_undivided else layout.table_width(mml, g.block_size, n)
+        return layout.cdiv(mml, g.block_size) if knobs.sharded_width_undivided else \
+            layout.table_width(mml, g.block_size, g.world(s.cp))
     if knobs.unsharded_width_per_cp:
         return layout.table_width(mml, g.block_size, n)
     # The runner hands every group cdiv(max_model_len, B * N); unsharded groups scale it back by N.
@@ -86,14 +87,23 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
         _compute_slot_mapping_kernel[(s.batch.num_reqs + 1,)](
             min(bt.num_tokens, T), T, qsl, bt.positions, table, table.stride(0), g.b, out[gi],
             KV_CACHE_BLOCK_SIZE=kv_bs, BLOCKS_PER_KV_BLOCK=bpk,
-            TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=rank if n > 1 else 0,
+            TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=layout.shard_rank(rank, n),
             CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave, PAD_ID=PAD_SLOT_ID,
             TILE_BLOCK_SIZE=TILE, BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, g.b),
             IS_CIRCULAR=g.circular, FAULT=knobs.kernel_fault, POS_INT32=pos_int32(s),
         )
         if knobs.draft_overwrite and not g.circular:
-            _write_draft(s, g, table, kv_bs, n, rank if n > 1 else 0, out[gi])
+            _write_draft(s, g, table, kv_bs, n, layout.shard_rank(rank, n), out[gi])
+    mask_padding(s, out)
     return _result(out, s, knobs, enabled)
+
+
+def mask_padding(s: Scenario, out: torch.Tensor) -> None:
+    """is_padding tokens get PAD after the launch: the v1 kernels (vllm-ascend ``BlockTable``)
+    have no is_padding input, so the runner's mask is applied on the host, in every group."""
+    if s.batch.has_padding:
+        idx = torch.from_numpy(s.batch.padding_mask().nonzero()[0]).to(out.device)
+        out[:, idx[idx < out.shape[1]]] = PAD_SLOT_ID
 
 
 def draft_positions(s: Scenario) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,6 +175,7 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
                 FAULT=knobs.kernel_fault, POS_INT32=pos_int32(s),
             )
         out[[gi for gi, _ in groups]] = view
+    mask_padding(s, out)
     return _result(out, s, knobs, [g.slot_mapped for g in s.groups])
 
 
@@ -192,9 +203,10 @@ def run_torch(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
         else:
             n = g.world(s.cp)
             kv_bs, _ = _sizes(s, g, knobs)
-            slots = compute_dcp_slot_mapping(req, pos, table, g.b, kv_bs, n, rank if n > 1 else 0,
+            slots = compute_dcp_slot_mapping(req, pos, table, g.b, kv_bs, n, layout.shard_rank(rank, n),
                                              s.cp.interleave, PAD_SLOT_ID)
         out[gi, :n_tok] = slots
         start = bt.num_tokens if knobs.kernel_fault & kernels.FAULT_STALE_TAIL else n_tok
         out[gi, start:] = PAD_SLOT_ID
+    mask_padding(s, out)
     return _result(out, s, knobs, enabled)

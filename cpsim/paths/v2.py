@@ -1,7 +1,16 @@
 """The v2 path: vLLM ``BlockTables`` (Ascend override) for one rank.
 
-Physical tables per group, rows chosen through ``idx_mapping``, one fused launch.
-Mamba groups stay in the launch with ``slot_mapping_enabled = 0`` and get PAD.
+Tables per group, rows chosen through ``idx_mapping``, one fused launch.
+
+Two kernels serve it. Scenarios the older v2 signature can express (every group at
+CP size 1 or N, no is_padding tokens) run the existing kernels over physical tables,
+so the catalogue's fault switches and the tile design keep working on them. A
+scenario with a partially replicated group (``1 < g < N``) or is_padding tokens runs
+the MRV2 kernel (``cpsim/kernels/mrv2.py``, upstream's current signature) over
+kernel-block tables with ``num_blocks``: the older kernels have no per-group shard
+rank nor a padding mask, and faking them with several launches would hide exactly
+the single-launch behaviour under test. Mamba groups get PAD: through
+``slot_mapping_enabled = 0`` in the older kernel, through ``num_blocks = 0`` in MRV2.
 """
 
 from __future__ import annotations
@@ -37,8 +46,72 @@ def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> 
     return _guard.table(phys.to(device), rows, g.num_blocks, g.block_size, g.block_size), g.block_size
 
 
+def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
+    """The scenario (or an injected MRV2-only fault) needs what only the MRV2 kernel expresses."""
+    partial = any(1 < g.world(s.cp) < s.cp.world for g in s.groups)
+    return partial or s.batch.has_padding or bool(knobs.kernel_fault & kernels.MRV2_FAULTS)
+
+
+def kernel_table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
+    """MRV2 staging: physical id q becomes kernel blocks q*BPK .. q*BPK+BPK-1."""
+    rows = list(s.batch.rows_v2())
+    phys = physical_table(alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs))
+    return _guard.table(logical_table(phys, g.bpk).to(device), rows, g.num_blocks, g.block_size, g.b)
+
+
+def num_blocks(s: Scenario, allocs: list[Allocation], tables, device) -> torch.Tensor:
+    """int32 [groups, max_num_reqs]: live kernel blocks per (group, row); 0 for groups without slots."""
+    out = torch.zeros((len(s.groups), s.limits.max_num_reqs), dtype=torch.int32)
+    for gi, (g, a) in enumerate(zip(s.groups, allocs)):
+        if not g.slot_mapped:
+            continue
+        for i, row in enumerate(s.batch.rows_v2()):
+            if row >= 0 and i < len(a.blocks):
+                out[gi, row] = min(len(a.blocks[i]) * g.bpk, tables[gi].shape[1])
+    return out.to(device)
+
+
+def padding_flags(s: Scenario, num_tokens: int, device) -> torch.Tensor:
+    """bool [num_tokens (padded)]: the batch's is_padding input."""
+    flags = torch.zeros(num_tokens, dtype=torch.bool)
+    mask = torch.from_numpy(s.batch.padding_mask())
+    flags[: mask.numel()] = mask[:num_tokens]
+    return flags.to(device)
+
+
+def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:
+    from cpsim.kernels.mrv2 import _compute_slot_mappings_kernel
+
+    bt = batch_tensors(s, device)
+    T = knobs.buffer_size or s.limits.slot_buffer_size
+    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
+    tables = [kernel_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)]
+    nb = num_blocks(s, allocs, tables, device)
+
+    def i32(values):
+        return torch.tensor(list(values), dtype=torch.int32, device=device)
+
+    # virtual-block-uses-kernel-block: the kernel is handed b where it needs the physical B.
+    sizes = [g.b if knobs.virtual_from_kernel_block else g.block_size for g in s.groups]
+    circular = i32(int(g.circular) for g in s.groups) if any(g.circular for g in s.groups) else None
+    _guard.launch(",".join(g.name for g in s.groups))
+    _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
+        T, i32(s.batch.rows_v2()), bt.query_start_loc.clamp(max=T), bt.positions,
+        torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device),
+        torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device),
+        nb, nb.stride(0), i32(sizes), i32(g.b for g in s.groups), i32(g.world(s.cp) for g in s.groups),
+        out, out.stride(0), rank,
+        CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
+        is_padding=padding_flags(s, bt.positions.numel(), device) if s.batch.has_padding else None,
+        is_circular=circular, num_tokens_padded=min(bt.num_tokens, T), FAULT=knobs.kernel_fault,
+    )
+    return RankOutput(out, [True] * len(s.groups), [t.shape[1] for t in tables], [g.b for g in s.groups])
+
+
 def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:
     prepare_triton(device)
+    if needs_mrv2(s, knobs):
+        return run_mrv2(s, allocs, rank, device, knobs)
     from cpsim.kernels.triton_v2 import _compute_slot_mappings_kernel
 
     bt = batch_tensors(s, device)

@@ -31,11 +31,27 @@ def run(k, path: str, s: Scenario, allocs, rank: int, device: torch.device, knob
     if path == "v1-fused" and s.cp.world > 1:
         return None
     if k.abi == "callable":
-        return _callable(k, path, s, allocs, rank, device, knobs)
+        out = _callable(k, path, s, allocs, rank, device, knobs)
+        _mask_padding(k, s, out)
+        return out
     runner = {"ascend-v1": _ascend_v1, "ascend-v1-fused": _ascend_v1_fused,
-              "ascend-v2": _v2, "vllm-v2": _v2}[k.abi]
+              "ascend-v1-fused-adaptive": _ascend_v1_fused,
+              "ascend-v2": _v2, "vllm-v2": _v2, "vllm-mrv2": _mrv2}[k.abi]
     prepare_triton(device)
-    return runner(k, s, allocs, rank, device, knobs)
+    out = runner(k, s, allocs, rank, device, knobs)
+    if k.abi != "vllm-mrv2" or "is_padding" not in k.params:
+        _mask_padding(k, s, out)
+    return out
+
+
+def _mask_padding(k, s: Scenario, out: RankOutput | None) -> None:
+    """An ABI without an is_padding input cannot see padding tokens: the mask is applied on
+    the host (as cpsim's v1 paths do) and the kernel is not judged on it."""
+    if out is None or not s.batch.has_padding:
+        return
+    k.note(f"the {k.abi} kernel takes no is_padding input: is_padding tokens were set to PAD on the host "
+           f"after the launch, so the kernel is not checked on them")
+    v1.mask_padding(s, out.slots)
 
 
 def _i32(values, device) -> torch.Tensor:
@@ -86,7 +102,7 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankO
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T, query_start_loc_ptr=qsl,
             positions_ptr=bt.positions, block_table_ptr=table, block_table_stride=table.stride(0),
             block_size=g.b, slot_mapping_ptr=buf, KV_CACHE_BLOCK_SIZE=kv_bs, BLOCKS_PER_KV_BLOCK=bpk,
-            TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=rank if n > 1 else 0,
+            TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=rank % n,
             CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TILE_BLOCK_SIZE=TILE,
             BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, g.b),
         )
@@ -97,6 +113,13 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankO
         out[gi] = buf.to(torch.int64)
         enabled.append(True)
     return v1._result(out, s, knobs, enabled)
+
+
+def adaptive_tile(num_tokens: int, num_reqs: int, lo: int = 16) -> int:
+    """SMALL_TILE_BLOCK_SIZE for the adaptive fused kernel: tokens per request rounded up to a
+    power of two, between ``lo`` and 1024 (cpsim's choice; upstream picks from its own ladder)."""
+    per_req = -(-max(num_tokens, 1) // max(num_reqs, 1))
+    return min(max(kernels.next_pow2(per_req), lo), TILE)
 
 
 def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
@@ -114,6 +137,7 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
     if groups:
         tables = [v1._tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
         bufs = [_guard.buffer([gi], T, torch.int32, device)[0] for gi, _ in groups]
+        smallest = min(g.b for _, g in groups)
         args = dict(
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T,
             query_start_loc_ptr=bt.query_start_loc.clamp(max=T), positions_ptr=bt.positions,
@@ -121,16 +145,24 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
             slot_mapping_addrs_ptr=_i64((b.data_ptr() for b in bufs), device),
             block_table_strides_ptr=_i64((t.stride(0) for t in tables), device),
             block_sizes_ptr=_i32((g.b for _, g in groups), device),
-            PAD_ID=PAD_SLOT_ID, NUM_REQS=s.batch.num_reqs, TILE_BLOCK_SIZE=TILE,
-            PARALLEL_TILES=FUSED_PARALLEL_TILES,
-            BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(g.b for _, g in groups)),
+            PAD_ID=PAD_SLOT_ID, NUM_REQS=s.batch.num_reqs,
         )
+        adaptive = k.abi == "ascend-v1-fused-adaptive"
+        if adaptive:
+            small = adaptive_tile(bt.num_scheduled, s.batch.num_reqs)
+            args.update(SMALL_TILE_BLOCK_SIZE=small,
+                        SMALL_BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(small, smallest),
+                        LARGE_BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, smallest))
+        else:
+            args.update(TILE_BLOCK_SIZE=TILE, PARALLEL_TILES=FUSED_PARALLEL_TILES,
+                        BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, smallest))
         if has_circular:
             args["is_circular_ptr"] = _i32((int(g.circular) for _, g in groups), device)
             if "HAS_CIRCULAR" in k.params:
                 args["HAS_CIRCULAR"] = any(g.circular for _, g in groups)
         _guard.launch(",".join(g.name for _, g in groups))
-        k.obj[(len(groups) * (s.batch.num_reqs * FUSED_PARALLEL_TILES + 1),)](**args)
+        per_group = s.batch.num_reqs + 1 if adaptive else s.batch.num_reqs * FUSED_PARALLEL_TILES + 1
+        k.obj[(len(groups) * per_group,)](**args)
         for (gi, _), buf in zip(groups, bufs):
             out[gi] = buf.to(torch.int64)
     done = {gi for gi, _ in groups}
@@ -155,8 +187,10 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
                    f"slot_mapping_enabled flag; group left out of the launch and not checked")
             continue
         n = g.world(s.cp)
-        if k.v2_launch == "single" or n > 1:
+        if k.v2_launch == "single":
             key = (s.cp.world, rank)
+        elif n > 1:
+            key = (n, rank % n)  # a partially replicated group: its own CP size and shard rank
         else:
             key = (1, 0)
             if s.cp.world > 1 and g.slot_mapped:
@@ -198,6 +232,50 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], list(entry))
 
 
+# ---- vllm-mrv2: kernel-block tables, num_blocks, per-group CP sizes, one launch ----
+
+def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
+    bt = batch_tensors(s, device)
+    T = knobs.buffer_size or s.limits.slot_buffer_size
+    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
+    tables = [v2.kernel_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)]
+    nb_all = v2.num_blocks(s, allocs, tables, device)
+    has_circular = "is_circular" in k.params
+    gis = []
+    for gi, g in enumerate(s.groups):
+        if g.circular and not has_circular:
+            _skip_circular(k, g)
+            continue
+        gis.append(gi)
+    if gis:
+        buf = _guard.buffer(gis, T, torch.int64, device)
+        nb = nb_all[gis].contiguous()
+        args = dict(
+            max_num_tokens=T, idx_mapping=_i32(s.batch.rows_v2(), device),
+            query_start_loc=bt.query_start_loc.clamp(max=T), pos=bt.positions,
+            block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
+                                          device=device),
+            block_table_strides=_i64((tables[i].stride(0) for i in gis), device),
+            num_blocks_ptr=nb, num_blocks_stride=nb.stride(0),
+            block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
+                              for i in gis), device),
+            kernel_block_sizes=_i32((s.groups[i].b for i in gis), device),
+            group_cp_sizes=_i32((s.groups[i].world(s.cp) for i in gis), device),
+            slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=rank,
+            CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
+        )
+        if "is_padding" in k.params:
+            args["is_padding"] = v2.padding_flags(s, bt.positions.numel(), device)
+        if has_circular:
+            args["is_circular"] = _i32((int(s.groups[i].circular) for i in gis), device)
+        _guard.launch(",".join(s.groups[i].name for i in gis))
+        k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
+        out[gis] = buf.to(torch.int64)
+    done = set(gis)
+    return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables],
+                      [g.b for g in s.groups])
+
+
 # ---- callable: a Python function per group ----------------------------------
 
 def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
@@ -225,7 +303,7 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
         inputs = dict(
             positions=bt.positions[:n_tok], query_start_loc=bt.query_start_loc, req_indices=req,
             idx_mapping=_i32(rows, device), block_table=table, block_size=entry, kv_block_size=kv_bs,
-            cp_world_size=n, cp_rank=rank if n > 1 else 0, cp_interleave=s.cp.interleave,
+            cp_world_size=n, cp_rank=rank % n, cp_interleave=s.cp.interleave,
             is_circular=g.circular, pad_id=PAD_SLOT_ID, max_num_tokens=T,
         )
         _guard.launch(g.name)

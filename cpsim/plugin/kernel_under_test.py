@@ -69,6 +69,13 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
         "slot_mapping_addrs_ptr", "block_table_strides_ptr", "block_sizes_ptr", "PAD_ID", "NUM_REQS",
         "TILE_BLOCK_SIZE", "PARALLEL_TILES", "BLOCK_TABLE_WINDOW_SIZE"), ("is_circular_ptr", "HAS_CIRCULAR"),
         launch="grid (num_groups * (NUM_REQS * PARALLEL_TILES + 1),), int32 outputs"),
+    Abi("ascend-v1-fused-adaptive", ("v1-fused",), (
+        "num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_addrs_ptr",
+        "slot_mapping_addrs_ptr", "block_table_strides_ptr", "block_sizes_ptr", "PAD_ID", "NUM_REQS",
+        "SMALL_TILE_BLOCK_SIZE", "SMALL_BLOCK_TABLE_WINDOW_SIZE", "LARGE_BLOCK_TABLE_WINDOW_SIZE"),
+        ("is_circular_ptr", "HAS_CIRCULAR"),
+        launch="grid (num_groups * (NUM_REQS + 1),), small tiles for short requests, 1024 for long ones, "
+               "int32 outputs"),
     Abi("ascend-v2", ("v2",), (
         "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
         "block_sizes", "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE", "CP_INTERLEAVE",
@@ -80,6 +87,13 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
         "block_table_strides", "block_sizes", "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE",
         "CP_INTERLEAVE", "PAD_ID", "TRITON_BLOCK_SIZE"),
         launch="grid (num_groups, num_reqs + 1), int64 output"),
+    Abi("vllm-mrv2", ("v2",), (
+        "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
+        "num_blocks_ptr", "num_blocks_stride", "block_sizes", "kernel_block_sizes", "group_cp_sizes",
+        "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE", "CP_INTERLEAVE", "PAD_ID",
+        "TRITON_BLOCK_SIZE"), ("is_padding", "is_circular"),
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with its own CP size, "
+               "kernel-block tables, int64 output"),
     Abi("callable", ("v1", "v1-fused", "v2"), (), tuple(CALLABLE_INPUTS),
         launch="called once per group and rank; returns the group's slots (1-D integer tensor)"),
 )}

@@ -121,7 +121,7 @@ def check_size(s: Scenario) -> None:
     for gi, g in enumerate(s.groups):
         if not g.slot_mapped:
             continue
-        for r in range(s.cp.world if g.world(s.cp) > 1 else 1):
+        for r in range(g.world(s.cp)):  # replicas (r >= g) are drawn only where they differ
             from cpsim.allocator import allocate
             ref = reference.group_slots(s, g, allocate(s, r, gi), r, pos, req)
             rows += len(torch.unique(ref[ref != PAD_SLOT_ID] // g.block_size))
@@ -168,8 +168,11 @@ def _panel(s: Scenario, path: str, gi: int, G, allocs_world: list[list[Allocatio
             labels.append(f"req{i} {r.kind} p{k * w}" if k == r.context_len // w else f"p{k * w}")
     strip = np.full((len(labels), w), -1, dtype=np.int64)
     strip_bad = np.zeros_like(strip, dtype=bool)
-    cnt = real.sum(0)
-    holder = real.to(torch.int64).argmax(0)
+    # A partially replicated group (1 < g < N) is drawn from its first replica set; the
+    # other sets show up in the block grid, and their mismatches as outlines.
+    first = real[:gw] if 1 < gw < R else real
+    cnt = first.sum(0)
+    holder = first.to(torch.int64).argmax(0)
     code = torch.where(cnt == 1, holder, torch.full_like(holder, SEVERAL))
     code = torch.where(cnt == 0, torch.full_like(code, NONE), code)
     if gw == 1 and R > 1:
@@ -198,7 +201,8 @@ def _panel(s: Scenario, path: str, gi: int, G, allocs_world: list[list[Allocatio
                     continue
                 o = slot % B
                 writers.setdefault((j, o), set()).add(int(req[t]) if g.circular else t)
-                blocks[j, o] = int(want[t])
+                # Owner inside this rank's replica set, so a healthy rank's rows are its own colour.
+                blocks[j, o] = int(want[t]) + (r // gw) * gw if 1 < gw < R else int(want[t])
                 if slot != int(refs[r, t]):
                     blocks_bad[j, o] = True
         for (j, o), who in writers.items():
@@ -231,10 +235,10 @@ def _rows_for_group(s: Scenario, gi: int, gathered: dict, paths: list[str],
             if not bool(G.enabled[r, gi]):
                 continue
             xr = G.slots[r, gi, :n]
-            if g.world(s.cp) == 1 and r > 0 and not bool((xr != refs[r, : xr.shape[0]]).any()):
-                continue   # unsharded: rank r > 0 drawn only when it differs from the reference
+            if r >= g.world(s.cp) and not bool((xr != refs[r, : xr.shape[0]]).any()):
+                continue   # a replica (r >= g; every r > 0 when unsharded) drawn only when it differs
             sources.append(xr)
-        if g.world(s.cp) == 1 and r > 0 and len(sources) == 1:
+        if r >= g.world(s.cp) and len(sources) == 1:
             continue
         for src in sources:
             sl = src[_real(src)]
@@ -426,8 +430,11 @@ def render(pic: Picture, title: str = "") -> "Figure":
 def _draw_panel(fig, top, bottom, panel: Panel, pic: Picture, R: int) -> None:
     g = panel.group
     ax = fig.add_subplot(top)
+    gw = g.world(pic.scenario.cp)
+    sets = ", ".join(f"{x.start}-{x.stop - 1}" for x in layout.replica_sets(R, gw)) if 1 < gw < R else ""
     head = f"{panel.path} · group {g.name} ({g.kind}, B={g.block_size}" + \
-           (f", b={g.b}" if g.bpk > 1 else "") + (", unsharded" if g.world(pic.scenario.cp) == 1 else "") + ")"
+           (f", b={g.b}" if g.bpk > 1 else "") + (", unsharded" if gw == 1 else "") + \
+           (f", cp_size {gw}: replica sets {sets}; strip shows ranks {0}-{gw - 1}" if sets else "") + ")"
     lines = [head + (f" — {panel.note}" if panel.note else "")]
     for vio in panel.violations[:4]:
         lines.append(_short(f"✗ {vio.invariant} ×{vio.count}: {vio.message}"))
@@ -447,7 +454,9 @@ def _draw_panel(fig, top, bottom, panel: Panel, pic: Picture, R: int) -> None:
         ranks = [k[0] for k in panel.block_keys]
         for j in range(1, len(ranks)):
             if ranks[j] != ranks[j - 1]:
-                axb.axhline(j - 0.5, color="black", linewidth=0.6)
+                # A thicker line where a new replica set starts.
+                new_set = 1 < gw < R and ranks[j] // gw != ranks[j - 1] // gw
+                axb.axhline(j - 0.5, color="black", linewidth=1.6 if new_set else 0.6)
         if g.bpk > 1:
             for k in range(1, g.bpk):
                 axb.axvline(k * g.b - 0.5, color="#555555", linewidth=0.5, linestyle=":")

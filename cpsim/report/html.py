@@ -65,10 +65,10 @@ def _scenario(s: Scenario) -> str:
            f"max_model_len {lim.max_model_len}, max_num_reqs {lim.max_num_reqs}, max_num_batched_tokens "
            f"{lim.max_num_batched_tokens}, speculative tokens {lim.num_speculative_tokens}; seed {s.seed}"
            f"{'; <b>allow_invalid</b>' if s.allow_invalid else ''}</p>"]
-    out.append("<table><tr><th>group</th><th>kind</th><th>B</th><th>b</th><th>CP-sharded</th><th>blocks</th></tr>")
+    out.append("<table><tr><th>group</th><th>kind</th><th>B</th><th>b</th><th>CP size</th><th>blocks</th></tr>")
     for g in s.groups:
         out.append(f"<tr><td>{_e(g.name)}</td><td>{_e(g.kind)}</td><td>{g.block_size}</td><td>{g.b}</td>"
-                   f"<td>{'yes' if g.world(s.cp) > 1 else 'no'}</td><td>{g.num_blocks}</td></tr>")
+                   f"<td>{g.world(s.cp)}</td><td>{g.num_blocks}</td></tr>")
     out.append("</table>")
     rows = s.batch.rows_v2()
     out.append("<table><tr><th>request</th><th>kind</th><th>context_len</th><th>num_tokens</th><th>v2 row</th></tr>")

@@ -33,6 +33,8 @@ def applies(invariant: str, g: KVGroup, s: Scenario) -> bool:
         return g.slot_mapped
     if invariant == "owner-rule":
         return g.slot_mapped and g.world(s.cp) > 1
+    if invariant == "replicas-agree":
+        return g.slot_mapped and g.world(s.cp) < s.cp.world
     if invariant == "dense-local":
         return g.slot_mapped and not g.circular
     return True
