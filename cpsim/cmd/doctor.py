@@ -129,8 +129,6 @@ def _torchrun(args) -> int:
         code = 0
         if comm.rank == 0:
             code = report(Console(), [r for _, r in everyone], [m for m, _ in everyone], args.json)
-        code = int(comm.all_gather(torch.tensor([code]), what="exit code", ctrl=True).max())
     except BaseException as e:  # noqa: BLE001  (Comm.fail tells the peers and ends the process)
         comm.fail(e)
-    comm.close()
-    return code
+    comm.finish(code)  # every rank leaves with the agreed code once rank 0 has written its report

@@ -216,7 +216,9 @@ def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), ke
              builtin_in_worker: bool = True) -> RankOutput | None:
     """``run_path`` for one rank under the configured isolation; raises ``KernelFailed``."""
     device = str(device)
-    if not _config.process or (kernel is None and not builtin_in_worker):
+    from cpsim import capture
+    # A capture records the launches of this process: the worker's would go unrecorded.
+    if not _config.process or (kernel is None and not builtin_in_worker) or capture.active() is not None:
         return _in_process(path, s, allocs, rank, device, knobs, kernel)
     return _worker.run(path, s, allocs, rank, device, knobs, kernel, _config.timeout_s)
 
