@@ -478,6 +478,7 @@ class FuzzConfig:
     ignore: list[str] = field(default_factory=list)  # signatures / globs not to report
     jobs: int = 1
     seed_stream: int = 0                 # this process's stream (job index; rank * jobs + job under torchrun)
+    summary_name: str = "fuzz-summary.json"  # per rank under torchrun, so ranks sharing --out do not clash
 
     def config_key(self) -> str:
         """Hash of what decides which scenarios fail: the example database is kept per key."""
@@ -861,9 +862,9 @@ def write_findings(cfg: FuzzConfig, result: FuzzResult) -> list[str]:
                "elapsed_s": round(result.elapsed_s, 3), "jobs": result.jobs, "seed": cfg.seed,
                "paths": cfg.paths, "inject": cfg.inject, "signatures": [f.to_dict() for f in result.findings]}
     try:
-        (Path(cfg.out) / "fuzz-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (Path(cfg.out) / cfg.summary_name).write_text(json.dumps(summary, indent=2) + "\n")
     except OSError as e:
-        problems.append(f"could not write {Path(cfg.out) / 'fuzz-summary.json'}: {e.strerror or e}")
+        problems.append(f"could not write {Path(cfg.out) / cfg.summary_name}: {e.strerror or e}")
     return problems
 
 

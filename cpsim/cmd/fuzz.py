@@ -154,6 +154,7 @@ def main(args) -> int:
         max_programs=args.max_programs, shrink_seconds=args.shrink_seconds, device=str(dev.device),
         space="extreme" if args.extreme else "default", stop_after_first=args.stop_after_first,
         ignore=ignore, jobs=args.jobs, seed_stream=stream,
+        summary_name=f"fuzz-summary-rank{stream}.json" if stream else "fuzz-summary.json",
     )
     where = f"rank {stream}: " if stream else ""
     if not args.quiet:
