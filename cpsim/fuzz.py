@@ -651,7 +651,11 @@ class _Searcher:
             if self.shrink_until is None:
                 self.shrink_until = time.monotonic() + self.cfg.shrink_seconds
                 self.prog.phase = "shrink"
-            raise _failure_type(live[0])(f"{live[0]} ({', '.join(self.outcomes[fp].invariants())})")
+            # --stop-after-first: one exception type, so Hypothesis shrinks toward any failure (today's behaviour).
+            kind = _failure_type("") if self.cfg.stop_after_first else _failure_type(live[0])
+            err = kind(f"{live[0]} ({', '.join(self.outcomes[fp].invariants())})")
+            err.signature = live[0]
+            raise err
 
     def record(self, s: sc.Scenario, out: Outcome, sigs: dict[str, str]) -> None:
         for sig, dim in sigs.items():
