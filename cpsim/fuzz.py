@@ -714,7 +714,7 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
         try:
             test()
         except BaseException as e:  # noqa: B036 - Hypothesis raises an ExceptionGroup for several bugs
-            raised = list(e.exceptions) if isinstance(e, BaseExceptionGroup) else [e]
+            raised = list(getattr(e, "exceptions", None) or [e])  # an ExceptionGroup holds several
             if not all(isinstance(x, SignatureFailure) for x in raised):
                 raise  # not a violation: a bug in cpsim itself (or Ctrl-C)
             for x in raised:
