@@ -1,22 +1,26 @@
-"""Search the scenario space for a violation, shrink it, hand it over as a file.
+"""Search the scenario space for every distinct violation, shrink each, hand them over as files.
 
 Hypothesis draws scenarios that are valid by construction (``scenario.validate``
 accepts every one of them unless ``allow_invalid`` asks for broken CP layouts),
-runs them in the virtual world and lets the coordinator judge. A violating
-scenario is shrunk by Hypothesis and written as a repro file that ``cpsim
-replay`` (or any cpsim, on any machine) reruns.
+runs them in the virtual world and lets the coordinator judge. Failures are
+grouped by a *signature* (path, group kind, failed invariants, triggering
+dimension); each signature is shrunk on its own and written as a repro file that
+``cpsim replay`` (or any cpsim, on any machine) reruns.
 
 Sizes are kept small on purpose: the Triton interpreter runs one program per
 request per group per rank per path, at a few milliseconds each, so the strategy
-spends its budget on *positions* (anywhere up to ``max_model_len``, where the
-int32 / float32 / window limits live) rather than on token counts.
+spends its budget on *positions* and *cache sizes* (where the int32 / float32 /
+window limits live) rather than on token counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import hashlib
 import json
 import math
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +40,25 @@ MAX_TABLE_ENTRIES = 1 << 22      # int32 entries per group table (16 MiB): bound
 MAX_MODEL_LEN = 1 << 24
 MAX_MODEL_LEN_INVALID = 1 << 20  # invalid layouts count blocks by scanning positions
 INT32_MAX = sc.INT32_MAX
+
+# The spaces searched. "default": caches a device could hold and int32 slot tensors can
+# address: every slot id < 2^31 (num_blocks * B <= 2^31) and every kernel-block id < 2^26
+# (num_blocks * BPK <= 2^26), so ids past 2^24 (where float32 goes wrong) are reached with
+# block sizes up to 64. "extreme" adds integer-boundary caches: up to 2^31 - 1 kernel blocks,
+# slots far past 2^31.
+SPACES = {
+    "default": "realistic caches: every slot id < 2^31, kernel-block ids up to 2^26",
+    "extreme": "integer-boundary caches: kernel-block ids up to 2^31 - 1, slots past 2^31",
+}
+DEFAULT_SLOT_LIMIT = 1 << 31
+DEFAULT_BLOCK_ID_LIMIT = 1 << 26
+
+
+def cache_cap(g: sc.KVGroup, space: str) -> int:
+    """Most physical blocks a group's cache may have in ``space`` (see SPACES)."""
+    if space == "extreme":
+        return INT32_MAX // g.bpk
+    return min(DEFAULT_SLOT_LIMIT // g.block_size, DEFAULT_BLOCK_ID_LIMIT // g.bpk)
 
 
 # ---- fault names -------------------------------------------------------------
@@ -77,11 +100,12 @@ def _programs(world: int, groups: int, reqs: int) -> int:
 
 
 def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_per_request: int = 24,
-              max_world: int = 16):
+              max_world: int = 16, space: str = "default"):
     """Hypothesis strategy of scenarios that ``scenario.validate`` accepts.
 
     ``max_programs`` bounds world x groups x (requests + 1), the interpreter
-    programs one path launches; large worlds get fewer requests.
+    programs one path launches; large worlds get fewer requests. ``space``: see SPACES
+    (only the cache sizes differ, in ``_cache_sizes``).
     """
     from hypothesis import strategies as st
 
@@ -93,17 +117,14 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
     pow2 = [1 << i for i in range(13)]
 
     @st.composite
-    def group(draw) -> tuple[sc.KVGroup, int]:
-        """A group (num_blocks still open) and its spare blocks: a few, or a huge sparse cache."""
+    def group(draw) -> sc.KVGroup:
+        """A group; its num_blocks is drawn last, once the batch says how many blocks it needs."""
         kind = draw(st.sampled_from(GROUP_CHOICES))
         bpk = 1 if kind in ("sliding_window", "mamba") else draw(small_or(1, 4, 16))
         b_max = 4096 // bpk
         b = draw(st.one_of(st.sampled_from([p for p in pow2 if p <= b_max]), st.integers(1, b_max)))
-        # Hypothesis favours small magnitudes, so "the biggest cache the int32 table allows" is its own branch.
-        spare = draw(st.one_of(st.integers(0, 64), st.integers(0, INT32_MAX), st.just(INT32_MAX)))
-        g = sc.KVGroup(kind, "attention" if kind.startswith("attention") else kind, b * bpk,
-                       b if bpk > 1 else 0, kind == "attention", num_blocks=2)
-        return g, spare
+        return sc.KVGroup(kind, "attention" if kind.startswith("attention") else kind, b * bpk,
+                          b if bpk > 1 else 0, kind == "attention", num_blocks=2)
 
     @st.composite
     def request(draw, mml: int, spec: int) -> sc.Request:
@@ -125,7 +146,7 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         world = draw(small_or(1, 4, max_world))
         pcp = draw(st.sampled_from(_divisors(world)))
         drawn = draw(st.lists(group(), min_size=1, max_size=draw(small_or(1, 2, 5))))
-        groups = [dataclasses.replace(g, name=f"g{i}-{g.name}") for i, (g, _) in enumerate(drawn)]
+        groups = [dataclasses.replace(g, name=f"g{i}-{g.name}") for i, g in enumerate(drawn)]
         # Interleave: a divisor of every CP-sharded block size (the global rule), or anything when allowed.
         sharded_b = [g.block_size for g in groups if world > 1 and g.cp_sharded and g.kind == "attention"]
         common = math.gcd(*sharded_b) if sharded_b else max(g.block_size for g in groups)
@@ -163,19 +184,43 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         flagged = tuple(sorted(draw(st.sets(st.integers(0, total - 1), max_size=min(total, 3))))) if total else ()
         s = sc.Scenario("fuzz", cp, tuple(groups), limits, sc.Batch(tuple(reqs), idx, padded, flagged),
                         seed=draw(st.integers(0, 2**16)), allow_invalid=invalid)
-        sized = []
-        for g, (_, spare) in zip(s.groups, drawn):
-            need = sc.max_blocks_needed(s, g) + 1
-            sized.append(dataclasses.replace(g, num_blocks=max(2, min(need + spare, max(need, INT32_MAX // g.bpk)))))
-        return sc.validate(s.replace(groups=tuple(sized)))
+        return sc.validate(s.replace(groups=_cache_sizes(draw, s, space)))
 
     return build()
+
+
+def _cache_sizes(draw, s: sc.Scenario, space: str) -> tuple[sc.KVGroup, ...]:
+    """Each group's num_blocks: a few spare blocks, or a big sparse cache up to the space's cap.
+
+    Drawn as one integer from the smallest cache the batch fits in, so the shrinker moves it
+    down to the smallest failing size (no boundary constant survives a shrink: from the third
+    branch, "near the cap", it moves to the second and on down). The third branch makes caches
+    with ids past 2^24 common wherever the space allows them.
+    """
+    from hypothesis import strategies as st
+
+    out = []
+    for g in s.groups:
+        need = max(2, sc.max_blocks_needed(s, g) + 1)
+        cap = max(need, cache_cap(g, space))
+        big = st.integers(max(need, cap // 16), cap)  # twice: half the caches are big
+        n = draw(st.one_of(st.integers(need, min(need + 64, cap)), st.integers(need, cap), big, big))
+        out.append(dataclasses.replace(g, num_blocks=n))
+    return tuple(out)
 
 
 def size(s: sc.Scenario) -> dict[str, int]:
     """What a shrunk scenario is measured by."""
     return {"world": s.cp.world, "groups": len(s.groups), "requests": s.batch.num_reqs,
             "tokens": s.batch.num_tokens}
+
+
+def size_key(s: sc.Scenario) -> tuple:
+    """Smaller is simpler: structure first, then magnitudes (cache sizes, positions, padding)."""
+    b = s.batch
+    return (b.num_reqs, b.num_tokens, len(s.groups), s.cp.world, b.num_tokens_padded,
+            sum(g.num_blocks for g in s.groups), sum(r.context_len for r in b.requests),
+            s.limits.max_model_len, s.canonical_json())
 
 
 # ---- one evaluation ------------------------------------------------------------
@@ -279,6 +324,143 @@ def load_repro(path: str | Path) -> Repro:
                  data.get("violation", {}), kernels)
 
 
+# ---- signatures: which distinct bug a failure is ------------------------------------
+
+@dataclass(frozen=True)
+class Dimension:
+    """A scenario feature a bug can need. ``ablate`` returns the same scenario without it
+    (None when it cannot be removed), so a failure that disappears with it is put on it.
+    Add new ones to DIMENSIONS (e.g. "partial-replica" with per-group CP sizes)."""
+
+    name: str
+    describe: str
+    present: Callable[[sc.Scenario], bool]
+    ablate: Callable[[sc.Scenario], "sc.Scenario | None"]
+
+
+def _clamp_caches(s: sc.Scenario, most: Callable[[sc.KVGroup], int]) -> sc.Scenario | None:
+    """``s`` with each group's cache cut to ``most(g)`` blocks; None if the batch no longer fits."""
+    groups = []
+    for g in s.groups:
+        n = min(g.num_blocks, most(g))
+        if n < max(2, sc.max_blocks_needed(s, g) + 1):
+            return None
+        groups.append(dataclasses.replace(g, num_blocks=n))
+    return s.replace(groups=tuple(groups))
+
+
+def _unpadded(s: sc.Scenario) -> sc.Scenario:
+    return s.replace(batch=dataclasses.replace(s.batch, num_tokens_padded=0))
+
+
+# Removed in this order, cumulatively: a failure is put on the first whose removal cures it.
+# "slot>=2^31" comes before "block-id>2^24": cutting slots below 2^31 keeps ids as large as
+# int32 slots allow, so an int32 slot overflow is always put on slots. The reverse does not hold
+# for block sizes >= 128, where no id past 2^24 survives the slot cut: in the extreme space a
+# float32 gather can be reported under "slot>=2^31" too (the default space has no such slots).
+DIMENSIONS: list[Dimension] = [
+    Dimension("padded-tail", "graph padding past the scheduled tokens",
+              lambda s: s.batch.num_tokens_padded > s.batch.num_tokens, _unpadded),
+    Dimension("slot>=2^31", "slot ids at or past 2^31 (int32 slot arithmetic / tensors)",
+              lambda s: any(g.slot_mapped and g.num_blocks * g.block_size > 2**31 for g in s.groups),
+              lambda s: _clamp_caches(s, lambda g: 2**31 // g.block_size)),
+    Dimension("block-id>2^24", "kernel-block ids past 2^24 (not exact in float32)",
+              lambda s: any(g.slot_mapped and g.num_blocks * g.bpk - 1 > 2**24 for g in s.groups),
+              lambda s: _clamp_caches(s, lambda g: (2**24 + 1) // g.bpk)),
+]
+ANY_DIMENSION = "any"
+
+
+def _ablation_order(s: sc.Scenario) -> list[Dimension]:
+    """The dimensions present in ``s``, in DIMENSIONS order."""
+    return [d for d in DIMENSIONS if d.present(s)]
+
+
+def group_kind(s: sc.Scenario, name: str) -> str:
+    for g in s.groups:
+        if g.name == name:
+            return g.kind
+    return "*"
+
+
+def components(out: "Outcome") -> dict[tuple[str, str], set[str]]:
+    """(path, group name) -> failed invariants: the units a failure is split into."""
+    comps: dict[tuple[str, str], set[str]] = {}
+    for v in out.verdicts:
+        if v.status != "fail":
+            continue
+        for g in sorted({x.group for x in v.violations} or {"*"}):
+            comps.setdefault((v.path, g), set()).add(v.invariant)
+    if out.error:
+        comps.setdefault(("*", "*"), set()).add("error-" + out.error.split(":", 1)[0])
+    return comps
+
+
+def _triples(out: "Outcome") -> set[tuple[str, str, str]]:
+    return {(p, g, i) for (p, g), invs in components(out).items() for i in invs}
+
+
+# Invariants any wrong value also fails: left out of a signature when a more specific one failed,
+# so one bug reads the same whether or not another bug shares its scenario.
+GENERIC_INVARIANTS = ("matches-reference", "paths-agree")
+
+
+def signature_invariants(invs) -> set[str]:
+    specific = set(invs) - set(GENERIC_INVARIANTS)
+    return specific or set(invs)
+
+
+def signature_parts(sig: str) -> tuple[str, str, frozenset, str]:
+    path, kind, invs, dim = sig.split(":")
+    return path, kind, frozenset(invs.split("+")), dim
+
+
+def merge_nested(findings: list["Finding"]) -> list["Finding"]:
+    """Findings of one path, group kind and dimension whose invariant sets nest (one a subset of
+    the other) are one bug seen with more or fewer side effects: keep the first seen, with the
+    smaller scenario; the other signatures are listed in ``also``."""
+    kept: list[Finding] = []
+    for f in sorted(findings, key=lambda f: (f.ignored, f.first_seen, f.signature)):
+        p, k, inv, d = signature_parts(f.signature)
+        for m in kept:
+            mp, mk, minv, md = signature_parts(m.signature)
+            if (mp, mk, md, m.ignored) == (p, k, d, f.ignored) and (inv <= minv or minv <= inv):
+                if size_key(f.scenario) < size_key(m.scenario):
+                    m.scenario, m.summary = f.scenario, f.summary
+                m.shrunk = m.shrunk or f.shrunk
+                m.also = sorted(set(m.also) | {f.signature} | set(f.also))
+                break
+        else:
+            kept.append(f)
+    return kept
+
+
+def signature_text(path: str, kind: str, invariants, dimension: str) -> str:
+    """``path:group kind:invariant+invariant:dimension``, what --ignore / --known match (globs allowed)."""
+    return f"{path}:{kind}:{'+'.join(sorted(invariants))}:{dimension}"
+
+
+def matches(sig: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(sig, p) for p in patterns)
+
+
+def load_known(path: str | Path) -> list[str]:
+    """Signatures (or globs) from a text file, one a line (# comments), or a fuzz-summary.json."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError("--known", f"cannot read {path}: {e}") from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+            return [str(x["signature"]) for x in data["signatures"]]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ConfigError("--known", f"{path} is not a fuzz summary (expected {{\"signatures\": "
+                                         f"[{{\"signature\": ...}}]}}): {e}") from None
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
 # ---- the search ------------------------------------------------------------------
 
 @dataclass
@@ -286,17 +468,39 @@ class FuzzConfig:
     paths: list[str] = field(default_factory=lambda: list(DEFAULT_PATHS))
     inject: str | None = None
     knobs: Knobs | None = None           # overrides ``inject``'s knobs when given
-    max_examples: int = 300
+    max_examples: int = 300              # scenarios run (search and shrink), all jobs together
     minutes: float | None = None         # keep searching (in rounds) until this much time has passed
     seed: int | None = 0                 # None: random, and the example database is used
     allow_invalid: bool = False
     out: Path = Path("out")
-    database: Path | None = DEFAULT_DB   # None: no example database
+    database: Path | None = DEFAULT_DB   # None: no example database; else keyed per configuration below it
     max_programs: int = 48
     max_tokens_per_request: int = 24
-    shrink_seconds: float = 60.0         # then stop shrinking and keep the smallest failure so far
+    shrink_seconds: float = 60.0         # per round; then stop shrinking and keep the smallest failure so far
     device: str = "cpu"
     kernels: dict = field(default_factory=dict)  # path -> KernelUnderTest replacing the built-in kernel
+    space: str = "default"
+    stop_after_first: bool = False
+    ignore: list[str] = field(default_factory=list)  # signatures / globs not to report
+    jobs: int = 1
+    seed_stream: int = 0                 # this process's stream (job index; rank * jobs + job under torchrun)
+    summary_name: str = "fuzz-summary.json"  # per rank under torchrun, so ranks sharing --out do not clash
+
+    def config_key(self) -> str:
+        """Hash of what decides which scenarios fail: the example database is kept per key."""
+        knobs = self.knobs if self.knobs is not None else None
+        data = {"paths": self.paths, "kernels": to_record(self.kernels, self.paths), "inject": self.inject,
+                "knobs": dataclasses.asdict(knobs) if knobs else None, "space": self.space,
+                "allow_invalid": self.allow_invalid, "max_programs": self.max_programs,
+                "max_tokens_per_request": self.max_tokens_per_request}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def describe_space(self) -> str:
+        extra = ", invalid CP layouts too" if self.allow_invalid else ""
+        return f"{self.space} ({SPACES[self.space]}{extra}; at most {self.max_programs} programs per path)"
+
+
+SEED_STRIDE = 1_000_003  # seed streams of jobs / ranks: seed + stream * SEED_STRIDE + round
 
 
 @dataclass
@@ -304,10 +508,12 @@ class Progress:
     """Live counters the display reads (also handy in tests)."""
 
     examples: int = 0
-    failures: int = 0           # failing runs seen (the first, then every shrink step that still fails)
+    failures: int = 0           # failing scenarios seen (search and shrink)
     started: float = field(default_factory=time.monotonic)
     shrink: dict[str, int] | None = None   # size of the smallest failing scenario so far
     phase: str = "search"
+    signatures: int = 0
+    job: int = 0
 
     @property
     def rate(self) -> float:
@@ -315,99 +521,370 @@ class Progress:
 
 
 @dataclass
+class Finding:
+    """One signature: where it was first seen and the smallest scenario that shows it."""
+
+    signature: str
+    first_seen: int                  # scenarios run before it showed (in its job)
+    scenario: sc.Scenario
+    summary: dict[str, Any]          # Outcome.summary() of ``scenario``
+    dimension: str
+    job: int = 0
+    shrunk: bool = False             # Hypothesis shrank it (else: the smallest seen on the way)
+    ignored: bool = False
+    repro: Path | None = None
+    repro_error: str = ""
+    also: list[str] = field(default_factory=list)   # nested signatures merged into this one
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"signature": self.signature, "first_seen": self.first_seen, "job": self.job,
+                "dimension": self.dimension, "size": size(self.scenario), "shrunk": self.shrunk,
+                "ignored": self.ignored, "invariants": self.summary.get("invariants", []), "also": self.also,
+                "repro": str(self.repro) if self.repro else None, "repro_error": self.repro_error or None}
+
+
+@dataclass
 class FuzzResult:
     examples: int
     elapsed_s: float
-    scenario: sc.Scenario | None = None
-    outcome: Outcome | None = None
-    repro: Path | None = None
+    findings: list[Finding] = field(default_factory=list)   # reported ones first, then ignored ones
+    space: str = ""
+    jobs: int = 1
+    classify_runs: int = 0
+
+    @property
+    def reported(self) -> list[Finding]:
+        return [f for f in self.findings if not f.ignored]
 
     @property
     def found(self) -> bool:
-        return self.scenario is not None
+        return bool(self.reported)
+
+    # The first reported finding, for callers that want one (``--stop-after-first``, old tests).
+    @property
+    def scenario(self) -> sc.Scenario | None:
+        return self.reported[0].scenario if self.found else None
+
+    @property
+    def repro(self) -> Path | None:
+        return self.reported[0].repro if self.found else None
 
 
-def _smaller(a: dict[str, int], b: dict[str, int] | None) -> bool:
-    key = ("requests", "tokens", "groups", "world")
-    return b is None or tuple(a[k] for k in key) < tuple(b[k] for k in key)
+class SignatureFailure(AssertionError):
+    """Raised for one signature; a subclass per signature, so Hypothesis keeps each bug apart
+    (it tells failures apart by exception type and line) and shrinks each on its own."""
+
+    signature = ""
 
 
-def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None) -> FuzzResult:
-    """Search; on a violation shrink it and write the repro. Returns what was found."""
+_FAILURE_TYPES: dict[str, type] = {}
+
+
+def _failure_type(sig: str) -> type:
+    if sig not in _FAILURE_TYPES:
+        name = "Sig_" + hashlib.sha256(sig.encode()).hexdigest()[:12]
+        _FAILURE_TYPES[sig] = type(name, (SignatureFailure,), {"signature": sig})
+    return _FAILURE_TYPES[sig]
+
+
+class _Searcher:
+    """One job's search: evaluates, classifies and remembers every failing scenario."""
+
+    def __init__(self, cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None):
+        self.cfg = cfg
+        self.knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
+        self.on_progress = on_progress
+        self.prog = Progress(job=cfg.seed_stream)
+        self.seen: dict[str, dict[str, str]] = {}   # fingerprint -> {signature: dimension}
+        self.outcomes: dict[str, Outcome] = {}      # fingerprint -> outcome (failing ones)
+        self.findings: dict[str, Finding] = {}
+        self.done: set[str] = set()                 # signatures Hypothesis has shrunk and reported
+        self.classify_runs = 0
+        self.shrink_until: float | None = None
+
+    def run(self, s: sc.Scenario) -> Outcome:
+        return evaluate(s, self.cfg.paths, self.knobs, self.cfg.device, self.cfg.kernels)
+
+    def classify(self, s: sc.Scenario, out: Outcome) -> dict[str, str]:
+        """{signature: dimension} of a failing outcome. The dimensions present are removed one at
+        a time, cumulatively, least invasive first; each failed (path, group, invariant) is put on
+        the dimension whose removal cured it, else on ``any``."""
+        left = _triples(out)
+        dim_of: dict[tuple[str, str, str], str] = {}
+        t = s
+        for d in _ablation_order(s):
+            if not left:
+                break
+            t2 = d.ablate(t)
+            if t2 is None:
+                continue
+            self.classify_runs += 1
+            now = _triples(self.run(t2))
+            for x in left - now:
+                dim_of[x] = d.name
+            left &= now
+            t = t2
+        for x in left:
+            dim_of[x] = ANY_DIMENSION
+        by: dict[tuple[str, str, str], set[str]] = {}
+        for (p, g, i), d in dim_of.items():
+            by.setdefault((p, g, d), set()).add(i)
+        return {signature_text(p, group_kind(s, g), signature_invariants(invs), d): d
+                for (p, g, d), invs in by.items()}
+
+    def check(self, s: sc.Scenario) -> None:
+        fp = s.fingerprint()
+        if fp not in self.seen:
+            if self.shrink_until is not None and time.monotonic() > self.shrink_until:
+                # Shrink budget spent: new candidates pass, so the shrinker stops; the
+                # failures already seen stay failures, so the result is one of them.
+                self.prog.phase = "shrink (budget spent)"
+                return
+            self.prog.examples += 1
+            out = self.run(s)
+            sigs = self.classify(s, out) if out.failed else {}
+            self.seen[fp] = sigs
+            if sigs:
+                self.prog.failures += 1
+                self.outcomes[fp] = out
+                self.record(s, out, sigs)
+        sigs = self.seen[fp]
+        if self.on_progress:
+            self.on_progress(self.prog)
+        live = sorted((x for x in sigs if x not in self.done and not self.findings[x].ignored),
+                      key=lambda x: self.findings[x].first_seen)
+        if live:
+            if self.shrink_until is None:
+                self.shrink_until = time.monotonic() + self.cfg.shrink_seconds
+                self.prog.phase = "shrink"
+            # --stop-after-first: one exception type, so Hypothesis shrinks toward any failure (today's behaviour).
+            kind = _failure_type("") if self.cfg.stop_after_first else _failure_type(live[0])
+            err = kind(f"{live[0]} ({', '.join(self.outcomes[fp].invariants())})")
+            err.signature = live[0]
+            raise err
+
+    def record(self, s: sc.Scenario, out: Outcome, sigs: dict[str, str]) -> None:
+        for sig, dim in sigs.items():
+            f = self.findings.get(sig)
+            if f is None:
+                self.findings[sig] = Finding(sig, self.prog.examples, s, out.summary(), dim, self.cfg.seed_stream,
+                                             ignored=matches(sig, self.cfg.ignore))
+                self.prog.signatures = sum(not x.ignored for x in self.findings.values())
+            elif size_key(s) < size_key(f.scenario):
+                f.scenario, f.summary = s, out.summary()
+            if self.prog.shrink is None or size_key(s) < size_key(self._smallest):
+                self._smallest = s
+                self.prog.shrink = size(s)
+
+    def reported(self) -> bool:
+        return any(not f.ignored for f in self.findings.values())
+
+
+def _hypothesis():
     try:
-        import hypothesis
-        from hypothesis import HealthCheck, Phase, given, settings
-        from hypothesis.database import DirectoryBasedExampleDatabase
+        import hypothesis  # noqa: F401
     except ImportError:
         raise ConfigError("fuzz", "Hypothesis is not installed: pip install -e .[fuzz]") from None
+    import hypothesis
+    return hypothesis
+
+
+def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None) -> FuzzResult:
+    """One job: rounds of Hypothesis (generate, then shrink every new signature it raised)
+    until the example budget or the time is spent. Writes nothing."""
+    hypothesis = _hypothesis()
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
     import torch
 
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only add contention
-    knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
-    prog = Progress()
-    last: dict[str, Any] = {}
-    strategy = scenarios(cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request)
-    db = DirectoryBasedExampleDatabase(str(cfg.database)) if cfg.database else None
+    me = _Searcher(cfg, on_progress)
+    strategy = scenarios(cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
+    db = DirectoryBasedExampleDatabase(str(Path(cfg.database) / cfg.config_key())) if cfg.database else None
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
-
-    failing: dict[str, Outcome] = {}   # fingerprint -> outcome of every failing scenario seen
-    shrink_until: list[float] = []
-
-    def check(s: sc.Scenario) -> None:
-        fp = s.fingerprint()
-        if fp in failing:  # Hypothesis replays its final (smallest) failure: same answer, no rerun
-            out = failing[fp]
-        elif shrink_until and time.monotonic() > shrink_until[0]:
-            # Shrink budget spent: report every new candidate as passing so the shrinker
-            # stops; the failures already seen stay failures, so the result is one of them.
-            prog.phase = "shrink (budget spent)"
-            return
-        else:
-            prog.examples += 1
-            out = evaluate(s, cfg.paths, knobs, cfg.device, cfg.kernels)
-        if out.failed:
-            if fp not in failing:
-                prog.failures += 1
-                failing[fp] = out
-            if not shrink_until:
-                shrink_until.append(time.monotonic() + cfg.shrink_seconds)
-            prog.phase = "shrink"
-            sz = size(s)
-            if _smaller(sz, prog.shrink):
-                prog.shrink = sz
-            last["s"], last["out"] = s, out
-        if on_progress:
-            on_progress(prog)
-        if out.failed:
-            raise AssertionError(f"invariants violated: {', '.join(out.invariants())}")
-
     round_ = 0
-    while not failing:
-        seed = None if cfg.seed is None else cfg.seed + round_
+    while True:
+        budget = cfg.max_examples - me.prog.examples if deadline is None else 100
+        if budget <= 0:
+            break
+        me.shrink_until = None
+        me.prog.phase = "search"
+        before = me.prog.examples
         test = settings(
-            max_examples=cfg.max_examples, database=db, deadline=None, derandomize=False,
-            phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
-            suppress_health_check=list(HealthCheck), report_multiple_bugs=False, print_blob=False,
-        )(given(strategy)(check))
-        if seed is not None:
-            test = hypothesis.seed(seed)(test)
+            max_examples=budget, database=db, deadline=None, derandomize=False, verbosity=Verbosity.quiet,
+            phases=[Phase.reuse, Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=not cfg.stop_after_first, print_blob=False,
+        )(given(strategy)(me.check))
+        if cfg.seed is not None:
+            test = hypothesis.seed(cfg.seed + cfg.seed_stream * SEED_STRIDE + round_)(test)
         try:
             test()
-        except Exception:
-            if "s" not in last:  # not a violation: a bug in cpsim itself
-                raise
-            break
+        except BaseException as e:  # noqa: B036 - Hypothesis raises an ExceptionGroup for several bugs
+            raised = list(getattr(e, "exceptions", None) or [e])  # an ExceptionGroup holds several
+            if not all(isinstance(x, SignatureFailure) for x in raised):
+                raise  # not a violation: a bug in cpsim itself (or Ctrl-C)
+            for x in raised:
+                me.done.add(x.signature)
+                me.findings[x.signature].shrunk = True
         round_ += 1
-        if deadline is None or time.monotonic() >= deadline:
+        if me.prog.examples == before:
+            break  # the round drew nothing new (a tiny budget replays the simplest scenario)
+        if cfg.stop_after_first and me.reported():
             break
-    elapsed = time.monotonic() - prog.started
-    if "s" not in last:
-        return FuzzResult(prog.examples, elapsed)
-    s, outcome = last["s"], last["out"]
-    repro = write_repro(cfg.out, Repro(s, cfg.paths, knobs_for_scenario(knobs, s), cfg.inject, outcome.summary(),
-                                       to_record(cfg.kernels, cfg.paths), extra={"fuzz": {"seed": cfg.seed, "examples": prog.examples,
-                                                       "allow_invalid": cfg.allow_invalid}}))
-    return FuzzResult(prog.examples, elapsed, s, outcome, repro)
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    elapsed = time.monotonic() - me.prog.started
+    findings = merge_nested(list(me.findings.values()))
+    if cfg.stop_after_first:  # today's behaviour: the one violation Hypothesis shrank
+        shown = [f for f in findings if not f.ignored]
+        first = ([f for f in shown if f.shrunk] or shown)[:1]
+        findings = first + [f for f in findings if f.ignored]
+    return FuzzResult(me.prog.examples, elapsed, findings, cfg.space, 1, me.classify_runs)
+
+
+# ---- several jobs --------------------------------------------------------------------
+
+_QUEUE = None
+
+
+def _init_job(queue) -> None:
+    global _QUEUE
+    _QUEUE = queue
+
+
+def _job(cfg_state: dict, kernels_record: dict) -> dict:
+    """A worker process: its own seed stream, the shared (keyed) example database."""
+    from cpsim.kernels import use_interpreter
+    from cpsim.plugin.kernel_under_test import from_record
+
+    use_interpreter()
+    cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu"))
+    last = [0.0]
+
+    def tell(p: Progress) -> None:
+        now = time.monotonic()
+        if _QUEUE is not None and now - last[0] > 0.25:
+            last[0] = now
+            _QUEUE.put((p.job, p.examples, p.signatures, p.phase))
+
+    r = search(cfg, tell)
+    if _QUEUE is not None:
+        _QUEUE.put((cfg.seed_stream, r.examples, len(r.reported), "done"))
+    return {"examples": r.examples, "classify_runs": r.classify_runs,
+            "findings": [{**dataclasses.asdict(f), "scenario": f.scenario.to_dict(), "repro": None}
+                         for f in r.findings]}
+
+
+def merge(results: list[FuzzResult]) -> list[Finding]:
+    """One finding per signature: the earliest sighting, the smallest scenario, shrunk if any job shrank it."""
+    best: dict[str, Finding] = {}
+    for r in results:
+        for f in r.findings:
+            b = best.get(f.signature)
+            if b is None:
+                best[f.signature] = dataclasses.replace(f)
+                continue
+            if size_key(f.scenario) < size_key(b.scenario):
+                b.scenario, b.summary = f.scenario, f.summary
+            if (f.first_seen, f.job) < (b.first_seen, b.job):
+                b.first_seen, b.job = f.first_seen, f.job
+            b.shrunk = b.shrunk or f.shrunk
+            b.also = sorted(set(b.also) | set(f.also))
+    return merge_nested(list(best.values()))
+
+
+def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = None) -> FuzzResult:
+    """``cfg.jobs`` worker processes, each its own seed stream; the example budget is split."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch / Triton state
+    queue = ctx.Queue()
+    started = time.monotonic()
+    share = [cfg.max_examples // cfg.jobs + (j < cfg.max_examples % cfg.jobs) for j in range(cfg.jobs)]
+    states = []
+    for j in range(cfg.jobs):
+        st = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(FuzzConfig) if f.name != "kernels"}
+        st.update(max_examples=max(share[j], 1), seed_stream=cfg.seed_stream * cfg.jobs + j, jobs=1)
+        states.append(st)
+    record = to_record(cfg.kernels, cfg.paths)
+    with ProcessPoolExecutor(cfg.jobs, mp_context=ctx, initializer=_init_job, initargs=(queue,)) as ex:
+        futures = [ex.submit(_job, st, record) for st in states]
+        status: dict[int, tuple] = {}
+        while not all(f.done() for f in futures):
+            try:
+                item = queue.get(timeout=0.3)
+                status[item[0]] = item[1:]
+                if on_progress:
+                    on_progress(status)
+            except Exception:  # queue.Empty: nothing new
+                pass
+        raw = [f.result() for f in futures]
+    results = []
+    for d in raw:
+        fs = []
+        for x in d["findings"]:
+            x = dict(x)
+            x["scenario"] = sc.Scenario.from_dict(x["scenario"])
+            fs.append(Finding(**x))
+        results.append(FuzzResult(d["examples"], 0.0, fs, cfg.space, 1, d["classify_runs"]))
+    return FuzzResult(sum(r.examples for r in results), time.monotonic() - started, merge(results), cfg.space,
+                      cfg.jobs, sum(r.classify_runs for r in results))
+
+
+# ---- writing the findings -------------------------------------------------------------
+
+def check_out_dir(out: str | Path) -> Path:
+    """Create ``out`` and prove it writable now, before any search (ConfigError otherwise)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{out} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".cpsim-write-test-"):
+            pass
+    except OSError as e:
+        raise ConfigError("--out", f"cannot write to {out}: {e.strerror or e}") from None
+    return out
+
+
+def write_findings(cfg: FuzzConfig, result: FuzzResult) -> list[str]:
+    """One repro per reported signature, then fuzz-summary.json. Repros first; a repro that
+    cannot go to ``cfg.out`` goes to a temporary directory instead. Returns one line per problem."""
+    problems = []
+    knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
+    fallback: Path | None = None
+    for f in result.reported:
+        r = Repro(f.scenario, cfg.paths, knobs_for_scenario(knobs, f.scenario), cfg.inject, f.summary,
+                  to_record(cfg.kernels, cfg.paths),
+                  extra={"fuzz": {"seed": cfg.seed, "job": f.job, "space": cfg.space, "signature": f.signature,
+                                  "first_seen": f.first_seen, "examples": result.examples,
+                                  "allow_invalid": cfg.allow_invalid}})
+        try:
+            f.repro = write_repro(cfg.out, r)
+        except OSError as e:
+            if fallback is None:
+                fallback = Path(tempfile.mkdtemp(prefix="cpsim-repro-"))
+            f.repro = write_repro(fallback, r)
+            f.repro_error = f"could not write to {cfg.out} ({e.strerror or e}); written to {f.repro}"
+            problems.append(f.repro_error)
+    summary = {"schema": "cpsim-fuzz-summary/1", "space": cfg.describe_space(), "examples": result.examples,
+               "elapsed_s": round(result.elapsed_s, 3), "jobs": result.jobs, "seed": cfg.seed,
+               "paths": cfg.paths, "inject": cfg.inject, "signatures": [f.to_dict() for f in result.findings]}
+    try:
+        (Path(cfg.out) / cfg.summary_name).write_text(json.dumps(summary, indent=2) + "\n")
+    except OSError as e:
+        problems.append(f"could not write {Path(cfg.out) / cfg.summary_name}: {e.strerror or e}")
+    return problems
+
+
+def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None) -> FuzzResult:
+    """Search (one job in this process, or ``cfg.jobs`` workers), then write one repro per signature."""
+    if cfg.space not in SPACES:
+        raise ConfigError("--space", f"must be one of {', '.join(SPACES)}, got {cfg.space!r}")
+    result = search(cfg, on_progress) if cfg.jobs <= 1 else search_jobs(cfg)
+    write_findings(cfg, result)
+    return result
 
 
 def replay(r: Repro, device: str = "cpu", kernels: dict | None = None) -> Outcome:

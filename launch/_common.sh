@@ -16,7 +16,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # Launcher options such as --device go after CMD, so `bugs` takes its action with it.
 cpsim_command() {
     case "${1:-}" in
-        run|sweep|replay|doctor) CMD=("$1"); CMD_WORDS=1 ;;
+        run|sweep|replay|doctor|fuzz) CMD=("$1"); CMD_WORDS=1 ;;
         bugs)
             if [[ "${2:-}" != reproduce ]]; then
                 echo "error: under torchrun only \`bugs reproduce NAME\` runs (got \`bugs ${2:-}\`)" >&2

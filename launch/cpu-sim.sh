@@ -3,7 +3,7 @@
 set -euo pipefail
 usage() {
     cat <<'TXT'
-usage: launch/cpu-sim.sh NPROC [run|sweep|replay|doctor|bugs reproduce] [cpsim args...]
+usage: launch/cpu-sim.sh NPROC [run|sweep|replay|doctor|fuzz|bugs reproduce] [cpsim args...]
 
 Simulate NPROC ranks on the CPU with torchrun: gloo for collectives, the Triton
 interpreter for the kernels (TRITON_INTERPRET=1), one thread per process so

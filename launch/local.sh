@@ -3,7 +3,7 @@
 set -euo pipefail
 usage() {
     cat <<'TXT'
-usage: launch/local.sh NPROC [run|sweep|replay|doctor|bugs reproduce] [cpsim args...]
+usage: launch/local.sh NPROC [run|sweep|replay|doctor|fuzz|bugs reproduce] [cpsim args...]
 
 Start NPROC cpsim ranks on this machine with torchrun (--standalone). The
 device is picked per rank (--device auto: npu, then cuda, then cpu); pass

@@ -8,8 +8,14 @@ torch paths only (v1-torch):
     each), virtual world + coordinator only.
 Rates are given per CPU second of this process (what one idle core would do) and
 per wall second (what this machine did while it ran, other load included).
+Issue 15 adds (``--issue15``): the default space with one job and with ``--jobs 2``
+(wall rate, worker start-up included), and the time until a kernel with two
+independent bugs (tests/kernels/two_bugs_v1.py) has both reported (search,
+shrink and repro files).
 
     PYTHONPATH=$PWD python scripts/bench_fuzz.py [--examples 200] [--json FILE]
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15 --examples 400
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15-device cuda --examples 3000   # on the GPU
 """
 
 from __future__ import annotations
@@ -20,7 +26,12 @@ import os
 import platform
 import time
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import sys  # noqa: E402
+
+# The interpreter on CPU; compiled kernels for --issue15-device cuda|npu (Triton reads this at import).
+_dev = sys.argv[sys.argv.index("--issue15-device") + 1] if "--issue15-device" in sys.argv[:-1] else "cpu"
+if _dev == "cpu":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 
@@ -66,16 +77,65 @@ def bench_small(paths: list[str], shape: tuple[int, int, int], reps: int) -> dic
     return {"shape": "CP %d, %d group(s), %d request(s)" % shape, "cpu_per_s": reps / cpu, "wall_per_s": reps / wall}
 
 
+def bench_issue15(examples: int, device: str = "cpu") -> list[dict]:
+    """Default-space throughput (1 job, and 2 jobs on CPU) and time-to-two-bugs."""
+    import tempfile
+    from pathlib import Path
+
+    out = []
+    jobs = (1, 2) if device == "cpu" else (1,)
+    for n in jobs:
+        cfg = fz.FuzzConfig(max_examples=examples, seed=0, database=None, jobs=n, device=device,
+                            out=Path(tempfile.mkdtemp()))
+        c, w = time.process_time(), time.perf_counter()
+        r = fz.search(cfg) if n == 1 else fz.search_jobs(cfg)
+        c, w = time.process_time() - c, time.perf_counter() - w
+        out.append({"workload": f"fuzz default space, {n} job(s), {device}", "examples": r.examples,
+                    "violations": len(r.reported), "wall_per_s": r.examples / w,
+                    "cpu_per_s": r.examples / c if n == 1 else None})
+        print(f"default space, {n} job(s) on {device}: {r.examples} examples, {r.examples / w:.1f}/s wall"
+              + (f", {r.examples / c:.1f}/s per CPU second" if n == 1 else ""), flush=True)
+    if device == "cpu":
+        from cpsim.plugin.kernel_under_test import load
+        root = Path(__file__).resolve().parents[1]
+        k = {"v1": load(str(root / "tests/kernels/two_bugs_v1.py") + ":_compute_slot_mapping_kernel", "v1")}
+        cfg = fz.FuzzConfig(paths=["v1"], kernels=k, max_examples=400, seed=0, database=None,
+                            shrink_seconds=15, out=Path(tempfile.mkdtemp()))
+        w = time.perf_counter()
+        r = fz.search(cfg)
+        fz.write_findings(cfg, r)
+        w = time.perf_counter() - w
+        dims = sorted(f.dimension for f in r.reported)
+        out.append({"workload": "two independent bugs (two_bugs_v1.py, --paths v1, seed 0, 400 examples)",
+                    "seconds": w, "signatures": [f.signature for f in r.reported]})
+        print(f"two-bug kernel: {len(r.reported)} signature(s) {dims} reported after {w:.1f} s "
+              f"({r.examples} scenarios incl. shrinking)", flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=200)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", help="also write the numbers here")
+    ap.add_argument("--issue15", action="store_true", help="only the issue-15 rows (jobs, two bugs)")
+    ap.add_argument("--issue15-device", metavar="DEV", help="only the default-space row, on this device")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
                       f"torch {torch.__version__}",
            "load_avg_start": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"), "results": []}
+    if args.issue15 or args.issue15_device:
+        if args.issue15_device and args.issue15_device != "cpu":
+            from cpsim.run.dist import select_device
+            select_device(args.issue15_device)
+        out["results"] = bench_issue15(args.examples, args.issue15_device or "cpu")
+        out["load_avg_end"] = os.getloadavg()
+        print(f"load average {out['load_avg_start'][0]:.1f} -> {out['load_avg_end'][0]:.1f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return
     for label, paths in PATH_SETS.items():
         r = bench_fuzz(paths, args.examples)
         out["results"].append({"workload": "fuzz default", "paths": label, **r})

@@ -100,7 +100,7 @@ def test_bugs_matrix_with_a_kernel_under_test(tmp_path, broken_v1, good):
 def test_fuzz_records_the_kernel_and_replay_reloads_or_overrides_it(tmp_path, broken_v1, capsys):
     out = tmp_path / "out"
     assert cli.main(["fuzz", "--paths", "v1", "--kernel-v1", broken_v1, "--max-examples", "100", "--seed", "0",
-                     "--no-db", "--out", str(out), "--quiet"]) == 1
+                     "--stop-after-first", "--no-db", "--out", str(out), "--quiet"]) == 1
     (repro,) = out.glob("repro-*.json")
     data = json.loads(repro.read_text())
     assert data["kernels"] == {"v1": {"spec": broken_v1, "abi": "ascend-v1", "v2_launch": "split",

@@ -1,24 +1,36 @@
-"""``cpsim fuzz``: search the scenario space, shrink a violation, write a repro file."""
+"""``cpsim fuzz``: search the scenario space, keep every distinct violation, shrink each, write repros.
+
+Failures are grouped by signature (path, group kind, failed invariants, triggering
+dimension); the run keeps searching after the first one (``--stop-after-first``:
+the old behaviour) and ends with a table of signatures and one repro file each.
+Under torchrun (``launch/local.sh N fuzz ...``) every rank fuzzes its own seed
+stream on its own device, independently: no collective, so no rank can hang another.
+"""
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
+from rich.table import Table
 from rich.text import Text
 
 from cpsim import fuzz as fz
-from cpsim.report import report
+from cpsim.errors import ConfigError
 from cpsim.cmd import add_kernel_args, add_path_args, describe_kernels, kernels_from_args, parse_paths
 
 
 def register(sub) -> None:
-    p = sub.add_parser("fuzz", help="search random scenarios for a violation; shrink it; write a repro file")
+    p = sub.add_parser("fuzz", help="search random scenarios for violations; shrink each distinct one; write repros",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--max-examples", type=int, default=300, metavar="N",
-                        help="scenarios to try per round (default: 300)")
+                        help="scenarios to run, search and shrink together, all jobs together (default: 300)")
     budget.add_argument("--minutes", type=float, metavar="M",
                         help="keep searching in rounds of 100 examples until M minutes have passed")
     p.add_argument("--seed", type=int, help="Hypothesis seed: the same seed gives the same run. Hypothesis then neither "
@@ -29,15 +41,51 @@ def register(sub) -> None:
     add_kernel_args(p)  # recorded in the repro file, so `cpsim replay` loads the same kernels
     p.add_argument("--allow-invalid", action="store_true",
                    help="also draw CP layouts that break the global owner rule (interleave not dividing B)")
-    p.add_argument("--out", default="out", metavar="DIR", help="where repro-<fingerprint>.json goes (default: out)")
+    p.add_argument("--extreme", action="store_true",
+                   help="also draw integer-boundary caches: kernel-block ids up to 2^31 - 1, slots past 2^31 "
+                        "(default space: every slot id < 2^31, kernel-block ids up to 2^26)")
+    p.add_argument("--stop-after-first", action="store_true",
+                   help="stop at the first violation and shrink only it (one repro)")
+    p.add_argument("--ignore", action="append", default=[], metavar="SIGNATURE",
+                   help="do not report this signature (path:kind:invariants:dimension, globs allowed); repeatable")
+    p.add_argument("--known", metavar="FILE",
+                   help="signatures already triaged, one a line (# comments), or a fuzz-summary.json")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="worker processes (CPU only), each its own seed stream, one shared example database")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "npu"),
+                   help="where the kernels run (the checks stay on the host); repro files replay on CPU too")
+    p.add_argument("--out", default="out", metavar="DIR",
+                   help="where repro-<fingerprint>.json and fuzz-summary.json go (default: out)")
     p.add_argument("--db", default=str(fz.DEFAULT_DB), metavar="DIR",
-                   help="Hypothesis example database, so a rerun starts from known failures (default: .cpsim/hypothesis)")
+                   help="Hypothesis example database, one subdirectory per configuration (paths, kernels, fault, "
+                        "space), so a rerun starts from known failures (default: .cpsim/hypothesis)")
     p.add_argument("--no-db", action="store_true", help="do not read or write the example database")
     p.add_argument("--max-programs", type=int, default=48, metavar="P",
                    help="bound on CP world x groups x (requests + 1), the interpreter programs one path "
                         "launches per scenario; larger worlds get fewer requests (default 48)")
-    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.add_argument("--shrink-seconds", type=float, default=60.0, metavar="S",
+                   help="time each search round may spend shrinking (default 60)")
+    p.add_argument("--quiet", action="store_true", help="no progress display, no per-signature report")
     p.set_defaults(func=main)
+
+
+def validate_args(args) -> None:
+    """Every value checked before any work starts (exit 2, one line)."""
+    if args.max_examples is not None and args.max_examples < 1:
+        raise ConfigError("--max-examples", f"must be an integer >= 1, got {args.max_examples}")
+    if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
+        raise ConfigError("--minutes", f"must be a number > 0, got {args.minutes}")
+    if args.seed is not None and args.seed < 0:
+        raise ConfigError("--seed", f"must be an integer >= 0, got {args.seed}")
+    if args.jobs < 1:
+        raise ConfigError("--jobs", f"must be an integer >= 1, got {args.jobs}")
+    if args.jobs > 1 and args.device != "cpu":
+        raise ConfigError("--jobs", "worker processes are for --device cpu; one process drives a device "
+                                    "(use launch/local.sh N fuzz for several devices)")
+    if args.max_programs < 1:
+        raise ConfigError("--max-programs", f"must be an integer >= 1, got {args.max_programs}")
+    if not (math.isfinite(args.shrink_seconds) and args.shrink_seconds >= 0):
+        raise ConfigError("--shrink-seconds", f"must be a number >= 0, got {args.shrink_seconds}")
 
 
 def _status(prog: fz.Progress) -> Text:
@@ -47,23 +95,73 @@ def _status(prog: fz.Progress) -> Text:
         shrink = (f"  smallest failing: CP {z['world']}, {z['groups']} group(s), "
                   f"{z['requests']} request(s), {z['tokens']} token(s)")
     return Text(f"{prog.phase}: {prog.examples} examples, {prog.rate:.1f}/s, "
-                f"{prog.failures} failing run(s){shrink}")
+                f"{prog.signatures} signature(s), {prog.failures} failing run(s){shrink}")
+
+
+def _jobs_status(started: float, status: dict) -> Text:
+    n = sum(v[0] for v in status.values())
+    parts = ", ".join(f"job {j}: {v[0]} ({v[2]})" for j, v in sorted(status.items()))
+    return Text(f"{n} examples, {n / max(time.monotonic() - started, 1e-9):.1f}/s; {parts}")
+
+
+def _size_text(f: fz.Finding) -> str:
+    z = fz.size(f.scenario)
+    blocks = max(g.num_blocks for g in f.scenario.groups)
+    return (f"CP {z['world']}, {z['groups']} grp, {z['requests']} req, {z['tokens']} tok, "
+            f"{blocks} blocks" + ("" if f.shrunk else " (not shrunk)"))
+
+
+def signature_table(result: fz.FuzzResult) -> Table:
+    t = Table(title=f"{len(result.reported)} signature(s)", title_justify="left")
+    for col in ("#", "signature (path:group kind:invariants:dimension)", "first seen after", "shrunk to", "repro"):
+        t.add_column(col, overflow="fold")
+    for i, f in enumerate(result.reported, 1):
+        seen = f"{f.first_seen} scenarios" + (f" (job {f.job})" if result.jobs > 1 or f.job else "")
+        t.add_row(str(i), f.signature, seen, _size_text(f), str(f.repro) if f.repro else "-")
+    return t
+
+
+def _torchrun_stream(args) -> tuple[int, str]:
+    """Under torchrun: (this rank's seed stream, device); each rank searches on its own."""
+    from cpsim.run.dist import Env, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        return 0, args.device
+    env = Env.from_environ()
+    dev = args.device if args.device == "cpu" else f"{args.device}:{env.local_rank}"
+    return env.rank, dev
 
 
 def main(args) -> int:
     if args.list_faults:
         print("\n".join(fz.fault_names()))
         return 0
+    validate_args(args)
     console = Console()
     paths = parse_paths(args.paths)
-    kernels = kernels_from_args(args, "cpu", paths)
+    fz.resolve_fault(args.inject)  # bad names fail before the search starts
+    stream, device = _torchrun_stream(args)
+    from cpsim.run.dist import select_device
+    dev = select_device(device.split(":")[0], int(device.split(":")[1]) if ":" in device else 0,
+                        int(os.environ.get("LOCAL_WORLD_SIZE", 1)), oversubscribe=True)
+    kernels = kernels_from_args(args, str(dev.device), paths)
+    ignore = list(args.ignore) + (fz.load_known(args.known) if args.known else [])
+    out = fz.check_out_dir(args.out)
     cfg = fz.FuzzConfig(
-        paths=paths, kernels=kernels, inject=args.inject, max_examples=args.max_examples if not args.minutes else 100,
-        minutes=args.minutes, seed=args.seed, allow_invalid=args.allow_invalid, out=Path(args.out),
-        database=None if args.no_db else Path(args.db), max_programs=args.max_programs,
+        paths=paths, kernels=kernels, inject=args.inject,
+        max_examples=args.max_examples if not args.minutes else 100, minutes=args.minutes, seed=args.seed,
+        allow_invalid=args.allow_invalid, out=out, database=None if args.no_db else Path(args.db),
+        max_programs=args.max_programs, shrink_seconds=args.shrink_seconds, device=str(dev.device),
+        space="extreme" if args.extreme else "default", stop_after_first=args.stop_after_first,
+        ignore=ignore, jobs=args.jobs, seed_stream=stream,
+        summary_name=f"fuzz-summary-rank{stream}.json" if stream else "fuzz-summary.json",
     )
-    fz.resolve_fault(cfg.inject)  # bad names fail before the search starts
+    where = f"rank {stream}: " if stream else ""
+    if not args.quiet:
+        console.print(f"{where}space searched: {cfg.describe_space()}; device {dev.device}"
+                      + (f"; {cfg.jobs} jobs" if cfg.jobs > 1 else ""), highlight=False)
     live = not args.quiet and console.is_terminal
+    started = time.monotonic()
     if live:
         with Live(Text("starting"), console=console, refresh_per_second=4, transient=True) as view:
             last = [0.0]
@@ -74,23 +172,36 @@ def main(args) -> int:
                     last[0] = now
                     view.update(_status(prog))
 
-            result = fz.fuzz(cfg, show)
+            result = (fz.search(cfg, show) if cfg.jobs == 1 else
+                      fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st))))
     else:
-        result = fz.fuzz(cfg)
+        result = fz.search(cfg) if cfg.jobs == 1 else fz.search_jobs(cfg)
+    problems = fz.write_findings(cfg, result)  # repros first, then the summary; never lost
     if not args.quiet:
         describe_kernels(console, kernels)
-    head = f"{result.examples} examples in {result.elapsed_s:.1f} s ({result.examples / max(result.elapsed_s, 1e-9):.1f}/s)"
+    rate = result.examples / max(result.elapsed_s, 1e-9)
+    head = (f"{where}{result.examples} examples in {result.elapsed_s:.1f} s ({rate:.1f}/s"
+            + (f", {cfg.jobs} jobs" if cfg.jobs > 1 else "") + f"), space {cfg.space}")
+    ignored = [f for f in result.findings if f.ignored]
+    if ignored:
+        console.print(f"{where}ignored {len(ignored)} known signature(s): "
+                      + ", ".join(f.signature for f in ignored), highlight=False, soft_wrap=True)
+    for line in problems:
+        console.print(f"[bold red]error:[/bold red] {line}", highlight=False, soft_wrap=True)
     if not result.found:
         console.print(f"{head}: [bold green]no violation found[/bold green]"
-                      + (f" with {cfg.inject} injected" if cfg.inject else ""))
+                      + (f" with {cfg.inject} injected" if cfg.inject else ""), highlight=False)
         return 0
-    out = result.outcome
-    console.print(f"{head}: [bold red]violation[/bold red] ({', '.join(out.invariants())}); "
-                  f"minimal scenario: {fz.size(result.scenario)}", highlight=False)
+    console.print(f"{head}: [bold red]{len(result.reported)} distinct violation(s)[/bold red]", highlight=False)
     if not args.quiet:
-        if out.error:
-            console.print(f"[red]error:[/red] {out.error}", highlight=False)
-        else:
-            report.print_report(console, result.scenario, out.verdicts)
-    console.print(f"repro written to {result.repro}; rerun with: cpsim replay {result.repro}", highlight=False)
+        for f in result.reported:
+            console.print(f"\n[bold]{f.signature}[/bold]", highlight=False)
+            if f.summary.get("error"):
+                console.print(f"[red]error:[/red] {f.summary['error']}", highlight=False)
+            else:
+                for x in f.summary.get("failures", []):
+                    console.print(f"  {x['invariant']} on {x['path']}: {x['count']} violation(s); "
+                                  + "; ".join(x["messages"][:2]), highlight=False, soft_wrap=True)
+    console.print(signature_table(result))
+    console.print(f"rerun one with: cpsim replay {result.reported[0].repro}", highlight=False)
     return 1
