@@ -20,7 +20,7 @@ step() {  # step NAME command...: run, log to OUTDIR/NAME.log, record time and e
 }
 step env "$PY" -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())"
 step kernels env CPSIM_TEST_DEVICE=cuda "$PY" -m pytest tests/test_kernels.py -q -x -n 8 -p no:cacheprovider
-for preset in default hybrid-mamba mtp long-prefill decode-heavy; do
+for preset in default hybrid-mamba mtp long-prefill decode-heavy partial-replica; do
     step "run-$preset" "$PY" -m cpsim run --device cuda --scenario "$preset" --paths v1,v1-torch,v2
     step "run-$preset-tile" "$PY" -m cpsim run --device cuda --scenario "$preset" --paths v1,v2 --kernel-design tile --quiet
 done

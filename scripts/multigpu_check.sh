@@ -24,7 +24,7 @@ step() {  # step NAME EXPECTED command...: run, log to OUTDIR/NAME.log, compare 
     echo "$name want=$want rc=$rc $ok $((SECONDS - t0))s"
 }
 step env 0 bash -c 'nvidia-smi -L; '"$PY"' -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.device_count())"'
-for preset in default decode-heavy long-prefill hybrid-mamba mtp; do
+for preset in default decode-heavy long-prefill hybrid-mamba mtp partial-replica; do
     step "local$n-$preset" 0 launch/local.sh "$n" --device cuda --scenario "$preset" --dcp "$n" --paths v1,v1-torch,v2
     step "local$n-$preset-tile" 0 launch/local.sh "$n" --device cuda --scenario "$preset" --dcp "$n" --paths v1,v2 --kernel-design tile
 done
