@@ -253,9 +253,11 @@ def test_a_rank_killed_mid_run_is_named_within_the_timeout(tmp_path, sig, named)
 def test_a_slow_rank_is_named_with_its_heartbeat_alive(tmp_path):
     timeout = 10
     start = time.monotonic()
+    # The kernel's own bound (--kernel-timeout) is set past the sleep, so that the rank stays
+    # alive and slow, and the collective's bound is what names it.
     proc = cpu_sim(2, "--scenario", "mtp", "--paths", "v1", "--kernel-v1", SLEEPY, "--kernel-abi", "callable",
-                   "--timeout", str(timeout), env=_env(CPSIM_TEST_SLEEP_S=300, TORCHRUN_ARGS=f"--log-dir {tmp_path}"),
-                   timeout=240)
+                   "--timeout", str(timeout), "--kernel-timeout", "600",
+                   env=_env(CPSIM_TEST_SLEEP_S=300, TORCHRUN_ARGS=f"--log-dir {tmp_path}"), timeout=240)
     text = proc.stdout + proc.stderr
     assert proc.returncode == 1, text[-3000:]
     assert time.monotonic() - start < 200  # nobody waited for the 300 s sleep

@@ -250,7 +250,7 @@ def test_fuzz_strategy_draws_group_cp_sizes_and_padding():
     from cpsim import fuzz as fz
     seen = set()
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+    @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck), database=None,
               derandomize=True)
     @given(fz.scenarios())
     def probe(s):

@@ -67,9 +67,13 @@ def _token(step: ExplicitStep, request: int | None, position: int | None) -> int
 
 
 def first_finding(step: ExplicitStep, gathered: dict, verdicts: list[coordinator.Verdict]) -> Finding | None:
-    """The first violation that names a rank (the one to look at), else the first one."""
+    """The first violation that names a rank (the one to look at), else the first one.
+
+    ``replicas-agree`` compares ranks with each other: a token-level violation of one rank,
+    when there is one, says more, so it goes first."""
     vios = [vio for v in verdicts for vio in v.violations]
     named = [vio for vio in vios if vio.ranks or any(e.rank is not None for e in vio.examples)]
+    named.sort(key=lambda vio: vio.invariant == "replicas-agree")
     for vio in named[:1] or vios[:1]:
         ex = vio.examples[0] if vio.examples else None
         rank = ex.rank if ex and ex.rank is not None else (vio.ranks[0] if vio.ranks else None)

@@ -120,7 +120,7 @@ class Worker:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["cpsim.run.kernel_worker"])
         here, there = ctx.Pipe()
-        self.proc = ctx.Process(target=kernel_worker.serve, args=(there,), daemon=True, name="cpsim-kernel-worker")
+        self.proc = ctx.Process(target=kernel_worker.serve, args=(there, os.getpid()), daemon=True, name="cpsim-kernel-worker")
         self.proc.start()
         there.close()
         self.conn, self.device = here, device

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import os
+
 import numpy as np
 import torch
 
@@ -45,8 +47,29 @@ def _kernel(cache: dict, path: str, record: dict | None, device: str):
     return cache[key]
 
 
-def serve(conn) -> None:
-    """Answer requests until the parent closes the pipe."""
+def _die_with(parent_pid: int) -> None:
+    """End this process when the rank that started it is gone (killed, say): a kernel stuck
+    in a sleep would otherwise outlive it, holding the launcher's output pipes open."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(parent_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="cpsim-parent-watch").start()
+
+
+def serve(conn, parent_pid: int | None = None) -> None:
+    """Answer requests until the parent closes the pipe (or dies)."""
+    if parent_pid is not None:
+        _die_with(parent_pid)
     kernels: dict = {}
     while True:
         try:
