@@ -161,6 +161,18 @@ def _with(sig: dict, after: str, **extra) -> dict:
 _TILE_V1_SIG = {k: v for k, v in _with(_V1_SIG, "max_num_tokens", num_reqs="i32").items() if k != "block_size"}
 
 # The kernels cpsim launches on an NPU (cpsim.kernels.select.tile_kernels("npu") for the tile design), one entry each.
+_MRV2_SIG = {"max_num_tokens": "i32", "idx_mapping": "*i32", "query_start_loc": "*i32", "pos": "*i64",
+             "block_table_ptrs": "*i64", "block_table_strides": "*i64", "num_blocks_ptr": "*i32",
+             "num_blocks_stride": "i32", "block_sizes": "*i32", "kernel_block_sizes": "*i32",
+             "group_cp_sizes": "*i32", "slot_mappings_ptr": "*i64", "slot_mappings_stride": "i32", "cp_rank": "i32",
+             "is_padding": "*i1", "is_circular": "*i32", "num_tokens_padded": "i32"}
+
+
+def _mrv2_combos() -> list[dict]:
+    return [dict(CP_SIZE=n, CP_INTERLEAVE=i, PAD_ID=PAD, TRITON_BLOCK_SIZE=PER_REQ_TILE, FAULT=0)
+            for n in CP_SIZES for i in (INTERLEAVES if n > 1 else (16,))]
+
+
 BUILTINS: list[Entry] = [
     Entry("triton_v1", "cpsim.kernels.triton_v1:_compute_slot_mapping_kernel", _V1_SIG, _v1_combos),
     Entry("triton_v1 fused", "cpsim.kernels.triton_v1:_compute_slot_mapping_fused_kernel", _V1_FUSED_SIG,
@@ -171,6 +183,7 @@ BUILTINS: list[Entry] = [
           _with(_V1_FUSED_SIG, "max_num_tokens", num_reqs="i32"), _tile_v1_fused_combos),
     Entry("tile_v2 (npu)", "cpsim.kernels.tile_npu:_tile_slot_mappings_kernel",
           _with(_V2_SIG, "max_num_tokens", num_reqs="i32"), _tile_v2_combos),
+    Entry("mrv2", "cpsim.kernels.mrv2:_compute_slot_mappings_kernel", _MRV2_SIG, _mrv2_combos),
 ]
 
 
