@@ -30,7 +30,7 @@ STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "fail": "bold red"}
 
 def register(sub) -> None:
     p = sub.add_parser("doctor", help="check this machine: versions, devices, backend, every built-in kernel",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__.split("\n\nTest hook")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write every row (and each rank's device) as JSON")
     p.add_argument("--skip-kernels", action="store_true", help="only the environment: no kernel launches")
