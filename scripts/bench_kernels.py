@@ -174,7 +174,7 @@ def make_versions(torch, c: Case, tile: int | None = None, warps: int | None = N
             c.T, c.T, c.idx, c.qsl, c.pos, c.ptrs, c.strides, c.sizes, out, out.stride(0), c.rank,
             CP_SIZE=c.cp, CP_INTERLEAVE=INTERLEAVE, PAD_ID=PAD, TRITON_BLOCK_SIZE=1024,
             BLOCK_TABLE_WINDOW_SIZE=window_size(1024, min(g.B for g in c.groups)),
-            slot_mapping_enabled=c.enabled, group_cp_sizes=c.cps, is_circular=c.circ)
+            slot_mapping_enabled=c.enabled, group_cp_sizes=c.cps, is_circular=c.circ, POS_INT32=p.pos_int32)
 
     def v1_args(gi, g):
         n = c.cp if g.sharded else 1
@@ -194,9 +194,16 @@ def make_versions(torch, c: Case, tile: int | None = None, warps: int | None = N
     def v1_req():
         for (a, kw), g in zip(v1, c.groups):
             _compute_slot_mapping_kernel[(c.R + 1,)](*a, **kw, TILE_BLOCK_SIZE=1024,
+                                                     BLOCK_TABLE_WINDOW_SIZE=window_size(1024, g.b),
+                                                     POS_INT32=p.pos_int32)
+
+    def v1_req_int64():
+        # What the paths launch when max_model_len >= 2**31: position math in int64.
+        for (a, kw), g in zip(v1, c.groups):
+            _compute_slot_mapping_kernel[(c.R + 1,)](*a, **kw, TILE_BLOCK_SIZE=1024,
                                                      BLOCK_TABLE_WINDOW_SIZE=window_size(1024, g.b))
 
-    return {"v2-tile": v2_tile, "v2-req": v2_req, "v1-tile": v1_tile, "v1-req": v1_req,
+    return {"v2-tile": v2_tile, "v2-req": v2_req, "v1-tile": v1_tile, "v1-req": v1_req, "v1-req-i64": v1_req_int64,
             "torch": lambda: torch_v2(torch, c, out)}, p
 
 
