@@ -95,3 +95,30 @@ def test_large_block_ids_and_slots_stay_exact(device):
         allocs = allocate_rank(s, rank)
         assert max(int(b.max()) for b in allocs[0].blocks if len(b)) * 2 > 2**24
         _check_rank(s, rank, device)
+
+
+def test_interpreter_overflow_check_is_off_only_while_it_cannot_fire():
+    """The speed-up in cpsim.kernels._interp drops int32 overflow checks whose assert is dead
+    (debug off); int32 products still wrap as on a GPU."""
+    import os
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter as it
+
+    from cpsim.paths._inputs import prepare_triton
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    prepare_triton(torch.device("cpu"))  # what every path does before its first launch
+    opts = it.interpreter_builder.options
+    assert not opts.debug and not opts.sanitize_overflow
+
+    @triton.jit
+    def mul32(x_ptr, out_ptr, k):
+        x = tl.load(x_ptr + tl.arange(0, 4))
+        tl.store(out_ptr + tl.arange(0, 4), x * k)
+
+    x = torch.tensor([2**24, 2**24 + 1, -3, 7], dtype=torch.int32)
+    out = torch.empty_like(x)
+    mul32[(1,)](x, out, 128)
+    want = [(v * 128 + 2**31) % 2**32 - 2**31 for v in x.tolist()]
+    assert out.tolist() == want

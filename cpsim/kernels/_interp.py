@@ -56,6 +56,23 @@ def install() -> None:
     it.InterpretedFunction.__call__ = device_call
     _cache_np_dtype(it)
     _cache_builtin_names(it, is_builtin)
+    _skip_dead_overflow_checks(it)
+
+
+def _skip_dead_overflow_checks(it) -> None:
+    """The interpreter's options say ``sanitize_overflow=True`` but ``debug=False``: every
+    int32 add / sub / mul then also computes the op in int64 and two range compares, only
+    for ``device_assert`` to drop the result because ``debug`` is off (about a third of
+    interpreted time in cpsim's kernels). With ``debug`` off the check can never fire, so
+    switching it off changes nothing but the time. Wrapping int32 arithmetic stays exactly
+    as on a GPU (numpy int32 wraps; ``int32-slot-overflow`` relies on it)."""
+    import dataclasses
+    builder = getattr(it, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if options is None or not dataclasses.is_dataclass(options):
+        return
+    if getattr(options, "sanitize_overflow", False) and not getattr(options, "debug", True):
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
 
 def _cache_builtin_names(it, is_builtin) -> None:
