@@ -63,8 +63,21 @@ def allocate_rank(s: Scenario, rank: int) -> list[Allocation]:
 
 
 def allocate_world(s: Scenario) -> list[list[Allocation]]:
-    """[rank][group] allocations for every rank of the CP group."""
-    return [allocate_rank(s, r) for r in range(s.cp.world)]
+    """[rank][group] allocations for every rank of the CP group.
+
+    Ranks with the same shard rank of a group share one allocation object: they hold the
+    same ids by construction, so it is drawn once per (group, shard rank)."""
+    memo: dict[tuple[int, int], Allocation] = {}
+    out = []
+    for r in range(s.cp.world):
+        row = []
+        for gi, g in enumerate(s.groups):
+            key = (gi, layout.shard_rank(r, g.world(s.cp)))
+            if key not in memo:
+                memo[key] = allocate(s, r, gi)
+            row.append(memo[key])
+        out.append(row)
+    return out
 
 
 # ---- table layouts -----------------------------------------------------

@@ -258,8 +258,9 @@ def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: s
 
     knobs = knobs_for_scenario(knobs, s)
     try:
-        gathered = run_virtual(s, paths, knobs, device=device, kernels=kernels)
-        verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+        allocs = allocate_world(s)
+        gathered = run_virtual(s, paths, knobs, device=device, kernels=kernels, allocs=allocs)
+        verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
     except ConfigError:
         raise
     except Exception as e:  # a crash in a path is a finding, shrunk like any other

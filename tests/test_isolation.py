@@ -178,3 +178,49 @@ def test_kernel_file_calling_sys_exit_at_import_is_bad_input(capsys, tmp_path):
     assert cli.main([*SMALL, "--kernel-v1", f"{f}:f"]) == 2
     err = capsys.readouterr().err
     assert "cannot load" in err and "SystemExit" in err and "Traceback" not in err
+
+
+def test_paths_run_side_by_side_and_a_hang_in_one_leaves_the_other_checked(capsys, tmp_path, monkeypatch):
+    """Two workers (one per path): v1's kernel hangs and is killed on its bound; v2 (built-in)
+    runs in the other worker meanwhile and is checked in full."""
+    import time
+    from cpsim.run import isolation
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "2")
+    out = tmp_path / "r.json"
+    t = time.monotonic()
+    code = cli.main(["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1,v2", "--kernel-v1",
+                     f"{K}/hostile.py:hang", "--kernel-timeout", "4", "--json", str(out)])
+    took = time.monotonic() - t
+    text = capsys.readouterr().out
+    assert code == 1 and "Traceback" not in text
+    report = json.loads(out.read_text())
+    v1 = {v["invariant"]: v["status"] for v in report["verdicts"] if v["path"] == "v1"}
+    v2 = {v["invariant"]: v["status"] for v in report["verdicts"] if v["path"] == "v2"}
+    assert v1.pop("kernel-completes") == "fail" and set(v1.values()) == {"not run"}
+    assert v2["matches-reference"] == "pass" and "not run" not in v2.values()
+    assert len(isolation._pool) >= 2
+    assert took < 120  # bounded: the hang cost its 4 s, not the test's timeout
+
+
+def test_run_paths_config_error_leaves_no_stale_worker(monkeypatch):
+    """An error while other paths are still running kills their workers, so no stale reply
+    is read as the answer to the next request."""
+    from cpsim import scenario as sc
+    from cpsim.allocator import allocate_world
+    from cpsim.errors import ConfigError
+    from cpsim.paths import Knobs
+    from cpsim.run import isolation
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "2")
+    s = sc.preset("mtp", dcp=2)
+    allocs = allocate_world(s)
+    knobs = [Knobs()] * s.cp.world
+    first = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    assert all(isinstance(v, list) and v[0] is not None for v in first.values())
+    monkeypatch.setattr(isolation.Worker, "answer", lambda *a: (_ for _ in ()).throw(ConfigError("f", "r")))
+    with pytest.raises(ConfigError):
+        isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    assert not isolation._busy and all(not w.alive() for w in isolation._pool[:2])
+    monkeypatch.undo()
+    again = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    for p in ("v1", "v2"):
+        assert all(torch.equal(a.slots, b.slots) for a, b in zip(first[p], again[p]))

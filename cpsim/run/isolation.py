@@ -13,7 +13,9 @@ torch's thread pools may deadlock in the child, and a fresh ``spawn`` per rank
 run costs a torch import each time (seconds on a busy CPU). The forkserver starts
 clean, preloads torch and cpsim once, and forks the worker from that warm state;
 the worker stays up for the whole command (fuzz reuses it across scenarios) and
-is only replaced after a crash or a timeout. Triton is imported inside the worker
+is only replaced after a crash or a timeout. The virtual world (``run_paths``) sends
+each worker a whole path at once - every rank in turn, one message - and on CPU keeps
+two workers, so two paths run side by side on two cores (``CPSIM_KERNEL_WORKERS``). Triton is imported inside the worker
 after ``TRITON_INTERPRET=1`` is set (``cpsim.paths._inputs.prepare_triton``).
 Cost: docs/BENCHMARKS.md.
 
@@ -30,6 +32,7 @@ import multiprocessing
 import os
 import signal
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -115,7 +118,9 @@ class Worker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
 
-    def start(self, device: str) -> None:
+    def spawn(self, device: str) -> None:
+        """Start the child and ask it to prepare; ``ready`` waits for the answer (so that
+        several workers start at once)."""
         from cpsim.run import kernel_worker
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(["cpsim.run.kernel_worker"])
@@ -124,13 +129,31 @@ class Worker:
         self.proc.start()
         there.close()
         self.conn, self.device = here, device
-        reply = self._ask(("prepare", device), STARTUP_S)
+        try:
+            self.conn.send(("prepare", device))
+        except OSError:
+            pass
+
+    def ready(self) -> None:
+        reply = self._recv(STARTUP_S)
         if reply[0] != "ok":
             self.stop()
-            if reply is not None and reply[0] == "config":
+            if reply[0] == "config":
                 raise ConfigError(reply[1], reply[2])
             raise ConfigError("kernel worker", f"the kernel worker process did not start within {STARTUP_S:g} s "
                                                f"({reply!r}); set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
+
+    def start(self, device: str) -> None:
+        self.spawn(device)
+        self.ready()
+
+    def ensure(self, device: str) -> bool:
+        """Spawn a fresh child unless a live one for ``device`` is there; True when spawned."""
+        if self.alive() and self.device == device:
+            return False
+        self.stop()
+        self.spawn(device)
+        return True
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -141,44 +164,55 @@ class Worker:
             self.conn.close()
         self.proc = self.conn = None
 
-    def _ask(self, msg, timeout: float):
-        """The reply; ("timeout",) when the child did not answer in time, ("dead",) when it died."""
+    def _recv(self, timeout: float):
+        """The next reply; ("timeout",) when the child did not answer in time, ("dead",) when it died."""
         try:
-            self.conn.send(msg)
             if not self.conn.poll(timeout):
                 return ("timeout",)
             return self.conn.recv()
         except (EOFError, OSError):
             return ("dead",)
 
-    def run(self, path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel, timeout: float
-            ) -> RankOutput | None:
-        from cpsim.run.kernel_worker import unpack
-        if kernel is not None and id(kernel) in self.in_process:
-            return _in_process(path, s, allocs, rank, device, knobs, kernel)
-        if not self.alive() or self.device != device:
-            self.stop()
-            self.start(device)
-        record = None
-        if kernel is not None:
-            record = {"spec": kernel.spec, "abi": kernel.abi, "v2_launch": kernel.v2_launch,
-                      "shim_vllm": kernel.shim_vllm}
-        reply = self._ask(("run", path, s, allocs, rank, device, knobs, record), timeout)
+    def _ask(self, msg, timeout: float):
+        try:
+            self.conn.send(msg)
+        except (EOFError, OSError):
+            return ("dead",)
+        return self._recv(timeout)
+
+    def lost(self, reply, path: str, rank: int, kernel, timeout: float) -> KernelFailed:
+        """The failure for a child that timed out or died on ``rank``; the child is gone after it."""
         if reply[0] == "timeout":
             self.stop()
-            raise _fail("timeout", f"exceeded {timeout:g} s (worker killed)", path, rank, kernel)
-        if reply[0] == "dead":
-            self.proc.join(5)
-            code = self.proc.exitcode
-            self.stop()
-            kind, text = _exit_text(code)
-            raise _fail(kind, text, path, rank, kernel)
+            return _fail("timeout", f"exceeded {timeout:g} s (worker killed)", path, rank, kernel)
+        self.proc.join(5)
+        code = self.proc.exitcode
+        self.stop()
+        kind, text = _exit_text(code)
+        return _fail(kind, text, path, rank, kernel)
+
+    def run(self, path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel, timeout: float
+            ) -> RankOutput | None:
+        if kernel is not None and id(kernel) in self.in_process:
+            return _in_process(path, s, allocs, rank, device, knobs, kernel)
+        if self.ensure(device):
+            self.ready()
+        reply = self._ask(("run", path, s, allocs, rank, device, knobs, _record(kernel)), timeout)
+        if reply[0] in ("timeout", "dead"):
+            raise self.lost(reply, path, rank, kernel, timeout)
+        out = self.answer(reply, path, rank, kernel)
+        if out is _UNLOADABLE:
+            return _in_process(path, s, allocs, rank, device, knobs, kernel)
+        return out
+
+    def answer(self, reply, path: str, rank: int, kernel):
+        """A rank run's output from the child's reply, or the failure it names."""
+        from cpsim.run.kernel_worker import unpack
         what = reply[0]
         if what == "ok":
             for note in reply[2]:
                 kernel.note(note)
-            out = unpack(reply[1])
-            return out
+            return unpack(reply[1])
         if what == "config":
             raise ConfigError(reply[1], reply[2])
         if what == "raised":
@@ -190,8 +224,17 @@ class Worker:
             self.in_process.add(id(kernel))
             kernel.note(f"the kernel worker could not reload it ({reply[1]}); it runs in cpsim's own process, "
                         f"where a crash or a hang is not caught")
-            return _in_process(path, s, allocs, rank, device, knobs, kernel)
+            return _UNLOADABLE
         raise AssertionError(f"unknown worker reply {what!r}")
+
+
+_UNLOADABLE = object()
+
+
+def _record(kernel) -> dict | None:
+    if kernel is None:
+        return None
+    return {"spec": kernel.spec, "abi": kernel.abi, "v2_launch": kernel.v2_launch, "shim_vllm": kernel.shim_vllm}
 
 
 def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel) -> RankOutput | None:
@@ -210,6 +253,141 @@ def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kern
 
 
 _worker = Worker()
+_pool: list[Worker] = [_worker]
+
+
+def pool_size(device: str) -> int:
+    """Workers per process: paths run side by side on CPU (the interpreter is CPU-bound), one
+    on an accelerator (a second CUDA/NPU context buys nothing for microsecond kernels).
+    ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide the cores between them."""
+    env = os.environ.get("CPSIM_KERNEL_WORKERS")
+    if env:
+        try:
+            return max(1, int(env))
+        except ValueError:
+            raise ConfigError("CPSIM_KERNEL_WORKERS", f"must be a positive integer, got {env!r}") from None
+    if torch.device(device).type != "cpu":
+        return 1
+    return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], kernels: dict,
+              on_rank: Callable[[str, int], None] | None = None) -> dict[str, list | KernelFailure]:
+    """Every rank of every path: per path the rank outputs in rank order, or the failure of the
+    first rank that did not complete (later ranks of that path are not run, as in one process).
+
+    In isolation the paths are dealt to the workers, each worker running its paths' ranks in
+    turn from one message; on CPU two workers run two paths side by side."""
+    device = str(device)
+    world = s.cp.world
+    from cpsim import capture
+    if not _config.process or capture.active() is not None:
+        return {p: _ranks_in_process(p, s, allocs, device, knobs, kernels.get(p), on_rank) for p in paths}
+    n = min(pool_size(device), len(paths))
+    while len(_pool) < n:
+        _pool.append(Worker())
+    workers = _pool[:n]
+    spawned = [w for w in workers if w.ensure(device)]
+    for w in spawned:
+        w.ready()
+    todo = {w: [p for i, p in enumerate(paths) if i % n == k] for k, w in enumerate(workers)}
+    results: dict[str, list | KernelFailure] = {}
+    for w in workers:
+        _next_path(w, todo[w], s, allocs, device, knobs, kernels, results, on_rank)
+    live = {w for w in workers if w in _busy}
+    try:
+        while live:
+            _collect(live, s, allocs, device, knobs, kernels, results, todo, on_rank, world)
+    finally:
+        for w in list(_busy):  # an error (a ConfigError) left a child mid-run: its replies are stale
+            w.stop()
+            _busy.pop(w, None)
+    return {p: results[p] for p in paths}
+
+
+# worker -> (path, ranks left to answer, outputs so far, deadline)
+_busy: dict[Worker, list] = {}
+
+
+def _next_path(w: Worker, queue: list[str], s, allocs, device, knobs, kernels, results, on_rank) -> None:
+    """Send ``w`` its next path (paths whose kernel cannot be reloaded run here, unprotected)."""
+    import time
+    while queue:
+        path = queue.pop(0)
+        kernel = kernels.get(path)
+        if kernel is not None and id(kernel) in w.in_process:
+            results[path] = _ranks_in_process(path, s, allocs, device, knobs, kernel, on_rank)
+            continue
+        if w.ensure(device):
+            w.ready()
+        ranks = list(range(s.cp.world))
+        try:
+            w.conn.send(("run_ranks", path, s, allocs, ranks, device, knobs, _record(kernel)))
+        except (EOFError, OSError):
+            pass  # the next receive sees the dead child and names it
+        _busy[w] = [path, ranks, [], time.monotonic() + _config.timeout_s]
+        return
+
+
+def _collect(live: set, s, allocs, device, knobs, kernels, results, todo, on_rank, world) -> None:
+    import time
+    from multiprocessing.connection import wait
+    now = time.monotonic()
+    timeout = max(0.0, min(_busy[w][3] for w in live) - now)
+    ready = wait([w.conn for w in live], timeout)
+    for w in list(live):
+        path, ranks, outs, deadline = _busy[w]
+        kernel = kernels.get(path)
+        rank = ranks[0]
+        if w.conn in ready:
+            reply = w._recv(0)
+        elif time.monotonic() >= deadline:
+            reply = ("timeout",)
+        else:
+            continue
+        result = None  # the path's result once it is complete
+        if reply[0] in ("timeout", "dead"):
+            failure = w.lost(reply, path, rank, kernel, _config.timeout_s).failure
+            failure.not_run = list(range(rank + 1, world))
+            result = failure
+        else:
+            try:
+                out = w.answer(reply, path, rank, kernel)
+            except KernelFailed as e:
+                e.failure.not_run = list(range(rank + 1, world))
+                result = e.failure
+            else:
+                if out is _UNLOADABLE:  # the child stopped this path; its ranks run here from this one on
+                    rest = _ranks_in_process(path, s, allocs, device, knobs, kernel, on_rank, start=rank)
+                    result = rest if isinstance(rest, KernelFailure) else outs + rest
+                else:
+                    outs.append(out)
+                    ranks.pop(0)
+                    if on_rank is not None:
+                        on_rank(path, rank)
+                    _busy[w][3] = time.monotonic() + _config.timeout_s
+                    if not ranks:
+                        result = outs
+        if result is None:
+            continue
+        results[path] = result
+        del _busy[w]
+        _next_path(w, todo[w], s, allocs, device, knobs, kernels, results, on_rank)
+        if w not in _busy:
+            live.discard(w)
+
+
+def _ranks_in_process(path: str, s, allocs, device, knobs, kernel, on_rank, start: int = 0) -> list | KernelFailure:
+    outs = []
+    for r in range(start, s.cp.world):
+        try:
+            outs.append(_in_process(path, s, allocs[r], r, device, knobs[r], kernel))
+        except KernelFailed as e:
+            e.failure.not_run = list(range(r + 1, s.cp.world))
+            return e.failure
+        if on_rank is not None:
+            on_rank(path, r)
+    return outs
 
 
 def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), kernel=None,

@@ -80,6 +80,20 @@ def serve(conn, parent_pid: int | None = None) -> None:
             conn.send(_prepare(msg[1]))
         elif msg[0] == "run":
             conn.send(_run(kernels, *msg[1:]))
+        elif msg[0] == "run_ranks":
+            _run_ranks(conn, kernels, *msg[1:])
+
+
+def _run_ranks(conn, kernels: dict, path: str, s, allocs: list, ranks: list[int], device: str, knobs: list,
+               record: dict | None) -> None:
+    """Every listed rank of one path, in order, a reply per rank; stops after the first rank
+    that does not complete, as the in-process loop would. One message per path instead of one
+    per rank: the scenario is pickled once and the parent is not woken in between."""
+    for a, rank, kn in zip(allocs, ranks, knobs):
+        reply = _run(kernels, path, s, a, rank, device, kn, record)
+        conn.send(reply)
+        if reply[0] != "ok":
+            return
 
 
 def _prepare(device: str) -> tuple:

@@ -55,31 +55,25 @@ def knobs_for(rank: int, knobs: Knobs, inject_rank: int | None) -> Knobs:
 
 def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_rank: int | None = None,
                 device: str = "cpu", kernels: dict | None = None,
-                on_rank: Callable[[str, int], None] | None = None) -> dict[str, Gathered]:
+                on_rank: Callable[[str, int], None] | None = None,
+                allocs: list | None = None) -> dict[str, Gathered]:
     """``kernels`` maps a path name to the user's kernel that replaces its built-in one;
-    ``on_rank(path, rank)`` is called after each rank's run (progress bars).
+    ``on_rank(path, rank)`` is called after each rank's run (progress bars); ``allocs`` is
+    ``allocate_world(s)`` when the caller already has it.
 
-    Each rank run goes through ``cpsim.run.isolation`` (a worker process, bounded in
-    time); a path whose kernel fails on a rank stops there and is gathered as failed.
+    Rank runs go through ``cpsim.run.isolation`` (worker processes, bounded in time); a
+    path whose kernel fails on a rank stops there and is gathered as failed.
     """
-    from cpsim.run.isolation import KernelFailed, run_rank
-    kernels = kernels or {}
-    allocs = [allocate_rank(s, r) for r in range(s.cp.world)]
+    from cpsim.run.isolation import run_paths
+    if allocs is None:
+        allocs = [allocate_rank(s, r) for r in range(s.cp.world)]
+    per_rank = [knobs_for(r, knobs, inject_rank) for r in range(s.cp.world)]
+    results = run_paths(s, paths, allocs, device, per_rank, kernels or {}, on_rank)
     gathered: dict[str, Gathered] = {}
     for path in paths:
-        outs = []
-        for r in range(s.cp.world):
-            try:
-                outs.append(run_rank(path, s, allocs[r], r, device, knobs_for(r, knobs, inject_rank),
-                                     kernels.get(path)))
-            except KernelFailed as e:
-                e.failure.not_run = list(range(r + 1, s.cp.world))
-                gathered[path] = failed(path, s, e.failure)
-                break
-            if on_rank is not None:
-                on_rank(path, r)
-        if path in gathered:
-            continue
-        if outs[0] is not None:
-            gathered[path] = stack(path, outs)
+        r = results[path]
+        if isinstance(r, KernelFailure):
+            gathered[path] = failed(path, s, r)
+        elif r and r[0] is not None:
+            gathered[path] = stack(path, r)
     return gathered
