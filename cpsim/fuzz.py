@@ -20,6 +20,7 @@ import fnmatch
 import hashlib
 import json
 import math
+import os
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -748,9 +749,10 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
 _QUEUE = None
 
 
-def _init_job(queue) -> None:
+def _init_job(queue, workers: str) -> None:
     global _QUEUE
     _QUEUE = queue
+    os.environ["CPSIM_KERNEL_WORKERS"] = workers
 
 
 def _job(cfg_state: dict, kernels_record: dict) -> dict:
@@ -809,7 +811,9 @@ def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = No
         st.update(max_examples=max(share[j], 1), seed_stream=cfg.seed_stream * cfg.jobs + j, jobs=1)
         states.append(st)
     record = to_record(cfg.kernels, cfg.paths)
-    with ProcessPoolExecutor(cfg.jobs, mp_context=ctx, initializer=_init_job, initargs=(queue,)) as ex:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = os.environ.get("CPSIM_KERNEL_WORKERS") or str(max(1, cores // cfg.jobs))  # the cores, shared out
+    with ProcessPoolExecutor(cfg.jobs, mp_context=ctx, initializer=_init_job, initargs=(queue, workers)) as ex:
         futures = [ex.submit(_job, st, record) for st in states]
         status: dict[int, tuple] = {}
         while not all(f.done() for f in futures):
