@@ -205,6 +205,21 @@ def test_bad_input_under_torchrun_ends_every_rank_with_2(tmp_path, nproc, args, 
     assert line.startswith(f"cpsim: exit 2 (bad input): {every} exited 2;"), line
 
 
+def test_a_bad_explicit_batch_under_torchrun_ends_every_rank_with_2(tmp_path):
+    data = json.loads((ROOT / "docs" / "examples" / "explicit-shuffled-positions.json").read_text())
+    data["arrays"]["positons"] = data["arrays"].pop("positions")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    proc = cpu_sim(2, "replay", str(bad), env=_env(TORCHRUN_ARGS=f"--log-dir {tmp_path / 'logs'}"), timeout=180)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-3000:]
+    _no_launcher_noise(text)
+    errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "unknown array 'positons'; did you mean 'positions'?" in errors[0], proc.stderr
+    (line,) = _summary(proc.stderr)
+    assert line.startswith("cpsim: exit 2 (bad input): ranks 0, 1 exited 2;"), line
+
+
 def _rank_process(pid: int) -> int:
     """The cpsim rank that runs ``pid``: the ancestor whose parent is the launcher."""
     def cmdline(p):
@@ -319,6 +334,8 @@ def test_a_failing_kernel_is_reported_by_rank_0_with_every_output(tmp_path, spec
     assert any(phrase in m for m in messages), messages
     if invariant == "kernel-completes":  # the failed path is reported unchecked, as in the virtual world
         assert all(f"[v1: {spec}]" in m for m in messages), messages
+        [vio] = [x for v in fails for x in v["violations"]]
+        assert vio["ranks"] == ([1] if "on rank 1" in phrase else [0, 1])  # every rank whose kernel failed
         rest = {v["status"] for v in group["verdicts"] if v["path"] == "v1" and v["invariant"] != invariant}
         assert rest == {"not run"}
     failures = [f for f in ET.parse(xml).getroot().iter("failure")]

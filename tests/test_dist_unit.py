@@ -296,7 +296,8 @@ def test_a_failed_rank_run_is_gathered_as_a_kernel_completes_violation(monkeypat
     by = {(v.invariant, v.path): v for v in result.verdicts}
     first = min(fail)
     [vio] = by[("kernel-completes", "v1")].violations
-    assert by[("kernel-completes", "v1")].status == "fail" and vio.ranks == [first]
+    assert by[("kernel-completes", "v1")].status == "fail" and vio.ranks == sorted(fail)
+    assert vio.count == len(fail)
     assert vio.message.startswith(f"kernel {fail[first]} on rank {first}")
     if len(fail) == 2:
         assert vio.message.endswith("; also failed on rank 1 (timeout)")

@@ -247,7 +247,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     if hooks.fault_rank == comm.rank:
         knobs = Knobs(kernel_fault=hooks.fault)
     allocs = allocate_rank(s, pos)
-    gathered, skipped = {}, []
+    gathered, skipped, failed_on = {}, [], {}
     for path in entry.paths:
         comm.state(f"{entry.label}: running {path}")
         if hooks.raise_rank == comm.rank:
@@ -268,6 +268,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
         if failures:
             if pos == 0:
                 gathered[path] = failed(path, s, _merged(failures))
+                failed_on[path] = [f.rank for f in failures]
         elif outs is None:
             skipped.append(path)
         elif pos == 0:
@@ -277,6 +278,10 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     comm.state(f"{entry.label}: checking")
     with _timed("check"):
         verdicts = coordinator.check(s, allocate_world(s), gathered, fps)
+    for v in verdicts:  # every rank ran at once: the violation names each rank whose kernel failed
+        if v.invariant == "kernel-completes" and v.path in failed_on:
+            for x in v.violations:
+                x.ranks, x.count = failed_on[v.path], len(failed_on[v.path])
     return GroupResult(entry.label, g, ranks, s, verdicts, skipped)
 
 
