@@ -187,3 +187,119 @@ class CliValues(BaseModel):
     timeout: Annotated[StrictFloat, Field(gt=0, le=MAX_TIMEOUT_S)] | None = None
     inject_on_rank: Annotated[StrictInt, Field(ge=0, le=MAX_CP * MAX_CP)] | None = None
     jobs: Annotated[StrictInt, Field(ge=0, le=1024)] | None = None
+
+
+# ---- capture files and explicit batches (cpsim.capture) ----------------------------------
+
+EXPLICIT_FORMAT = "cpsim-explicit"   # same string as cpsim.capture.batch.FORMAT
+CAPTURE_FORMAT = "cpsim-capture"     # same string as cpsim.capture.recorder.FORMAT
+MAX_RANKS = MAX_CP * MAX_CP
+_Int64 = Annotated[StrictInt, Field(ge=-(2**63), le=INT64_MAX)]
+_Count = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+_Flag = Union[StrictBool, Annotated[StrictInt, Field(ge=0, le=1)]]   # is_padding: true/false or 0/1
+_Name = Annotated[StrictStr, Field(min_length=1, max_length=200)]
+
+
+class ExplicitGroupModel(KVGroupModel):
+    entry_size: Annotated[StrictInt, Field(ge=0, le=MAX_BLOCK)] = 0   # slots per table entry; 0: the kernel block
+
+
+class ExplicitRankModel(Strict):
+    num_tokens_padded: _Count | None = None    # None: the scheduled token count
+
+
+class ExplicitMetaModel(Strict):
+    """An explicit batch's ``meta.json`` (``.npz``); its arrays are checked by ``cpsim.capture.batch``."""
+
+    format: Literal[EXPLICIT_FORMAT]
+    version: Literal[1]
+    path: Literal["v1", "v2"] = "v2"
+    cp: CPConfigModel = CPConfigModel()
+    limits: LimitsModel = LimitsModel()
+    groups: Annotated[list[ExplicitGroupModel], Field(min_length=1, max_length=64)]
+    ranks: Annotated[list[ExplicitRankModel], Field(max_length=MAX_RANKS)] | None = None
+    label: dict[StrictStr, Any] = {}         # where the step came from: informative only
+
+
+class ExplicitJsonModel(ExplicitMetaModel):
+    """The one-file JSON form: ``meta.json`` plus the arrays inline (names and shapes in ``cpsim.capture.batch``)."""
+
+    arrays: dict[StrictStr, list[Any]]
+
+
+# Array element types of the JSON form, by number of dimensions (flags: is_padding).
+ARRAY_1D = list[_Int64]
+ARRAY_2D = list[list[_Int64]]
+FLAGS = list[_Flag]
+
+
+class CaptureMetaModel(Strict):
+    """What the kernel arguments do not carry (``CPSIM_CAPTURE_META`` / ``capture(meta=...)``)."""
+
+    max_model_len: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None = None
+    max_num_batched_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] | None = None
+    max_num_reqs: Annotated[StrictInt, Field(ge=1, le=MAX_REQS)] | None = None
+    num_speculative_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_SPEC)] | None = None
+    num_blocks: Union[list[Annotated[StrictInt, Field(ge=2, le=INT32_MAX)]],
+                      Annotated[StrictInt, Field(ge=2, le=INT32_MAX)]] | None = None   # per group, or for all
+    group_names: Annotated[list[_Name], Field(max_length=64)] | None = None
+    block_sizes: Annotated[list[Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)]], Field(max_length=64)] | None = None
+
+
+class CapturePolicyModel(Strict):
+    every: Annotated[StrictInt, Field(ge=1)] = 1
+    first: Annotated[StrictInt, Field(ge=0)] = 0
+    last: Annotated[StrictInt, Field(ge=0)] | None = None
+    budget: Annotated[StrictInt, Field(ge=1)] = 1 << 30
+    ranks: list[Annotated[StrictInt, Field(ge=0, le=MAX_RANKS)]] | None = None
+
+
+class CaptureHeaderModel(Strict):
+    """``capture.json`` at the top of each ``rank<R>.cpcap``."""
+
+    format: Literal[CAPTURE_FORMAT]
+    version: Literal[1]
+    rank: Annotated[StrictInt, Field(ge=0, le=MAX_RANKS)]
+    pid: StrictInt | None = None
+    host: StrictStr | None = None
+    created: StrictStr | None = None
+    policy: CapturePolicyModel = CapturePolicyModel()
+    meta: CaptureMetaModel = CaptureMetaModel()
+
+
+class CaptureTruncatedModel(Strict):
+    step: Annotated[StrictInt, Field(ge=0)]
+    call: Annotated[StrictInt, Field(ge=0)] = 0
+    budget: Annotated[StrictInt, Field(ge=0)] | None = None
+
+
+class LaunchScalarsModel(BaseModel):
+    """The scalar arguments of one recorded launch that replay reads; the kernel's others pass untouched."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, frozen=True)
+
+    TOTAL_CP_WORLD_SIZE: Annotated[StrictInt, Field(ge=1, le=MAX_RANKS)] = 1
+    TOTAL_CP_RANK: Annotated[StrictInt, Field(ge=0, le=MAX_RANKS)] = 0
+    CP_KV_CACHE_INTERLEAVE_SIZE: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] = 1
+    KV_CACHE_BLOCK_SIZE: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] | None = None
+    block_size: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] | None = None
+    IS_CIRCULAR: _Flag = False
+    CP_SIZE: Annotated[StrictInt, Field(ge=1, le=MAX_RANKS)] = 1
+    CP_INTERLEAVE: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] = 1
+    cp_rank: Annotated[StrictInt, Field(ge=0, le=MAX_RANKS)] | None = None
+    max_num_tokens: _Count | None = None
+    num_tokens: _Count | None = None
+
+
+class LaunchModel(Strict):
+    """``s<step>/c<call>/meta.json``: one recorded launch."""
+
+    kernel: StrictStr
+    family: Literal["v1", "v2", "v1-fused", "unknown"]
+    params: list[StrictStr] = []
+    grid: list[Annotated[StrictInt, Field(ge=0)]] = []
+    scalars: LaunchScalarsModel = LaunchScalarsModel()
+    dtypes: dict[StrictStr, StrictStr] = {}
+    step: Annotated[StrictInt, Field(ge=0)] | None = None
+    call: Annotated[StrictInt, Field(ge=0)] | None = None
+    rank: Annotated[StrictInt, Field(ge=0, le=MAX_RANKS)] | None = None

@@ -9,6 +9,7 @@ the end are isolated so one failing output does not take the others with it.
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import math
 import os
@@ -18,7 +19,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from cpsim import schema
 from cpsim.errors import ConfigError
@@ -47,26 +48,35 @@ def config_error(e: ValidationError, model: type[BaseModel], root: str, source: 
     errors = e.errors(include_url=False)
     errors.sort(key=lambda err: err["type"] != "extra_forbidden")
     grouped: dict[str, list[str]] = {}
+    bounds: dict[str, list[str]] = {}
     for err in errors:
         parts, parent, here = _walk(model, err["loc"])
         if err["type"] == "extra_forbidden":
             parts = parts[:-1]
         label = _label(root, parts, cli)
         grouped.setdefault(label, []).append(_rule(err, parent, here, parts))
+        if err["type"] in _BOUNDS:
+            bounds.setdefault(label, []).append(grouped[label][-1])
     label, rules = next(iter(grouped.items()))
-    rules = list(dict.fromkeys(rules))
+    # A value of the right type out of range: only that alternative's bound is news to the user.
+    rules = list(dict.fromkeys(bounds.get(label) or rules))
     if len(rules) == 1 or rules[0].startswith("unknown key"):
         rule = rules[0]
     else:  # one value, several union alternatives
         alts = [r.split(", got ")[0].removeprefix("must be ") for r in rules]
         got = rules[0].split(", got ", 1)[1] if ", got " in rules[0] else ""
         rule = "must be " + " or ".join(alts) + (f", got {got}" if got else "")
-    more = len(grouped) - 1
+    # A label above this one is another alternative of the same union (an int where a list was given).
+    more = len([other for other in grouped if not label.startswith(other)])
     if more:
         rule += f" (and {more} more problem{'s' if more > 1 else ''})"
     if source:
         rule += f" (in {source})"
     return ConfigError(label or root or "input", rule)
+
+
+_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "too_short", "too_long",
+           "string_too_short", "string_too_long", "string_pattern_mismatch")
 
 
 def _label(root: str, parts: list[str], cli: bool) -> str:
@@ -128,6 +138,9 @@ def _walk(model: type[BaseModel], loc: Iterable) -> tuple[list[str], Any, Any]:
             t = typing.get_args(t)[1]
         elif origin in _UNIONS:
             members = [a for a in typing.get_args(t) if _is_model(_unwrap(a)) and _unwrap(a).__name__ == p]
+            if not members and isinstance(p, str) and p.split("[")[0] in ("list", "dict"):  # e.g. "list[int]"
+                members = [a for a in typing.get_args(t)
+                           if getattr(typing.get_origin(_unwrap(a)), "__name__", "") == p.split("[")[0]]
             t = members[0] if members else None
         # else: a tag on a leaf (e.g. a union member's name): not part of the user's path
     return parts, parent, _unwrap(t) if t is not None else None
@@ -195,6 +208,31 @@ def _rule(err: dict, parent: Any, here: Any, parts: list[str]) -> str:
     if kind in ("too_short", "too_long"):
         return msg
     return f"{msg}, got {_show(value)}"
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(kind: Any) -> TypeAdapter:
+    return TypeAdapter(kind)
+
+
+def parse_list(kind: Any, value: Any, label: str, source: str | None = None, entry: str | None = None) -> Any:
+    """``value`` checked against a list type of ``cpsim.schema`` (``ARRAY_1D``, ``ARRAY_2D``, ``FLAGS``);
+    the first bad entry named as ``label[i][j]``; ``entry`` words the rule for a bad entry ("true/false or 0/1")."""
+    try:
+        return _adapter(kind).validate_python(value)
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        loc = [p for p in errors[0]["loc"] if isinstance(p, int)]
+        same = [err for err in errors if [p for p in err["loc"] if isinstance(p, int)] == loc]
+        rules = list(dict.fromkeys(_rule(err, None, None, []) for err in same))
+        if entry is not None and loc and errors[0]["type"] != "list_type":
+            rules = [f"must be {entry}, got {_show(errors[0].get('input'))}"]
+        elif len(rules) > 1:  # one entry, several union alternatives
+            got = rules[0].split(", got ", 1)[1] if ", got " in rules[0] else ""
+            rules = ["must be " + " or ".join(r.split(", got ")[0].removeprefix("must be ") for r in rules)
+                     + (f", got {got}" if got else "")]
+        where = label + "".join(f"[{i}]" for i in loc)
+        raise ConfigError(where, rules[0] + (f" (in {source})" if source else "")) from None
 
 
 # ---- reading files ---------------------------------------------------------------------

@@ -107,6 +107,74 @@ def toml_scenario(extra: str) -> Callable[[Path], Path]:
     return make
 
 
+# ---- capture files and explicit batches (docs/CAPTURE.md) ------------------------------------
+
+EXPLICIT = ROOT / "docs" / "examples" / "explicit-shuffled-positions.json"
+
+
+def explicit(change: Callable[[dict], Any] | None = None, raw: Callable[[str], str] | None = None,
+             name: str = "x.json") -> Callable[[Path], Path]:
+    """The shuffled-positions explicit batch, ``change``d as data or its text edited by ``raw``."""
+    def make(tmp: Path) -> Path:
+        p = tmp / name
+        if raw is not None:
+            p.write_text(raw(EXPLICIT.read_text()))
+        else:
+            d = json.loads(EXPLICIT.read_text())
+            change(d)
+            p.write_text(json.dumps(d))
+        return p
+    return make
+
+
+def explicit_npz(meta: Callable[[dict], Any] | None = None, arrays: dict | None = None,
+                 cut: bool = False) -> Callable[[Path], Path]:
+    """The same batch as a ``.npz`` archive: its meta.json ``meta``-changed, arrays replaced, or the file cut short."""
+    def make(tmp: Path) -> Path:
+        import numpy as np
+        from cpsim.capture.archive import ArchiveWriter
+        d = json.loads(EXPLICIT.read_text())
+        a = {k: np.asarray(v) for k, v in d.pop("arrays").items()} | (arrays or {})
+        if meta:
+            meta(d)
+        p = tmp / "x.npz"
+        with ArchiveWriter(p) as w:
+            w.json("meta", d)
+            for k, v in a.items():
+                w.array(k, v)
+        if cut:
+            p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+        return p
+    return make
+
+
+def capture_file(header: dict | None = None, launch: dict | None = None, scalars: dict | None = None,
+                 arrays: dict | None = None, raw: bytes | None = None) -> Callable[[Path], Path]:
+    """A one-rank, one-launch v1 capture written by hand (it replays clean: tests below), then edited."""
+    def make(tmp: Path) -> Path:
+        import numpy as np
+        from cpsim.capture.archive import ArchiveWriter
+        p = tmp / "rank0.cpcap"
+        if raw is not None:
+            p.write_bytes(raw)
+            return p
+        h = {"format": "cpsim-capture", "version": 1, "rank": 0, "pid": 1, "host": "h", "created": "now",
+             "policy": {"every": 1, "first": 0, "last": None, "budget": 1 << 30, "ranks": None}, "meta": {}}
+        s = {"TOTAL_CP_WORLD_SIZE": 1, "TOTAL_CP_RANK": 0, "CP_KV_CACHE_INTERLEAVE_SIZE": 1, "KV_CACHE_BLOCK_SIZE": 4,
+             "block_size": 4, "max_num_tokens": 4, "num_tokens": 4, "IS_CIRCULAR": False, "block_table_stride": 1}
+        lm = {"kernel": "cpsim.kernels.triton_v1:_compute_slot_mapping_kernel", "family": "v1", "params": [],
+              "grid": [2], "step": 0, "call": 0, "rank": 0, "scalars": s | (scalars or {})}
+        a = {"positions_ptr": np.arange(4), "query_start_loc_ptr": np.array([0, 4]),
+             "block_table_ptr": np.array([[3]], dtype=np.int32), "slot_mapping_ptr": np.arange(12, 16)}
+        with ArchiveWriter(p) as w:
+            w.json("capture", h | (header or {}))
+            w.json("s00000000/c000/meta", lm | (launch or {}))
+            for k, v in (a | (arrays or {})).items():
+                w.array("s00000000/c000/" + k, v)
+        return p
+    return make
+
+
 @dataclass
 class Row:
     id: str
@@ -122,6 +190,7 @@ def run_row(row: Row, tmp: Path) -> list[str]:
 
 
 SCENARIO = ["run", "--scenario", "{f}"]
+REPLAY = ["replay", "{f}", "--quiet"]
 
 ROWS = [
     # -- scenario files: what the file is --
@@ -289,6 +358,77 @@ ROWS = [
     Row("replay-unknown-top-key", ["replay", "{f}"], "did you mean 'violation'", repro(_set("violations", {}))),
     Row("replay-scenario-misspelt-key", ["replay", "{f}"], "repro.scenario.cp: unknown key 'interleve'",
         repro(_set("scenario.cp.interleve", 8))),
+    # -- explicit batches (JSON: meta and arrays in one file) --
+    Row("explicit-unknown-key", REPLAY, "explicit: unknown key 'pathh'; did you mean 'path'?",
+        explicit(_set("pathh", "v1"))),
+    Row("explicit-group-key-misspelt", REPLAY, "explicit.groups[0]: unknown key 'blocksize'; did you mean "
+        "'block_size'?", explicit(lambda d: d["groups"][0].__setitem__("blocksize", d["groups"][0].pop("block_size")))),
+    Row("explicit-rank-key-misspelt", REPLAY, "did you mean 'num_tokens_padded'?",
+        explicit(_set("ranks[0].num_tokens_paded", 8))),
+    Row("explicit-unknown-array", REPLAY, "explicit.arrays: unknown array 'positons'; did you mean 'positions'?",
+        explicit(_set("arrays.positons", [0]))),
+    Row("explicit-array-of-a-rank-not-there", REPLAY, "array 'r5/slots' names rank 5 but the CP world is 2",
+        explicit(_set("arrays.r5/slots", [[0]]))),
+    Row("explicit-format-misspelt", REPLAY, "explicit.format: must be one of cpsim-explicit, got 'cpsim-explict' "
+        "(a string); did you mean 'cpsim-explicit'?", explicit(_set("format", "cpsim-explict"))),
+    Row("explicit-version-2", REPLAY, "explicit.version: must be one of 1, got 2", explicit(_set("version", 2))),
+    Row("explicit-dcp-bool", REPLAY, "explicit.cp.dcp: must be a valid integer, got true (a boolean)",
+        explicit(_set("cp.dcp", True))),
+    Row("explicit-padded-string", REPLAY, "explicit.ranks[0].num_tokens_padded: must be a valid integer, got '8'",
+        explicit(_set("ranks[0].num_tokens_padded", "8"))),
+    Row("explicit-padded-nan", REPLAY, "ranks[0].num_tokens_padded: NaN and infinity are not allowed",
+        explicit(raw=lambda s: s.replace('"num_tokens_padded": 8', '"num_tokens_padded": NaN', 1))),
+    Row("explicit-positions-bool", REPLAY, "explicit.arrays.positions[0]: must be a valid integer, got true",
+        explicit(_set("arrays.positions", [True, 2, 7, 0, 3, 6, 1, 4]))),
+    Row("explicit-positions-float", REPLAY, "explicit.arrays.positions[2]: must be a valid integer, got 7.5",
+        explicit(_set("arrays.positions", [5, 2, 7.5, 0, 3, 6, 1, 4]))),
+    Row("explicit-positions-negative", REPLAY, "ranks[0].positions: scheduled positions must lie in [0, 16777216], "
+        "got -5", explicit(_set("arrays.positions", [5, 2, -5, 0, 3, 6, 1, 4]))),
+    Row("explicit-slot-beyond-int64", REPLAY, "explicit.arrays.r0/slots[0][1]: must be less than or equal to",
+        explicit(lambda d: d["arrays"]["r0/slots"][0].__setitem__(1, 2**64))),
+    Row("explicit-table-ragged", REPLAY, "explicit.arrays.r0/g0/table: rows must have one length",
+        explicit(_set("arrays.r0/g0/table", [[3, 5], [1]]))),
+    Row("explicit-is-padding-2", REPLAY, "explicit.arrays.is_padding[1]: must be true/false or 0/1, got 2",
+        explicit(_set("arrays.is_padding", [0, 2, 0, 0, 0, 0, 0, 0]))),
+    Row("explicit-entry-size-negative", REPLAY, "explicit.groups[0].entry_size: must be greater than or equal to 0",
+        explicit(_set("groups[0].entry_size", -4))),
+    Row("explicit-max-model-len-huge", REPLAY, "explicit.limits.max_model_len: must be less than or equal to "
+        "16777216, got 1000000000000000000: cpsim allocates", explicit(_set("limits.max_model_len", 10**18))),
+    Row("explicit-arrays-as-list", REPLAY, "explicit.arrays: must be an object", explicit(_set("arrays", [1]))),
+    Row("explicit-truncated", REPLAY, "not valid JSON", explicit(raw=lambda s: s[: len(s) // 2])),
+    # -- explicit batches (.npz archive) --
+    Row("explicit-npz-unknown-key", REPLAY, "explicit.limits: unknown key 'max_model_lenn'; did you mean "
+        "'max_model_len'?", explicit_npz(lambda d: d["limits"].__setitem__("max_model_lenn", 16))),
+    Row("explicit-npz-positions-bool", REPLAY, "explicit.arrays.positions: must hold integers, got booleans",
+        explicit_npz(arrays={"positions": __import__("numpy").ones(8, dtype=bool)})),
+    Row("explicit-npz-unknown-member", REPLAY, "unknown array 'r0/slot'; did you mean 'r0/slots'?",
+        explicit_npz(arrays={"r0/slot": __import__("numpy").zeros((1, 10), dtype=__import__("numpy").int64)})),
+    Row("explicit-npz-truncated", REPLAY, "is not a cpsim capture/batch archive", explicit_npz(cut=True)),
+    Row("explicit-npz-binary", REPLAY, "is not a cpsim capture/batch archive", text_file(b"\x89PNG\r\n\x00", "b.npz")),
+    # -- capture files (rank<R>.cpcap) --
+    Row("capture-header-unknown-key", REPLAY, "capture: unknown key 'rnak'; did you mean 'rank'?",
+        capture_file({"rnak": 1})),
+    Row("capture-header-rank-bool", REPLAY, "capture.rank: must be a valid integer, got true (a boolean)",
+        capture_file({"rank": True})),
+    Row("capture-meta-misspelt", REPLAY, "capture.meta: unknown key 'max_model_length'; did you mean 'max_model_len'?",
+        capture_file({"meta": {"max_model_length": 16}})),
+    Row("capture-meta-nan", REPLAY, "capture.meta.max_model_len: must be a valid integer, got nan",
+        capture_file({"meta": {"max_model_len": float("nan")}})),
+    Row("capture-meta-num-blocks-bool", REPLAY, "capture.meta.num_blocks[0]: must be a valid integer, got true",
+        capture_file({"meta": {"num_blocks": [True]}})),
+    Row("capture-launch-family", REPLAY, "capture.family: must be one of v1, v2, v1-fused, unknown, got 'v3'",
+        capture_file(launch={"family": "v3"})),
+    Row("capture-launch-world-zero", REPLAY, "capture.scalars.TOTAL_CP_WORLD_SIZE: must be greater than or equal to 1",
+        capture_file(scalars={"TOTAL_CP_WORLD_SIZE": 0})),
+    Row("capture-launch-block-size-string", REPLAY, "capture.scalars.KV_CACHE_BLOCK_SIZE: must be a valid integer, "
+        "got '4'", capture_file(scalars={"KV_CACHE_BLOCK_SIZE": "4"})),
+    Row("capture-launch-block-size-missing", REPLAY, "capture.scalars.KV_CACHE_BLOCK_SIZE: is required",
+        capture_file(scalars={"KV_CACHE_BLOCK_SIZE": None})),
+    Row("capture-positions-float", REPLAY, "positions_ptr: must hold integers, got dtype float64",
+        capture_file(arrays={"positions_ptr": __import__("numpy").arange(4.0)})),
+    Row("capture-truncated", REPLAY, "is not a cpsim capture/batch archive",
+        lambda tmp: (lambda p: (p.write_bytes(p.read_bytes()[:300]), p)[1])(capture_file()(tmp))),
+    Row("capture-binary", REPLAY, "is not a cpsim capture/batch archive", capture_file(raw=b"\x7fELF\x02\x01\x00")),
 ]
 
 
@@ -307,8 +447,47 @@ def test_bad_input_row(row: Row, tmp_path, capsys, monkeypatch):
 
 def test_table_covers_every_kind_of_row():
     """The table is the contract: keep it from shrinking unnoticed."""
-    assert len(ROWS) >= 115
+    assert len(ROWS) >= 152
     assert len({r.id for r in ROWS}) == len(ROWS)
+
+
+def test_the_capture_and_batch_rows_start_from_files_that_replay_clean(tmp_path, capsys):
+    """Each capture / explicit-batch row breaks exactly one thing in a file that is otherwise good."""
+    for i, make in enumerate((explicit(lambda d: None), explicit_npz(), capture_file())):
+        d = tmp_path / str(i)
+        d.mkdir()
+        assert main(["replay", str(make(d)), "--quiet"]) == 0, capsys.readouterr()
+    # ... and whose checks still bite: a wrong slot in the hand-made capture is a violation.
+    d = tmp_path / "wrong"
+    d.mkdir()
+    import numpy as np
+    assert main(["replay", str(capture_file(arrays={"slot_mapping_ptr": np.array([12, 13, 15, 14])})(d)),
+                 "--quiet"]) == 1
+
+
+@pytest.mark.parametrize("meta, phrase", [
+    ('{"max_model_length": 8}', "CPSIM_CAPTURE_META: unknown key 'max_model_length'; did you mean 'max_model_len'?"),
+    ('{"block_sizes": [16, true]}', "CPSIM_CAPTURE_META.block_sizes[1]: must be a valid integer, got true"),
+    ('{"max_num_reqs": NaN}', "CPSIM_CAPTURE_META.max_num_reqs: must be a valid integer, got nan"),
+    ('{"num_blocks": 1}', "CPSIM_CAPTURE_META.num_blocks: must be greater than or equal to 2"),
+    ("[1]", "CPSIM_CAPTURE_META: must be an object"),
+    ("{", "CPSIM_CAPTURE_META: not valid JSON"),
+])
+def test_capture_meta_from_the_environment_is_checked_before_recording(tmp_path, meta, phrase):
+    from cpsim import capture
+    with pytest.raises(ConfigError) as e:
+        capture.install({"CPSIM_CAPTURE": str(tmp_path / "cap"), "CPSIM_CAPTURE_META": meta})
+    assert phrase in str(e.value)
+    assert capture.active() is None and not (tmp_path / "cap").exists()
+
+
+def test_capture_meta_in_code_is_checked(tmp_path):
+    from cpsim import capture
+    with pytest.raises(ConfigError, match="meta: unknown key 'block_size'; did you mean 'block_sizes'"):
+        with capture.capture(tmp_path / "cap", meta={"block_size": [16]}):
+            pass
+    with capture.capture(tmp_path / "ok", meta={"block_sizes": [16], "num_blocks": 64}) as rec:
+        assert rec.meta == {"block_sizes": [16], "num_blocks": 64}
 
 
 # ---- outputs: probe first, write all, report the failure ------------------------------------

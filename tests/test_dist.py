@@ -205,6 +205,21 @@ def test_bad_input_under_torchrun_ends_every_rank_with_2(tmp_path, nproc, args, 
     assert line.startswith(f"cpsim: exit 2 (bad input): {every} exited 2;"), line
 
 
+def test_a_bad_explicit_batch_under_torchrun_ends_every_rank_with_2(tmp_path):
+    data = json.loads((ROOT / "docs" / "examples" / "explicit-shuffled-positions.json").read_text())
+    data["arrays"]["positons"] = data["arrays"].pop("positions")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    proc = cpu_sim(2, "replay", str(bad), env=_env(TORCHRUN_ARGS=f"--log-dir {tmp_path / 'logs'}"), timeout=180)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-3000:]
+    _no_launcher_noise(text)
+    errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "unknown array 'positons'; did you mean 'positions'?" in errors[0], proc.stderr
+    (line,) = _summary(proc.stderr)
+    assert line.startswith("cpsim: exit 2 (bad input): ranks 0, 1 exited 2;"), line
+
+
 def _rank_process(pid: int) -> int:
     """The cpsim rank that runs ``pid``: the ancestor whose parent is the launcher."""
     def cmdline(p):
@@ -282,3 +297,51 @@ def test_a_rank_dead_before_its_group_warm_up_is_named(tmp_path):
         line = re.search(rf"^\[rank {r}\] (stopping|terminated)[^\n]*", text, re.M)
         assert line and "rank 3" in line.group(0), f"rank {r}:\n{text[-3000:]}"
     assert "CPSIM_TEST_WARMUP_EXIT_RANK" in text
+
+
+# ---- a kernel that fails on a rank: a violation in the report, not a lost run ------------------
+
+K = ROOT / "tests" / "kernels"
+
+
+@pytest.mark.parametrize("spec, abi, extra, invariant, phrase", [
+    (f"{K}/hostile.py:raises", "callable", {}, "kernel-completes",
+     "kernel raised ValueError: boom from cp_rank 0 on rank 0, group attn"),
+    (f"{K}/hostile.py:segfault", "callable", {}, "kernel-completes", "kernel crashed with SIGSEGV on rank 0"),
+    (f"{K}/hostile.py:sysexit", "callable", {}, "kernel-completes", "kernel called sys.exit(0) on rank 0"),
+    (f"{K}/hostile.py:osexit", "callable", {}, "kernel-completes", "kernel ended its process with exit code 0"),
+    # Rank 1 only, bounded by the default kernel bound under torchrun (3/4 of --timeout 20).
+    (SLEEPY, "callable", {"CPSIM_TEST_SLEEP_S": 600}, "kernel-completes",
+     "kernel exceeded 15 s (worker killed) on rank 1"),
+    (f"{K}/overrun_v1.py:_compute_slot_mapping_kernel", "auto", {}, "guard-intact",
+     "rank 1: 1 guard entr(ies) around the slot buffer overwritten: the kernel wrote outside [0, 128)"),
+], ids=["raises", "segfault", "sysexit", "osexit", "hang-on-rank-1", "guard"])
+def test_a_failing_kernel_is_reported_by_rank_0_with_every_output(tmp_path, spec, abi, extra, invariant, phrase):
+    js, xml, html = tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "r.html"
+    proc = cpu_sim(2, "--scenario", "mtp", "--paths", "v1", "--kernel-v1", spec, "--kernel-abi", abi,
+                   "--timeout", "20", "--json", str(js), "--junit", str(xml), "--html", str(html),
+                   env=_env(TORCHRUN_ARGS=f"--log-dir {tmp_path / 'logs'}", **extra))
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    _no_launcher_noise(text)
+    assert "1 of 1 CP group(s) fail" in proc.stdout and phrase in " ".join(proc.stdout.split())
+    report = json.loads(js.read_text())
+    assert report["passed"] is False and report["world_size"] == 2 and len(report["ranks"]) == 2
+    (group,) = report["groups"]
+    fails = [v for v in group["verdicts"] if v["status"] == "fail"]
+    assert {v["invariant"] for v in fails} == {invariant}, fails
+    messages = [x["message"] for v in fails for x in v["violations"]]
+    assert any(phrase in m for m in messages), messages
+    if invariant == "kernel-completes":  # the failed path is reported unchecked, as in the virtual world
+        assert all(f"[v1: {spec}]" in m for m in messages), messages
+        [vio] = [x for v in fails for x in v["violations"]]
+        assert vio["ranks"] == ([1] if "on rank 1" in phrase else [0, 1])  # every rank whose kernel failed
+        rest = {v["status"] for v in group["verdicts"] if v["path"] == "v1" and v["invariant"] != invariant}
+        assert rest == {"not run"}
+    failures = [f for f in ET.parse(xml).getroot().iter("failure")]
+    assert failures and {f.get("type") for f in failures} == {invariant}
+    assert any(phrase in f.get("message") + (f.text or "") for f in failures)
+    assert phrase in html.read_text()
+    (line,) = _summary(proc.stderr)  # every rank exits 1; the line quotes the first violation
+    assert line.startswith("cpsim: exit 1 (a violation") and "ranks 0, 1 exited 1" in line, line
+    assert f"{invariant} [v1]" in line, line

@@ -198,3 +198,122 @@ def test_launcher_summary_names_ranks_signals_and_the_log_dir():
     assert line == "cpsim: exit 2 (bad input): ranks 0-3 exited 2; torchrun's logs: /l"
     assert "\n" not in summary([Ending(0, 1, "first line\nsecond line")], 8, "/l")
     assert "rank 0 exited 1 (of 8 ranks);" in summary([Ending(0, 1)], 8, "/l")
+
+
+def test_launcher_summary_quotes_rank_0s_report_for_the_job():
+    from cpsim.run.launcher import Ending, _message, summary
+    from types import SimpleNamespace
+    line = summary([Ending(0, 1, "report: 1 of 1 CP group(s) fail; first: x"), Ending(1, 1)], 2, "/l")
+    assert line == ("cpsim: exit 1 (a violation or a failed run, see above): ranks 0, 1 exited 1; "
+                    "1 of 1 CP group(s) fail; first: x; torchrun's logs: /l")
+    assert summary([Ending(0, 1, "report: " + "y" * 1000)], 1, "/l").endswith("yyy...; torchrun's logs: /l")
+    # torch's error file holds "DistError: <message>", with or without cpsim's "[rank N] " prefix.
+    for text in ("DistError: report: z", "DistError: [rank 0] report: z", "report: z"):
+        f = SimpleNamespace(error_file=__file__, message={"message": text})
+        assert _message(f) == "report: z"
+
+
+def test_headline_names_the_first_violation_of_the_failing_groups():
+    from cpsim.run.distrun import GroupResult, headline
+    s = sc.validate(sc.preset("mtp", dcp=2))
+    ok = GroupResult("mtp", 0, [0, 1], s, [Verdict("padding", "v1", "pass")])
+    bad = GroupResult("mtp", 1, [2, 3], s, [Verdict("padding", "v1", "pass"), Verdict(
+        "kernel-completes", "v2", "fail", 2, [Violation("kernel-completes", "v2", "*", 1, "kernel raised X on rank 1", [1])])])
+    assert headline([ok]) == ""
+    assert headline([ok, bad]) == ("report: 1 of 2 CP group(s) fail; first: mtp CP group 1: kernel-completes [v2] "
+                                   "kernel raised X on rank 1")
+
+
+# ---- a failed rank run travels by collective (threads stand in for the ranks) ------------------
+
+class _ThreadComm:
+    """N ranks as threads: ``all_gather`` meets at a barrier, so ranks issuing different
+    collectives would stack mismatched tensors or wait forever (bounded by the barrier)."""
+
+    def __init__(self, n: int, shared: dict, barrier):
+        self.n, self.shared, self.barrier = n, shared, barrier
+        self.rank = self.shared.setdefault("next", [0])[0]
+        self.shared["next"][0] += 1
+        self.calls: list[str] = []
+
+    def state(self, text: str) -> None:
+        pass
+
+    def all_gather(self, t, group=None, group_size=None, what="", ctrl=False):
+        self.calls.append(what)
+        self.shared[(len(self.calls), self.rank)] = t.flatten().clone()
+        self.barrier.wait()
+        out = torch.cat([self.shared[(len(self.calls), r)] for r in range(self.n)])
+        self.barrier.wait()
+        return out
+
+
+def _run_group_threads(monkeypatch, fail: dict[int, str], guard_hit: int | None = None):
+    """``distrun._run_group`` on CP 2 (mtp preset, paths v1 and v2) with the kernels failing on the ranks in
+    ``fail`` (v1), and the guard after the row overwritten on rank ``guard_hit`` (v2)."""
+    import threading
+
+    from cpsim.paths import KernelFailure
+    from cpsim.run import distrun, isolation
+
+    s = sc.validate(sc.preset("mtp", dcp=2))
+    real, lock = distrun.run_rank_checked, threading.Lock()
+
+    def run(path, s_, allocs, rank, device, knobs, kernel):
+        if path == "v1" and rank in fail:
+            raise isolation.KernelFailed(KernelFailure(path, rank, fail[rank], f"kernel {fail[rank]} on rank {rank}"))
+        with lock:  # one rank run at a time in a process (guard watch)
+            out = real(path, s_, allocs, rank, device, knobs, kernel)
+        if path == "v2" and rank == guard_hit:
+            out.guard[0, -1] = 5
+        return out
+
+    monkeypatch.setattr(distrun, "run_rank_checked", run)
+    entry = distrun.Entry("mtp", lambda g: s, 2, ["v1", "v2"])
+    shared, barrier = {}, threading.Barrier(2, timeout=60)
+    comms = [_ThreadComm(2, shared, barrier) for _ in range(2)]
+    results = [None, None]
+
+    def rank(pos):
+        results[pos] = distrun._run_group(comms[pos], None, entry, s, 0, pos, [0, 1], [s.fingerprint()] * 2,
+                                          distrun.Hooks(), torch.device("cpu"))
+
+    threads = [threading.Thread(target=rank, args=(p,)) for p in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert comms[0].calls == comms[1].calls  # the same collectives, in the same order, on every rank
+    assert results[1] is None
+    return results[0], comms[0].calls
+
+
+@pytest.mark.parametrize("fail", [{1: "raised"}, {0: "crashed", 1: "timeout"}], ids=["rank-1", "both"])
+def test_a_failed_rank_run_is_gathered_as_a_kernel_completes_violation(monkeypatch, fail):
+    from cpsim.check.coordinator import passed
+    result, calls = _run_group_threads(monkeypatch, fail)
+    assert calls == ["mtp: v1 meta", "mtp: v1 failures", "mtp: v2 meta", "mtp: v2 slots"]
+    by = {(v.invariant, v.path): v for v in result.verdicts}
+    first = min(fail)
+    [vio] = by[("kernel-completes", "v1")].violations
+    assert by[("kernel-completes", "v1")].status == "fail" and vio.ranks == sorted(fail)
+    assert vio.count == len(fail)
+    assert vio.message.startswith(f"kernel {fail[first]} on rank {first}")
+    if len(fail) == 2:
+        assert vio.message.endswith("; also failed on rank 1 (timeout)")
+    assert by[("matches-reference", "v1")].status == "not run"
+    # The other path ran on both ranks and was checked, its guards gathered with its slots.
+    assert by[("matches-reference", "v2")].status == "pass" and by[("guard-intact", "v2")].status == "pass"
+    assert not passed(result.verdicts)
+
+
+def test_the_guards_travel_with_the_slots(monkeypatch):
+    result, calls = _run_group_threads(monkeypatch, {})
+    assert calls == ["mtp: v1 meta", "mtp: v1 slots", "mtp: v2 meta", "mtp: v2 slots"]
+    statuses = {(v.invariant, v.path): v.status for v in result.verdicts}
+    assert statuses[("guard-intact", "v1")] == "pass" and statuses[("kernel-completes", "v1")] == "pass"
+    assert all(st != "fail" for st in statuses.values())
+    broken, _ = _run_group_threads(monkeypatch, {}, guard_hit=1)
+    fails = [v for v in broken.verdicts if v.status == "fail"]
+    assert [(v.invariant, v.path) for v in fails] == [("guard-intact", "v2")]
+    assert [x.ranks for x in fails[0].violations] == [[1]]

@@ -148,7 +148,7 @@ def capture(directory: str | Path, kernels: Iterable[str] = KNOWN_KERNELS, *, ev
     ``max_num_batched_tokens``, ``max_num_reqs``, ``num_speculative_tokens``,
     ``num_blocks`` per group, ``group_names``); replay infers the rest.
     """
-    from cpsim.capture.recorder import Policy, Recorder, parse_size, parse_steps
+    from cpsim.capture.recorder import Policy, Recorder, check_meta, parse_size, parse_steps
     global _active
     if _active is not None:
         raise ConfigError("capture", "a capture is already running in this process")
@@ -156,7 +156,7 @@ def capture(directory: str | Path, kernels: Iterable[str] = KNOWN_KERNELS, *, ev
         raise ConfigError("every", f"must be an integer >= 1, got {every!r}")
     first, last = parse_steps(steps, "steps") if isinstance(steps, str) else (steps or (0, None))
     size = parse_size(budget, "budget") if isinstance(budget, str) else int(budget)
-    session = _Session(Recorder(directory, Policy(every, first, last, size), rank, meta), kernels)
+    session = _Session(Recorder(directory, Policy(every, first, last, size), rank, check_meta(meta)), kernels)
     session.start()
     _active = session
     try:
@@ -183,10 +183,10 @@ def install(env=os.environ) -> Recorder | None:
         return _active.recorder
     import json
 
-    from cpsim.capture.recorder import Recorder, policy_from_env
+    from cpsim.capture.recorder import Recorder, check_meta, policy_from_env
     extra = [k for k in env.get("CPSIM_CAPTURE_KERNELS", "").split(",") if k.strip()]
     try:
-        meta = json.loads(env.get("CPSIM_CAPTURE_META", "") or "{}")
+        meta = check_meta(json.loads(env.get("CPSIM_CAPTURE_META", "") or "{}"), "CPSIM_CAPTURE_META")
     except json.JSONDecodeError as e:
         raise ConfigError("CPSIM_CAPTURE_META", f"not valid JSON: {e}") from None
     rank = env.get("CPSIM_CAPTURE_RANK")

@@ -24,19 +24,23 @@ The same content may be written as one JSON file with the arrays inline
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from cpsim import schema
 from cpsim.capture.archive import ArchiveReader, ArchiveWriter
 from cpsim.errors import ConfigError
+from cpsim.validate import parse, parse_list, read_data
 from cpsim.scenario import CPConfig, KVGroup, Limits
 
-FORMAT = "cpsim-explicit"
+FORMAT = schema.EXPLICIT_FORMAT
 VERSION = 1
 PATHS = ("v1", "v2")
 
@@ -91,14 +95,24 @@ class ExplicitStep:
 
 # ---- validation ---------------------------------------------------------------
 
-def _int_array(value: Any, name: str, ndim: int) -> np.ndarray:
+def _int_array(value: Any, name: str, ndim: int, flags: bool = False, source: str | None = None) -> np.ndarray:
+    """An integer array of ``ndim`` dimensions as int64 (bool only for ``flags``: is_padding)."""
+    if source is not None:
+        try:
+            return _int_array(value, name, ndim, flags)
+        except ConfigError as e:
+            raise ConfigError(e.field, f"{e.rule} (in {source})") from None
     a = np.asarray(value)
     if a.ndim != ndim:
-        raise ConfigError(name, f"must be a {ndim}-D integer array, got shape {a.shape}")
+        raise ConfigError(name, f"must be a {ndim}-D {'flag' if flags else 'integer'} array, got shape {a.shape}")
     if a.dtype == bool:
+        if not flags:
+            raise ConfigError(name, "must hold integers, got booleans")
         a = a.astype(np.int64)
     if a.size and not np.issubdtype(a.dtype, np.integer):
         raise ConfigError(name, f"must hold integers, got dtype {a.dtype}")
+    if flags and a.size and (a.min() < 0 or a.max() > 1):
+        raise ConfigError(name, f"flags must be 0/1 (or booleans), got {int(a.max()) if a.max() > 1 else int(a.min())}")
     return a.astype(np.int64, copy=False)
 
 
@@ -130,9 +144,15 @@ def validate(step: ExplicitStep) -> ExplicitStep:
             raise ConfigError(f"{where}.query_start_loc", f"must start at 0 and never decrease, got "
                                                            f"{qsl[:8].tolist()}{'...' if len(qsl) > 8 else ''}")
         n = int(qsl[-1])
+        if n > schema.MAX_TOKENS:
+            raise ConfigError(f"{where}.query_start_loc", f"schedules {n} tokens, more than {schema.MAX_TOKENS}")
         if rb.positions.ndim != 1 or len(rb.positions) < n:
             raise ConfigError(f"{where}.positions", f"needs at least query_start_loc[-1] = {n} entries, "
                                                      f"got {rb.positions.shape}")
+        if n and (int(rb.positions[:n].min()) < 0 or int(rb.positions[:n].max()) > schema.MAX_TOKENS):
+            bad = int(rb.positions[:n].min()) if int(rb.positions[:n].min()) < 0 else int(rb.positions[:n].max())
+            raise ConfigError(f"{where}.positions", f"scheduled positions must lie in [0, {schema.MAX_TOKENS}], "
+                                                     f"got {bad}")
         if not n <= rb.num_tokens_padded <= len(rb.positions):
             raise ConfigError(f"{where}.num_tokens_padded", f"{rb.num_tokens_padded} must lie in "
                                                              f"[{n}, {len(rb.positions)}] (scheduled, positions)")
@@ -223,81 +243,129 @@ def save(step: ExplicitStep, path: str | Path) -> Path:
     return path
 
 
+# ---- reading: every key and value checked (cpsim.schema), one line naming the field ------------
+
+_SHARED = ("positions", "query_start_loc", "idx_mapping", "is_padding")
+_ARRAY_NAME = re.compile(r"^r(\d+)/(?:(positions|query_start_loc|idx_mapping|is_padding|slots)|g(\d+)/table)$")
+
+
+def _check_names(names: list[str], world: int, groups: int, field_name: str, source: str) -> None:
+    """Every array is one the format defines, for a rank and group that exist (a misspelt one would be ignored)."""
+    for name in names:
+        if name in _SHARED:
+            continue
+        m = _ARRAY_NAME.match(name)
+        if m and int(m.group(1)) < world and (m.group(3) is None or int(m.group(3)) < groups):
+            continue
+        if m:
+            what = (f"rank {m.group(1)} but the CP world is {world}" if int(m.group(1)) >= world else
+                    f"group {m.group(3)} but {groups} group(s) are declared")
+            raise ConfigError(field_name, f"array {name!r} names {what} (in {source})")
+        known = list(_SHARED) + [f"r{r}/{n}" for r in range(min(world, 64)) for n in _SHARED + ("slots",)] + \
+            [f"r{r}/g{g}/table" for r in range(min(world, 64)) for g in range(groups)]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = (f"did you mean {close[0]!r}?" if close else
+                f"arrays are {', '.join(_SHARED)} (shared, or r<R>/<name> per rank), r<R>/slots, r<R>/g<G>/table")
+        raise ConfigError(field_name, f"unknown array {name!r}; {hint} (in {source})")
+
+
 class _JsonArrays:
-    def __init__(self, arrays: dict[str, Any], field_name: str):
-        self.arrays, self.field = arrays, field_name
+    """The arrays of the one-file JSON form, each checked (integers, int64, rectangular) when read."""
+
+    def __init__(self, arrays: dict[str, list], source: str):
+        self.arrays, self.source = arrays, source
+
+    def names(self) -> list[str]:
+        return list(self.arrays)
 
     def has(self, name: str) -> bool:
         return name in self.arrays
 
-    def array(self, name: str) -> np.ndarray:
+    def get(self, name: str, ndim: int, flags: bool = False) -> np.ndarray:
+        label = f"explicit.arrays.{name}"
         if name not in self.arrays:
-            raise ConfigError(self.field, f"array {name!r} is missing")
-        return np.asarray(self.arrays[name])
+            raise ConfigError(label, f"is required (in {self.source})")
+        kind = schema.FLAGS if flags else schema.ARRAY_1D if ndim == 1 else schema.ARRAY_2D
+        value = parse_list(kind, self.arrays[name], label, self.source, "true/false or 0/1" if flags else None)
+        if ndim == 2 and len({len(row) for row in value}) > 1:
+            raise ConfigError(label, f"rows must have one length, got {sorted({len(row) for row in value})} "
+                                     f"(in {self.source})")
+        return np.array(value, dtype=np.int64).reshape((-1,) if ndim == 1 else (len(value), -1))
+
+
+class _ArchiveArrays:
+    """The ``.npy`` members of an explicit-batch archive."""
+
+    def __init__(self, reader: ArchiveReader, source: str):
+        self.reader, self.source = reader, source
+
+    def names(self) -> list[str]:
+        return [n[: -len(".npy")] for n in self.reader.names if n.endswith(".npy")]
+
+    def has(self, name: str) -> bool:
+        return self.reader.has(name)
+
+    def get(self, name: str, ndim: int, flags: bool = False) -> np.ndarray:
+        return _int_array(self.reader.array(name), f"explicit.arrays.{name}", ndim, flags, self.source)
 
 
 def is_explicit(path: str | Path) -> bool:
-    """An explicit-batch file (as opposed to a capture file or directory)."""
+    """An explicit-batch file (as opposed to a capture or a repro file).
+
+    A ``.npz`` is one by its suffix (so a broken archive is named as such); a JSON file when it
+    holds ``format`` or ``arrays`` (so a wrong format or version is named, not read as a repro).
+    """
     path = Path(path)
     if path.is_dir() or not path.is_file():
         return False
+    if path.suffix == ".npz":
+        return True
     if path.suffix == ".json":
         try:
-            return json.loads(path.read_text()).get("format") == FORMAT
-        except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+            data = json.loads(path.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError):
             return False
+        return isinstance(data, dict) and "schema" not in data and ("format" in data or "arrays" in data)
     try:
         r = ArchiveReader(path)
     except ConfigError:
         return False
     try:
-        return r.has("meta") and r.json("meta").get("format") == FORMAT
+        return r.has("meta") and isinstance(r.json("meta"), dict) and r.json("meta").get("format") == FORMAT
+    except ConfigError:
+        return False
     finally:
         r.close()
 
 
-def load(path: str | Path, field_name: str = "file") -> ExplicitStep:
+def load(path: str | Path, field_name: str = "FILE") -> ExplicitStep:
+    """An explicit batch, ``.json`` (arrays inline) or an archive; ConfigError (exit 2) on any bad key or value."""
     path = Path(path)
     if path.suffix == ".json":
-        try:
-            meta = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(field_name, f"{path} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(field_name, f"{path} is not valid JSON: {e}") from None
-        src = _JsonArrays(meta.get("arrays", {}), field_name)
-        return from_meta(meta, src, path.name)
+        data = read_data(path, field_name, "explicit batch")
+        m = parse(schema.ExplicitJsonModel, data, "explicit", str(path))
+        return from_meta(m, _JsonArrays(m.arrays, str(path)), path.name)
     reader = ArchiveReader(path, field_name)
     try:
-        return from_meta(reader.json("meta"), reader, path.name)
+        meta = reader.json("meta")
+        m = parse(schema.ExplicitMetaModel, meta, "explicit", f"{path}: meta.json")
+        return from_meta(m, _ArchiveArrays(reader, str(path)), path.name)
     finally:
         reader.close()
 
 
-def from_meta(meta: dict[str, Any], src, source: str) -> ExplicitStep:
-    if meta.get("format") != FORMAT:
-        raise ConfigError("format", f"{source} is not an explicit batch (format {meta.get('format')!r}, "
-                                    f"expected {FORMAT!r})")
-    if meta.get("version") != VERSION:
-        raise ConfigError("version", f"{source}: explicit-batch version {meta.get('version')!r} is not {VERSION}")
-    try:
-        cp = CPConfig(**meta.get("cp", {}))
-        limits = Limits(**meta.get("limits", {}))
-        raw = [dict(g) for g in meta["groups"]]
-        entry = tuple(int(g.pop("entry_size", 0)) for g in raw)
-        groups = tuple(KVGroup(**g) for g in raw)
-        entry = tuple(e or g.b for e, g in zip(entry, groups))
-        rank_meta = meta.get("ranks")
-        if rank_meta is None:
-            rank_meta = [{}] * cp.world
-    except KeyError as e:
-        raise ConfigError(e.args[0], "is required") from None
-    except TypeError as e:
-        raise ConfigError("meta", f"unexpected or missing field ({e})") from None
+def from_meta(m, src, source: str) -> ExplicitStep:
+    """The step a checked ``schema.ExplicitMetaModel`` and its arrays describe."""
+    cp = CPConfig(**m.cp.model_dump())
+    limits = Limits(**m.limits.model_dump())
+    groups = tuple(KVGroup(**g.model_dump(exclude={"entry_size"})) for g in m.groups)
+    entry = tuple(g.entry_size or kv.b for g, kv in zip(m.groups, groups))
+    _check_names(src.names(), cp.world, len(groups), "explicit.arrays", src.source)
+    rank_meta = m.ranks if m.ranks is not None else [schema.ExplicitRankModel()] * cp.world
 
-    def arr(r: int, name: str, ndim: int) -> np.ndarray:
+    def arr(r: int, name: str, ndim: int, flags: bool = False) -> np.ndarray:
         key = f"r{r}/{name}" if src.has(f"r{r}/{name}") else name
-        return _int_array(src.array(key), f"ranks[{r}].{name}", ndim)
+        return src.get(key, ndim, flags)
 
     ranks = []
     for r, rm in enumerate(rank_meta):
@@ -305,13 +373,15 @@ def from_meta(meta: dict[str, Any], src, source: str) -> ExplicitStep:
         idx = arr(r, "idx_mapping", 1) if (src.has(f"r{r}/idx_mapping") or src.has("idx_mapping")) \
             else np.arange(max(len(qsl) - 1, 0), dtype=np.int64)
         pos = arr(r, "positions", 1)
-        tables = [(_int_array(src.array(f"r{r}/g{gi}/table"), f"ranks[{r}].g{gi}.table", 2)
-                   if src.has(f"r{r}/g{gi}/table") else None) for gi in range(len(groups))]
-        slots = _int_array(src.array(f"r{r}/slots"), f"ranks[{r}].slots", 2) if src.has(f"r{r}/slots") else None
-        padded = int(rm.get("num_tokens_padded", int(qsl[-1]) if len(qsl) else 0))
+        tables = [src.get(f"r{r}/g{gi}/table", 2) if src.has(f"r{r}/g{gi}/table") else None
+                  for gi in range(len(groups))]
+        slots = src.get(f"r{r}/slots", 2) if src.has(f"r{r}/slots") else None
+        padded = rm.num_tokens_padded if rm.num_tokens_padded is not None else (int(qsl[-1]) if len(qsl) else 0)
         pad = None
         if src.has(f"r{r}/is_padding") or src.has("is_padding"):
-            pad = arr(r, "is_padding", 1).astype(bool)
+            pad = arr(r, "is_padding", 1, flags=True).astype(bool)
         ranks.append(RankBatch(pos, qsl, idx, padded, tables, slots, pad))
-    return validate(ExplicitStep(str(meta.get("path", "v2")), cp, groups, entry, limits, ranks,
-                                 dict(meta.get("label", {})) | {"source": source}))
+    try:
+        return validate(ExplicitStep(m.path, cp, groups, entry, limits, ranks, dict(m.label) | {"source": source}))
+    except ConfigError as e:  # shapes and ids that disagree: name the file too
+        raise ConfigError(e.field, f"{e.rule} (in {src.source})") from None

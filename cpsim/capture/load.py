@@ -18,10 +18,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from cpsim import schema
 from cpsim.capture.archive import ArchiveReader
-from cpsim.capture.batch import ExplicitStep, RankBatch, validate
+from cpsim.capture.batch import ExplicitStep, RankBatch, _int_array, validate
 from cpsim.capture.recorder import FORMAT, SUFFIX
 from cpsim.errors import ConfigError
+from cpsim.validate import parse
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import CPConfig, KVGroup, Limits
 
@@ -39,11 +41,23 @@ class Call:
     def array(self, name: str) -> np.ndarray:
         return self.reader.array(f"s{self.step:08d}/c{self.call:03d}/{name}")
 
+    def ints(self, name: str, ndim: int | None = 1) -> np.ndarray:
+        """An integer (or bool) array of the launch as int64; ConfigError naming the member otherwise."""
+        member = f"{self.reader.path.name}: s{self.step:08d}/c{self.call:03d}/{name}.npy"
+        a = self.array(name)
+        return _int_array(a, f"capture.arrays.{name}", a.ndim if ndim is None else ndim, a.dtype == bool, member)
+
     def has(self, name: str) -> bool:
         return self.reader.has(f"s{self.step:08d}/c{self.call:03d}/{name}")
 
     def scalar(self, name: str, default: Any = None) -> Any:
-        return self.meta.get("scalars", {}).get(name, default)
+        """A scalar argument of the launch (typed and bounded by ``schema.LaunchScalarsModel``)."""
+        value = self.meta.get("scalars", {}).get(name, default)
+        if value is None:
+            raise ConfigError(f"capture.scalars.{name}", f"is required for a {self.meta.get('family')} launch "
+                                                         f"(in {self.reader.path.name}: s{self.step:08d}/"
+                                                         f"c{self.call:03d}/meta.json)")
+        return value
 
 
 @dataclass
@@ -74,20 +88,25 @@ def open_capture(path: str | Path) -> Capture:
     cap = Capture({}, {})
     for f in files:
         reader = ArchiveReader(f, "capture")
-        header = reader.json("capture")
-        if header.get("format") != FORMAT:
-            raise ConfigError("capture", f"{f.name} is not a cpsim capture (format {header.get('format')!r})")
-        rank = int(header.get("rank", 0))
+        raw = reader.json("capture")
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            got = raw.get("format") if isinstance(raw, dict) else raw
+            raise ConfigError("capture", f"{f.name} is not a cpsim capture (format {got!r}, expected {FORMAT!r})")
+        header = parse(schema.CaptureHeaderModel, raw, "capture", f"{f.name}: capture.json").model_dump(exclude_none=True)
+        rank = header["rank"]
         if rank in cap.files:
             raise ConfigError("capture", f"two files claim rank {rank} ({f.name})")
         cap.files[rank], cap.headers[rank] = reader, header
         if reader.has("truncated"):
-            cap.truncated[rank] = reader.json("truncated")
+            cap.truncated[rank] = parse(schema.CaptureTruncatedModel, reader.json("truncated"), "capture.truncated",
+                                        f"{f.name}: truncated.json").model_dump()
         for name in sorted(reader.names):
             m = _MEMBER.match(name)
             if m:
                 step, call = int(m.group(1)), int(m.group(2))
-                meta = reader.json(name[: -len(".json")])
+                launch = parse(schema.LaunchModel, reader.json(name[: -len(".json")]), "capture", f"{f.name}: {name}")
+                meta = launch.model_dump(exclude_none=True, exclude={"scalars"})
+                meta["scalars"] = launch.scalars.model_dump(exclude_unset=True)
                 cap.index.setdefault(step, {}).setdefault(rank, []).append(Call(rank, step, call, meta, reader))
     return cap
 
@@ -113,7 +132,7 @@ def units(cap: Capture) -> Iterator[tuple[int, str, dict[int, list[Call]]]]:
 
 
 def _positions_qsl(c: Call, pos_name: str, qsl_name: str) -> tuple[np.ndarray, np.ndarray]:
-    return c.array(pos_name).astype(np.int64, copy=False), c.array(qsl_name).astype(np.int64, copy=False)
+    return c.ints(pos_name), c.ints(qsl_name)
 
 
 def _group_limits(step_groups: list[dict], tables: list[list[np.ndarray | None]], meta: dict, world: int,
@@ -209,9 +228,9 @@ def _v1_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
         slots = np.full((len(calls), T), PAD_SLOT_ID, dtype=np.int64)
         ts = []
         for gi, c in enumerate(calls):
-            out = c.array("slot_mapping_ptr").astype(np.int64, copy=False)
+            out = c.ints("slot_mapping_ptr")
             slots[gi, : min(T, len(out))] = out[:T]
-            ts.append(c.array("block_table_ptr"))
+            ts.append(c.ints("block_table_ptr", 2))
         tables.append(ts)
         padded = min(int(calls[0].scalar("num_tokens", qsl[-1])), len(pos))
         ranks.append(RankBatch(pos, qsl, np.arange(len(qsl) - 1, dtype=np.int64), max(padded, int(qsl[-1])), ts,
@@ -235,13 +254,17 @@ def _v2_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
         world = len(calls)
     order = _order(calls, {fr: int(c.scalar("cp_rank", fr)) if int(c.scalar("CP_SIZE", 1)) > 1 else None
                            for fr, c in calls.items()}, world, where)
-    sizes = first.array("block_sizes").astype(np.int64, copy=False)
+    sizes = first.ints("block_sizes")
     G = len(sizes)
-    kbs = first.array("kernel_block_sizes").astype(np.int64, copy=False) if first.has("kernel_block_sizes") else sizes
-    cps = first.array("group_cp_sizes").astype(np.int64, copy=False) if first.has("group_cp_sizes") \
+    kbs = first.ints("kernel_block_sizes") if first.has("kernel_block_sizes") else sizes
+    cps = first.ints("group_cp_sizes") if first.has("group_cp_sizes") \
         else np.full(G, int(first.scalar("CP_SIZE", 1)))
-    enabled = first.array("slot_mapping_enabled") if first.has("slot_mapping_enabled") else np.ones(G)
-    circ = first.array("is_circular") if first.has("is_circular") else np.zeros(G)
+    enabled = first.ints("slot_mapping_enabled") if first.has("slot_mapping_enabled") else np.ones(G)
+    circ = first.ints("is_circular") if first.has("is_circular") else np.zeros(G)
+    if not (len(kbs) == len(cps) == len(enabled) == len(circ) == G) or (sizes < 1).any() or (kbs < 1).any():
+        raise ConfigError("capture", f"{where}: per-group arguments disagree (block_sizes {sizes.tolist()}, "
+                                     f"kernel_block_sizes {kbs.tolist()}, {len(cps)} CP sizes, {len(enabled)} "
+                                     f"enabled flags, {len(circ)} circular flags)")
     step_groups = [{"block_size": int(sizes[g]), "entry": int(kbs[g]), "kernel_block": int(kbs[g]),
                     "kind": "mamba" if not enabled[g] else ("sliding_window" if circ[g] else "attention"),
                     "sharded": int(cps[g]) > 1 or world == 1} for g in range(G)]
@@ -249,13 +272,17 @@ def _v2_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
     for fr in order:
         c = calls[fr]
         pos, qsl = _positions_qsl(c, "pos", "query_start_loc")
-        idx = c.array("idx_mapping").astype(np.int64, copy=False)
+        idx = c.ints("idx_mapping")
         T = int(c.scalar("max_num_tokens"))
-        out = c.array("slot_mappings_ptr").astype(np.int64, copy=False).reshape(G, -1)[:, :T]
-        ts = [c.array(f"table{g}") for g in range(G)]
+        out = c.ints("slot_mappings_ptr", None)
+        if out.size % G:
+            raise ConfigError("capture", f"{where}: slot_mappings_ptr holds {out.size} entries, not a multiple of "
+                                         f"{G} groups (file rank {fr})")
+        out = out.reshape(G, -1)[:, :T]
+        ts = [c.ints(f"table{g}", 2) for g in range(G)]
         tables.append(ts)
         padded = min(int(c.scalar("num_tokens", qsl[-1])), len(pos))
-        pad = c.array("is_padding").astype(bool)[: int(qsl[-1])] if c.has("is_padding") else None
+        pad = c.ints("is_padding").astype(bool)[: int(qsl[-1])] if c.has("is_padding") else None
         ranks.append(RankBatch(pos, qsl, idx, max(padded, int(qsl[-1])), ts, out, pad))
     groups, limits, notes = _group_limits(step_groups, tables, meta, world, T, ranks[0].num_reqs)
     label = {"step": step, "unit": name, "source": source, "file_ranks": order, "notes": notes,

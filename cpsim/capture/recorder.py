@@ -99,6 +99,14 @@ def policy_from_env(env=os.environ) -> Policy:
     return Policy(int(every), first, last, budget, parse_ranks(env.get("CPSIM_CAPTURE_RANKS", "")))
 
 
+def check_meta(meta: Any, root: str = "meta") -> dict[str, Any]:
+    """What the kernel arguments do not carry, checked (``schema.CaptureMetaModel``): a misspelt key
+    would otherwise be recorded and silently ignored by replay."""
+    from cpsim import schema
+    from cpsim.validate import parse
+    return parse(schema.CaptureMetaModel, {} if meta is None else meta, root).model_dump(exclude_none=True)
+
+
 def process_rank() -> int:
     """torch.distributed's rank when initialised, else CPSIM_CAPTURE_RANK, RANK, 0."""
     try:

@@ -131,7 +131,8 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
                    help="provide vllm.triton_utils and _load_ptr from Triton so a kernel file loads without vLLM")
     g.add_argument("--kernel-timeout", type=float, metavar="SECONDS",
                    help="wall-clock bound of one rank's run of a path; kernels run in a worker process, and one "
-                        "that raises, crashes, hangs past this or exits is a violation (default: --timeout, else 300)")
+                        "that raises, crashes, hangs past this or exits is a violation (default: --timeout, else 300; "
+                        "under torchrun 3/4 of --timeout, so the report gets the failure before the peers' bound)")
 
 
 def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None) -> dict:

@@ -16,7 +16,9 @@ Test hooks (environment variables, read on every rank; used by tests/test_dist.p
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 import socket
 import sys
@@ -32,10 +34,10 @@ from cpsim.allocator import allocate_rank, allocate_world
 from cpsim.check.coordinator import Verdict
 from cpsim.errors import DistError
 from cpsim.layout import POISON
-from cpsim.paths import Knobs, RankOutput
-from cpsim.run.isolation import run_rank_checked
+from cpsim.paths import KernelFailure, Knobs, RankOutput
+from cpsim.run.isolation import KernelFailed, run_rank_checked
 from cpsim.scenario import Scenario
-from cpsim.run.world import knobs_for, stack
+from cpsim.run.world import failed, knobs_for, stack
 
 
 @dataclass
@@ -124,39 +126,80 @@ def _plan_hash(entry: Entry, world: int) -> int:
     return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
 
 
-def _meta(out: RankOutput | None, G: int, total_rank: int, dcp: int) -> torch.Tensor:
+# The first column of a rank's meta row: what its run of the path gave.
+NOT_APPLICABLE, RAN, FAILED = 0, 1, 2
+META = 6  # columns before the per-group ones: status, width (or failure length), total, pcp, dcp, guard width
+
+
+def _meta(out: RankOutput | None, G: int, total_rank: int, dcp: int, failure: bytes = b"") -> torch.Tensor:
+    head = [total_rank, total_rank // dcp, total_rank % dcp]
     if out is None:
-        return torch.tensor([0, 0, total_rank, total_rank // dcp, total_rank % dcp] + [0] * (3 * G))
-    return torch.tensor([1, out.slots.shape[1], total_rank, total_rank // dcp, total_rank % dcp]
+        status = FAILED if failure else NOT_APPLICABLE
+        return torch.tensor([status, len(failure)] + head + [0] + [0] * (3 * G), dtype=torch.int64)
+    gw = 0 if out.guard is None else out.guard.shape[1]
+    return torch.tensor([RAN, out.slots.shape[1]] + head + [gw]
                         + [int(x) for x in out.enabled] + list(out.widths) + list(out.entry_sizes),
                         dtype=torch.int64)
 
 
+def _encode(failure: KernelFailure | None) -> bytes:
+    return b"" if failure is None else json.dumps(dataclasses.asdict(failure)).encode()
+
+
+def _merged(failures: list[KernelFailure]) -> KernelFailure:
+    """Every rank runs at once under torchrun, so several may fail: the first is reported, the others named."""
+    first, rest = failures[0], failures[1:]
+    if not rest:
+        return first
+    also = ", ".join(f"rank {f.rank} ({f.kind})" for f in rest)
+    return dataclasses.replace(first, message=f"{first.message}; also failed on {also}")
+
+
 def _gather_path(comm, pg, N: int, s: Scenario, path: str, out: RankOutput | None, total_rank: int,
-                 label: str) -> list[RankOutput] | None:
-    """The CP group's outputs in total-rank order (on every member); None if the path does not apply."""
+                 label: str, failure: KernelFailure | None = None
+                 ) -> tuple[list[RankOutput] | None, list[KernelFailure]]:
+    """The CP group's outputs in total-rank order (on every member), or the failures of the ranks whose
+    kernel did not complete; (None, []) if the path does not apply.
+
+    Every member takes the same branch from the gathered meta rows, so the collectives stay aligned:
+    when any rank failed, the group exchanges the failure records instead of the slots.
+    """
     G = len(s.groups)
-    meta = comm.all_gather(_meta(out, G, total_rank, s.cp.dcp), pg, N, f"{label}: {path} meta").view(N, -1)
-    present = meta[:, 0]
-    if not bool(present.any()):
-        return None
-    if not bool(present.all()):
-        raise DistError(f"{label}: ranks {(present == 0).nonzero().flatten().tolist()} skipped path {path} "
-                        f"that the others ran")
+    blob = _encode(failure)
+    meta = comm.all_gather(_meta(out, G, total_rank, s.cp.dcp, blob), pg, N, f"{label}: {path} meta").view(N, -1)
+    status = meta[:, 0]
     for i in range(N):
         total, pcp_rank, dcp_rank = (int(x) for x in meta[i, 2:5])
         if total != i or pcp_rank * s.cp.dcp + dcp_rank != i:
             raise DistError(f"{label}: gathered position {i} holds total rank {total} "
                             f"(pcp {pcp_rank} x DCP {s.cp.dcp} + dcp {dcp_rank}); expected {i}")
+    if bool((status == FAILED).any()):
+        width = int(meta[:, 1].max())
+        mine = torch.zeros(width, dtype=torch.int64)
+        mine[: len(blob)] = torch.tensor(list(blob), dtype=torch.int64)
+        rows = comm.all_gather(mine, pg, N, f"{label}: {path} failures").view(N, width)
+        return None, [KernelFailure(**json.loads(bytes(rows[i, : int(meta[i, 1])].tolist())))
+                      for i in range(N) if int(status[i]) == FAILED]
+    if not bool(status.any()):
+        return None, []
+    if not bool(status.all()):
+        raise DistError(f"{label}: ranks {(status == 0).nonzero().flatten().tolist()} skipped path {path} "
+                        f"that the others ran")
+    # The guard entries around each output row travel with the slots: [guard | slots | POISON padding].
+    gws = {int(x) for x in meta[:, 5]}
+    gw = gws.pop() if len(gws) == 1 else 0
     width = int(meta[:, 1].max())
-    mine = torch.full((G, width), POISON, dtype=torch.int64)
-    mine[:, : out.slots.shape[1]] = out.slots.cpu().to(torch.int64)
-    slots = comm.all_gather(mine, pg, N, f"{label}: {path} slots").view(N, G, width)
+    mine = torch.full((G, gw + width), POISON, dtype=torch.int64)
+    if gw:
+        mine[:, :gw] = out.guard.cpu().to(torch.int64)
+    mine[:, gw: gw + out.slots.shape[1]] = out.slots.cpu().to(torch.int64)
+    slots = comm.all_gather(mine, pg, N, f"{label}: {path} slots").view(N, G, gw + width)
     outs = []
     for i in range(N):
-        m = meta[i, 5:].tolist()
-        outs.append(RankOutput(slots[i], [bool(x) for x in m[:G]], m[G:2 * G], m[2 * G:3 * G]))
-    return outs
+        m = meta[i, META:].tolist()
+        outs.append(RankOutput(slots[i, :, gw:], [bool(x) for x in m[:G]], m[G:2 * G], m[2 * G:3 * G],
+                               slots[i, :, :gw] if gw else None))
+    return outs, []
 
 
 def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device) -> list[GroupResult]:
@@ -204,21 +247,29 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     if hooks.fault_rank == comm.rank:
         knobs = Knobs(kernel_fault=hooks.fault)
     allocs = allocate_rank(s, pos)
-    gathered, skipped = {}, []
+    gathered, skipped, failed_on = {}, [], {}
     for path in entry.paths:
         comm.state(f"{entry.label}: running {path}")
         if hooks.raise_rank == comm.rank:
             raise RuntimeError(f"test hook CPSIM_TEST_RAISE_RANK: rank {comm.rank} raised inside path {path}")
+        failure = None
         with _timed("kernels"):
-            out = run_rank_checked(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
+            try:
+                out = run_rank_checked(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
+            except KernelFailed as e:  # the kernel's failure travels to the coordinator like its slots would
+                out, failure = None, e.failure
             if out is not None and device.type == "cuda":
                 torch.cuda.synchronize(device)  # count the launches' GPU time here, not in the gather
         if N == 1:
-            outs = None if out is None else [out]
+            outs, failures = (None if out is None else [out]), ([] if failure is None else [failure])
         else:
             with _timed("gather"):
-                outs = _gather_path(comm, pg, N, s, path, out, pos, entry.label)
-        if outs is None:
+                outs, failures = _gather_path(comm, pg, N, s, path, out, pos, entry.label, failure)
+        if failures:
+            if pos == 0:
+                gathered[path] = failed(path, s, _merged(failures))
+                failed_on[path] = [f.rank for f in failures]
+        elif outs is None:
             skipped.append(path)
         elif pos == 0:
             gathered[path] = stack(path, outs)
@@ -227,6 +278,10 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     comm.state(f"{entry.label}: checking")
     with _timed("check"):
         verdicts = coordinator.check(s, allocate_world(s), gathered, fps)
+    for v in verdicts:  # every rank ran at once: the violation names each rank whose kernel failed
+        if v.invariant == "kernel-completes" and v.path in failed_on:
+            for x in v.violations:
+                x.ranks, x.count = failed_on[v.path], len(failed_on[v.path])
     return GroupResult(entry.label, g, ranks, s, verdicts, skipped)
 
 
@@ -265,6 +320,9 @@ def _execute(args, entries, report, progress) -> int:
         code = report(results, infos) if comm.rank == 0 else 0
         if comm.rank == 0:
             sys.stdout.flush()
+            if code == 1 and headline(results):
+                from cpsim.run.dist import _record
+                _record(DistError(headline(results)))  # the launch script's one line quotes it
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
         comm.fail(e)
     # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
@@ -275,6 +333,21 @@ def _execute(args, entries, report, progress) -> int:
 
 
 # ---- what rank 0 prints and writes ------------------------------------------------
+
+HEADLINE = "report: "  # marks the error file rank 0 leaves for the launcher (cpsim.run.launcher.summary)
+
+
+def headline(results: list[GroupResult]) -> str:
+    """The failing groups and the first violation in one line ('' when every group passes)."""
+    bad = [r for r in results if not coordinator.passed(r.verdicts)]
+    for r in bad:
+        for v in r.verdicts:
+            if v.status == "fail" and v.violations:
+                x = v.violations[0]
+                return (f"{HEADLINE}{len(bad)} of {len(results)} CP group(s) fail; first: {r.label} CP group "
+                        f"{r.group}: {v.invariant} [{v.path}] {x.message}")
+    return ""
+
 
 def print_ranks(console, infos: list[RankInfo], results: list[GroupResult]) -> None:
     from rich.table import Table

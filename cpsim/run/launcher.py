@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 EXIT_MEANING = {0: "pass", 1: "a violation or a failed run, see above", 2: "bad input"}
+REPORT = "report: "  # cpsim.run.distrun.HEADLINE: the message rank 0 leaves when its report fails
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,14 @@ def summary(endings: list[Ending], world: int | None, log_dir: str) -> str:
     msgs = [e for e in endings if e.message and e.exitcode not in (0, 2)]
     if msgs:
         first = min(msgs, key=lambda e: (e.timestamp, e.rank))
-        text += f"; rank {first.rank}: {first.message.strip().splitlines()[0][:200]}"
+        line = first.message.strip().splitlines()[0]
+        # Rank 0's report (cpsim.run.distrun.headline) speaks for the job, not for rank 0.
+        text += f"; {_clip(line[len(REPORT):])}" if line.startswith(REPORT) else f"; rank {first.rank}: {_clip(line)}"
     return f"cpsim: exit {code} ({EXIT_MEANING[code]}): {text}; torchrun's logs: {log_dir}"
+
+
+def _clip(text: str, limit: int = 240) -> str:
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
 
 
 def _log_to(path: str) -> None:
@@ -118,7 +125,7 @@ def _message(failure) -> str:
         return ""
     m = failure.message
     text = str(m.get("message", "") if isinstance(m, dict) else m)
-    return re.sub(r"^(DistError: )?\[rank \d+\] ", "", text)
+    return re.sub(r"^(DistError: )?(\[rank \d+\] )?", "", text)
 
 
 if __name__ == "__main__":
