@@ -159,10 +159,7 @@ class Worker:
         if not self.alive() or self.device != device:
             self.stop()
             self.start(device)
-        record = None
-        if kernel is not None:
-            record = {"spec": kernel.spec, "abi": kernel.abi, "v2_launch": kernel.v2_launch,
-                      "shim_vllm": kernel.shim_vllm}
+        record = None if kernel is None else kernel.record()
         reply = self._ask(("run", path, s, allocs, rank, device, knobs, record), timeout)
         if reply[0] == "timeout":
             self.stop()
