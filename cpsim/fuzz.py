@@ -88,7 +88,7 @@ def knobs_for_scenario(knobs, s: sc.Scenario) -> Knobs:
 # ---- the scenario strategy ---------------------------------------------------
 
 GROUP_CHOICES = ("attention", "attention-unsharded", "sliding_window", "mamba")
-REQUEST_KINDS = ("decode", "prefill", "chunked", "spec", "empty")
+REQUEST_KINDS = ("decode", "prefill", "chunked", "spec", "empty", "replay")
 
 
 def _divisors(n: int) -> list[int]:
@@ -127,7 +127,7 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
                           b if bpk > 1 else 0, kind == "attention", num_blocks=2)
 
     @st.composite
-    def request(draw, mml: int, spec: int) -> sc.Request:
+    def request(draw, mml: int, spec: int, window: int = 0) -> sc.Request:
         kind = draw(st.sampled_from(REQUEST_KINDS))
         q = {"decode": 1, "spec": 1 + spec, "empty": 0}.get(kind)
         if q is None:
@@ -138,7 +138,12 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         ctx = 0 if kind == "prefill" else draw(st.one_of(st.integers(0, room), st.integers(max(0, room - 16), room)))
         # Rejected / excess drafts of a spec request are padding (shrinks to none).
         padded_drafts = draw(st.integers(0, q - 1)) if kind == "spec" and q > 1 else 0
-        return sc.Request(ctx, q, kind, padded_drafts)
+        # A chunk of a replayed prefill starts inside [replay_start, replay_start + window), mostly at the
+        # start as the replay's first chunk does (shrinks to none).
+        replay = 0
+        if window and kind in ("chunked", "replay") and ctx:
+            replay = draw(st.one_of(st.just(0), st.just(ctx), st.integers(max(1, ctx - window + 1), ctx)))
+        return sc.Request(ctx, q, kind, padded_drafts, replay)
 
     @st.composite
     def build(draw) -> sc.Scenario:
@@ -146,6 +151,12 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         world = draw(small_or(1, 4, max_world))
         pcp = draw(st.sampled_from(_divisors(world)))
         drawn = draw(st.lists(group(), min_size=1, max_size=draw(small_or(1, 2, 5))))
+        # Prefix-cache replay: one more group, which left prefix caching with a replay window, so the
+        # groups drawn above stay cacheable (shrinks to none).
+        extra = draw(st.one_of(st.none(), group()))
+        if extra is not None and extra.slot_mapped:
+            drawn.append(dataclasses.replace(extra, prefix_cacheable=False,
+                                             prefix_replay_tokens=draw(st.integers(1, 2 * max_tokens_per_request))))
         groups = [dataclasses.replace(g, name=f"g{i}-{g.name}") for i, g in enumerate(drawn)]
         # Interleave: a divisor of every CP-sharded block size (the global rule), or anything when allowed.
         sharded_b = [g.block_size for g in groups if world > 1 and g.cp_sharded and g.kind == "attention"]
@@ -167,7 +178,8 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         cap = min(max(1, MAX_TABLE_ENTRIES // (rows * g.bpk * world)) * g.block_size for g in groups)
         cap = min(cap, MAX_MODEL_LEN_INVALID if invalid else MAX_MODEL_LEN)
         mml = draw(st.one_of(st.integers(1, min(256, cap)), st.integers(1, cap), st.just(cap)))
-        reqs = draw(st.lists(request(mml, spec), min_size=1, max_size=draw(small_or(1, 3, budget_reqs))))
+        window = max(g.prefix_replay_tokens for g in groups)
+        reqs = draw(st.lists(request(mml, spec, window), min_size=1, max_size=draw(small_or(1, 3, budget_reqs))))
         nreq = len(reqs)
         max_num_reqs = nreq + extra_rows
         total = sum(r.num_tokens for r in reqs)
@@ -367,6 +379,10 @@ DIMENSIONS: list[Dimension] = [
     Dimension("block-id>2^24", "kernel-block ids past 2^24 (not exact in float32)",
               lambda s: any(g.slot_mapped and g.num_blocks * g.bpk - 1 > 2**24 for g in s.groups),
               lambda s: _clamp_caches(s, lambda g: (2**24 + 1) // g.bpk)),
+    Dimension("replay", "prefix-cache replay (replayed positions PAD in the prefix-cacheable groups)",
+              lambda s: s.batch.has_replay,
+              lambda s: s.replace(batch=dataclasses.replace(s.batch, requests=tuple(
+                  dataclasses.replace(r, replay_start=0) for r in s.batch.requests)))),
 ]
 ANY_DIMENSION = "any"
 
