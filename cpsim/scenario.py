@@ -529,11 +529,12 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
 PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica", "prefix-replay")
 
 
-def _random_replay(rng: np.random.Generator, groups: list[KVGroup], reqs: list[Request], chance: float
-                   ) -> tuple[list[KVGroup], list[Request]]:
+def random_replay(rng: np.random.Generator, groups: list[KVGroup], reqs: list[Request], chance: float,
+                  kinds: tuple[str, ...] = ("chunked",)) -> tuple[list[KVGroup], list[Request]]:
     """With probability ``chance``: one slot-mapped group leaves prefix caching with a replay window, and
-    chunked requests that start close enough after some position replay from it (their own generator, so
-    the rest of a seed's scenario does not move)."""
+    requests of ``kinds`` that do not start at 0 replay from a start their chunk lies in (often the chunk's
+    own first position, as the replay's first chunk). Draws come from ``rng`` alone, so a caller's other
+    draws do not move."""
     mapped = [i for i, g in enumerate(groups) if g.slot_mapped]
     if not mapped or rng.random() >= chance:
         return groups, reqs
@@ -543,8 +544,10 @@ def _random_replay(rng: np.random.Generator, groups: list[KVGroup], reqs: list[R
               for i, g in enumerate(groups)]
     out = []
     for r in reqs:
-        if r.kind == "chunked" and r.context_len >= 1 and rng.random() < 0.7:
-            r = dataclasses.replace(r, replay_start=int(rng.integers(max(1, r.context_len - w + 1), r.context_len + 1)))
+        if r.kind in kinds and r.context_len >= 1 and not r.padded_drafts and rng.random() < 0.7:
+            start = r.context_len if rng.random() < 0.5 else int(rng.integers(max(1, r.context_len - w + 1),
+                                                                                r.context_len + 1))
+            r = dataclasses.replace(r, replay_start=start)
         out.append(r)
     return groups, out
 
@@ -618,7 +621,7 @@ def random_scenario(seed: int, max_world: int = 8, max_groups: int = 4, max_reqs
     flagged: tuple[int, ...] = ()
     if total and extra.random() < upstream_features / 2:
         flagged = tuple(sorted(int(t) for t in extra.choice(total, size=min(total, 3), replace=False)))
-    groups, reqs = _random_replay(np.random.default_rng([seed, 0x5e]), groups, reqs, upstream_features)
+    groups, reqs = random_replay(np.random.default_rng([seed, 0x5e]), groups, reqs, upstream_features)
     batch = Batch(tuple(reqs), tuple(rows), padded, flagged)
     s = Scenario(f"random-{seed}", cp, tuple(groups), limits, batch, seed=seed)
     sized = tuple(dataclasses.replace(g, num_blocks=max_blocks_needed(s, g) + 1 + int(rng.integers(0, 64)))
