@@ -185,9 +185,21 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         flagged = tuple(sorted(draw(st.sets(st.integers(0, total - 1), max_size=min(total, 3))))) if total else ()
         s = sc.Scenario("fuzz", cp, tuple(groups), limits, sc.Batch(tuple(reqs), idx, padded, flagged),
                         seed=draw(st.integers(0, 2**16)), allow_invalid=invalid)
+        s = _with_replay(s)
         return sc.validate(s.replace(groups=_cache_sizes(draw, s, space)))
 
     return build()
+
+
+def _with_replay(s: sc.Scenario) -> sc.Scenario:
+    """Prefix-cache replay from the scenario's own seed, not from Hypothesis: half the scenarios get a
+    group that left prefix caching with a replay window and requests whose chunk starts in it. No draw
+    is added, so the search explores everything else exactly as before; shrinking the seed (or the
+    groups and requests) removes the replay."""
+    import numpy as np
+    groups, reqs = sc.random_replay(np.random.default_rng([s.seed, 0x5e]), list(s.groups), list(s.batch.requests),
+                                    0.5, kinds=("chunked", "decode"))
+    return s.replace(groups=tuple(groups), batch=dataclasses.replace(s.batch, requests=tuple(reqs)))
 
 
 def _cache_sizes(draw, s: sc.Scenario, space: str) -> tuple[sc.KVGroup, ...]:
@@ -369,6 +381,10 @@ DIMENSIONS: list[Dimension] = [
     Dimension("block-id>2^24", "kernel-block ids past 2^24 (not exact in float32)",
               lambda s: any(g.slot_mapped and g.num_blocks * g.bpk - 1 > 2**24 for g in s.groups),
               lambda s: _clamp_caches(s, lambda g: (2**24 + 1) // g.bpk)),
+    Dimension("replay", "prefix-cache replay (replayed positions PAD in the prefix-cacheable groups)",
+              lambda s: s.batch.has_replay,
+              lambda s: s.replace(batch=dataclasses.replace(s.batch, requests=tuple(
+                  dataclasses.replace(r, replay_start=0) for r in s.batch.requests)))),
 ]
 ANY_DIMENSION = "any"
 

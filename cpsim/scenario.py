@@ -47,6 +47,8 @@ class KVGroup:
     cp_sharded: bool = True        # upstream `dcp_sharded`; false is cp_size 1
     num_blocks: int = 4096         # physical blocks in each rank's cache
     cp_size: int = 0               # upstream `group_cp_sizes[i]`: g | N; 1 replicated; 0 = the world size
+    prefix_cacheable: bool = True  # upstream `spec.prefix_cacheable`: replayed positions are PAD here
+    prefix_replay_tokens: int = 0  # upstream `spec.prefix_replay_tokens`: the replay window this group asks for
 
     @property
     def b(self) -> int:
@@ -64,6 +66,11 @@ class KVGroup:
     def slot_mapped(self) -> bool:
         """Mamba / state groups have no per-token slots."""
         return self.kind != "mamba"
+
+    @property
+    def pads_replay(self) -> bool:
+        """Replayed positions get PAD in this group: it keeps its prefix-cache KV (and has slots to pad)."""
+        return self.prefix_cacheable and self.slot_mapped
 
     def world(self, cp: CPConfig) -> int:
         """The group's CP size ``g``: ranks one copy of its KV is sharded over (1 = every rank
@@ -92,6 +99,7 @@ class Request:
     num_tokens: int                # tokens scheduled this step
     kind: str = ""                 # label only: prefill, chunked, decode, spec, dummy
     padded_drafts: int = 0         # the last n scheduled tokens are padding (rejected / excess drafts)
+    replay_start: int = 0          # prefix-cache replay: positions [replay_start, + window) re-run; 0 = none
 
     @property
     def seq_len(self) -> int:
@@ -152,6 +160,17 @@ class Batch:
     def token_request(self) -> np.ndarray:
         return np.repeat(np.arange(self.num_reqs, dtype=np.int64), [r.num_tokens for r in self.requests])
 
+    @property
+    def has_replay(self) -> bool:
+        return any(r.replay_start for r in self.requests)
+
+    def replay_mask(self, window: int) -> np.ndarray:
+        """bool [num_tokens]: scheduled tokens at a replayed position ``[replay_start, replay_start + window)``
+        of their request (upstream compares the token's position, so CP does not enter here)."""
+        start = np.array([r.replay_start for r in self.requests], dtype=np.int64)[self.token_request()]
+        pos = self.positions()
+        return (start > 0) & (pos >= start) & (pos < start + window)
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -164,6 +183,15 @@ class Scenario:
     allow_invalid: bool = False
 
     # ---- serialisation -------------------------------------------------
+    @property
+    def replay_window(self) -> int:
+        """Positions a replay re-runs: the largest window a group asks for (upstream takes the max too)."""
+        return max((g.prefix_replay_tokens for g in self.groups), default=0)
+
+    def replay_mask(self) -> np.ndarray:
+        """bool [num_tokens]: scheduled tokens at replayed positions (PAD in the prefix-cacheable groups)."""
+        return self.batch.replay_mask(self.replay_window)
+
     def to_dict(self) -> dict[str, Any]:
         """Fields added later are left out at their defaults, so fingerprints of older
         scenarios (and repro files) stay the same."""
@@ -171,9 +199,15 @@ class Scenario:
         for g in d["groups"]:
             if not g["cp_size"]:
                 del g["cp_size"]
+            if g["prefix_cacheable"]:
+                del g["prefix_cacheable"]
+            if not g["prefix_replay_tokens"]:
+                del g["prefix_replay_tokens"]
         for r in d["batch"]["requests"]:
             if not r["padded_drafts"]:
                 del r["padded_drafts"]
+            if not r["replay_start"]:
+                del r["replay_start"]
         if not d["batch"]["is_padding"]:
             del d["batch"]["is_padding"]
         return d
@@ -291,6 +325,14 @@ def validate(s: Scenario) -> Scenario:
         if g.circular and g.cp_sharded and g.cp_size != 1 and s.cp.world > 1:
             raise ConfigError(f"{f}.cp_sharded", f"a sliding_window (circular) group cannot be CP-sharded "
                               f"with CP world size {s.cp.world} > 1; set cp_sharded = false")
+        _positive(f"{f}.prefix_replay_tokens", g.prefix_replay_tokens, 0)
+        if g.prefix_replay_tokens and not g.slot_mapped:
+            raise ConfigError(f"{f}.prefix_replay_tokens", f"a {g.kind} group has no slot mapping to rebuild; "
+                                                           f"only attention and sliding_window groups replay")
+        if g.prefix_replay_tokens and g.prefix_cacheable:
+            raise ConfigError(f"{f}.prefix_cacheable", "a group with a replay window is rebuilt by the replay, so "
+                                                       "it is not prefix-cacheable (upstream derives one from the "
+                                                       "other); set prefix_cacheable = false")
         err = cp_layout_error(s.cp, g)
         if err and not s.allow_invalid:
             raise ConfigError("cp.interleave", err + " (use --allow-invalid to run it on purpose)")
@@ -308,6 +350,7 @@ def validate(s: Scenario) -> Scenario:
         if r.seq_len > lim.max_model_len:
             raise ConfigError(f"batch.requests[{i}]", f"context_len + num_tokens = {r.seq_len} exceeds "
                               f"limits.max_model_len {lim.max_model_len}")
+        _replay_rule(s, i, r)
     cap = lim.slot_buffer_size
     if b.num_tokens > cap:
         raise ConfigError("batch.requests", f"{b.num_tokens} scheduled tokens exceed the slot buffer "
@@ -337,6 +380,24 @@ def validate(s: Scenario) -> Scenario:
             raise ConfigError(f"groups[{i}]({g.name}).num_blocks", f"{g.num_blocks} too small: a rank needs "
                               f"{need} blocks and block 0 is reserved")
     return s
+
+
+def _replay_rule(s: Scenario, i: int, r: Request) -> None:
+    """A replay start is upstream's ``replay_start`` of a prefill after a prefix hit: the scheduler
+    rewinds the computed tokens to it and clears it once they pass ``replay_start + window``, so a
+    chunk that carries one starts inside the replayed range."""
+    f = f"batch.requests[{i}].replay_start"
+    _positive(f, r.replay_start, 0)
+    if not r.replay_start:
+        return
+    w = s.replay_window
+    if not w:
+        raise ConfigError(f, "a replay start needs a replay window: no group declares prefix_replay_tokens")
+    if not r.replay_start <= r.context_len < r.replay_start + w:
+        raise ConfigError(f, f"the scheduled chunk must start inside the replayed range [{r.replay_start}, "
+                             f"{r.replay_start + w}) (replay_start + window {w}), but context_len is {r.context_len}")
+    if r.padded_drafts:
+        raise ConfigError(f, "a request that replays is a prefill; padded_drafts belong to spec-decode steps")
 
 
 def max_blocks_needed(s: Scenario, g: KVGroup) -> int:
@@ -426,6 +487,26 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
         total = sum(r.num_tokens for r in reqs)
         # one more padding token inside the chunked prefill, by index
         batch = Batch(tuple(reqs), tuple(rows), num_tokens_padded=total + 29, is_padding=(700 + 299,))
+    elif name == "prefix-replay":
+        # SWA bounded replay (vLLM #56227): after a prefix hit ending at H the last window [H - W, H) is
+        # re-run to rebuild the sliding-window group, which left prefix caching; every prefix-cacheable
+        # group pads those positions so the shared cached blocks are not rewritten.
+        cp = CPConfig(dcp=2, pcp=2, interleave=16)
+        W = 128
+        groups = (KVGroup("mla", "attention", 128, 64, num_blocks=1024),
+                  KVGroup("indexer", "attention", 64, num_blocks=2048, cp_size=2),
+                  KVGroup("swa", "sliding_window", W, cp_sharded=False, num_blocks=64,
+                          prefix_cacheable=False, prefix_replay_tokens=W),
+                  KVGroup("kpool-tail", "attention", 16, num_blocks=4096, cp_size=1, prefix_cacheable=False))
+        limits = Limits(max_model_len=4096, max_num_reqs=12, max_num_batched_tokens=1024)
+        reqs = [Request(896, 300, "replay", replay_start=896),              # the whole window, then new tokens
+                Request(1664, 100, "replay-chunk", replay_start=1600),      # second chunk: 64 replayed
+                Request(3000, 50, "replay-inside", replay_start=3000),      # ends inside the window
+                Request(0, 200, "prefill")]
+        reqs += [Request(int(rng.integers(1, limits.max_model_len - 8)), 1, "decode") for _ in range(4)]
+        reqs.append(Request(0, 0, "dummy"))
+        rows = [int(x) for x in rng.permutation(limits.max_num_reqs)[: len(reqs) - 1]] + [-1]
+        batch = Batch(tuple(reqs), tuple(rows), num_tokens_padded=sum(r.num_tokens for r in reqs) + 11)
     else:
         raise ConfigError("scenario", f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     s = Scenario(name, cp, groups, limits, batch, seed=seed)
@@ -445,7 +526,30 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
     return s.replace(groups=tuple(groups))
 
 
-PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica")
+PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica", "prefix-replay")
+
+
+def random_replay(rng: np.random.Generator, groups: list[KVGroup], reqs: list[Request], chance: float,
+                  kinds: tuple[str, ...] = ("chunked",)) -> tuple[list[KVGroup], list[Request]]:
+    """With probability ``chance``: one slot-mapped group leaves prefix caching with a replay window, and
+    requests of ``kinds`` that do not start at 0 replay from a start their chunk lies in (often the chunk's
+    own first position, as the replay's first chunk). Draws come from ``rng`` alone, so a caller's other
+    draws do not move."""
+    mapped = [i for i, g in enumerate(groups) if g.slot_mapped]
+    if not mapped or rng.random() >= chance:
+        return groups, reqs
+    w = int(rng.choice([1, 4, 16, 128]))
+    gi = int(rng.choice(mapped))
+    groups = [dataclasses.replace(g, prefix_cacheable=False, prefix_replay_tokens=w) if i == gi else g
+              for i, g in enumerate(groups)]
+    out = []
+    for r in reqs:
+        if r.kind in kinds and r.context_len >= 1 and not r.padded_drafts and rng.random() < 0.7:
+            start = r.context_len if rng.random() < 0.5 else int(rng.integers(max(1, r.context_len - w + 1),
+                                                                                r.context_len + 1))
+            r = dataclasses.replace(r, replay_start=start)
+        out.append(r)
+    return groups, out
 
 
 def random_scenario(seed: int, max_world: int = 8, max_groups: int = 4, max_reqs: int = 12,
@@ -517,6 +621,7 @@ def random_scenario(seed: int, max_world: int = 8, max_groups: int = 4, max_reqs
     flagged: tuple[int, ...] = ()
     if total and extra.random() < upstream_features / 2:
         flagged = tuple(sorted(int(t) for t in extra.choice(total, size=min(total, 3), replace=False)))
+    groups, reqs = random_replay(np.random.default_rng([seed, 0x5e]), groups, reqs, upstream_features)
     batch = Batch(tuple(reqs), tuple(rows), padded, flagged)
     s = Scenario(f"random-{seed}", cp, tuple(groups), limits, batch, seed=seed)
     sized = tuple(dataclasses.replace(g, num_blocks=max_blocks_needed(s, g) + 1 + int(rng.integers(0, 64)))

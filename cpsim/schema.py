@@ -48,6 +48,8 @@ WHY = {
     "context_len": f"positions are bounded by {MAX_TOKENS} (see limits.max_model_len)",
     "num_tokens": f"positions are bounded by {MAX_TOKENS} (see limits.max_model_len)",
     "num_tokens_padded": f"the slot buffer is bounded by {MAX_TOKENS} tokens",
+    "replay_start": f"positions are bounded by {MAX_TOKENS} (see limits.max_model_len)",
+    "prefix_replay_tokens": f"positions are bounded by {MAX_TOKENS} (see limits.max_model_len)",
     "seed": "seeds are stored as int64",
     "timeout": "a bound of more than a week is no bound",
 }
@@ -75,6 +77,8 @@ class KVGroupModel(Strict):
     cp_sharded: StrictBool = True
     num_blocks: Annotated[StrictInt, Field(ge=2, le=INT32_MAX)] = 4096
     cp_size: Annotated[StrictInt, Field(ge=0, le=MAX_CP)] = 0   # group CP size g; 0 = the world size
+    prefix_cacheable: StrictBool = True                          # false: replayed positions keep real slots
+    prefix_replay_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0  # replay window it asks for
 
 
 class LimitsModel(Strict):
@@ -89,6 +93,7 @@ class RequestModel(Strict):
     num_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
     kind: Annotated[StrictStr, Field(max_length=200)] = ""
     padded_drafts: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
+    replay_start: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0   # prefix-cache replay; 0 = none
 
 
 class BatchModel(Strict):
@@ -121,11 +126,18 @@ class KnobsModel(Strict):
     kernel_design: Literal[KERNEL_DESIGNS] = "per-request"
 
 
-class KernelRecordModel(Strict):
+class ReplayKernelRecordModel(Strict):
     spec: Annotated[StrictStr, Field(min_length=1)]
+    abi: StrictStr = "auto"
+    shim_vllm: StrictBool = False
+
+
+class KernelRecordModel(Strict):
+    spec: Annotated[StrictStr, Field(min_length=1)]   # "builtin" when only the replay kernel is the user's
     abi: StrictStr = "auto"
     v2_launch: StrictStr = "split"
     shim_vllm: StrictBool = False
+    replay: ReplayKernelRecordModel | None = None     # --kernel-replay
 
 
 class FailureModel(Strict):

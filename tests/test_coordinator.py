@@ -45,7 +45,8 @@ def test_correct_mapping_passes_everything(world):
     fails, verdicts = judge(world)
     assert fails == set()
     ran = {v.invariant for v in verdicts if v.status == "pass"}
-    assert ran == set(coordinator.INVARIANTS)
+    assert ran == set(coordinator.INVARIANTS) - {"replayed-is-pad"}  # nothing replays here
+    assert {v.status for v in verdicts if v.invariant == "replayed-is-pad"} == {"n/a"}
 
 
 def _owner(world, t):
@@ -236,3 +237,92 @@ def test_violation_carries_examples(world):
     vio = v.violations[0]
     assert vio.group == "attn" and vio.count == 1 and vio.ranks == [r]
     assert vio.examples[0].position == 10 and vio.examples[0].request == 0
+
+
+# ---- prefix-cache replay: replayed positions are PAD in the prefix-cacheable groups ----
+
+CACHEABLE, LOCAL, REPLAYING, TAIL = 0, 1, 2, 3
+
+
+@pytest.fixture(scope="module")
+def replay_world():
+    """CP 4. Request 0 re-runs [32, 48) in its second chunk (positions 40..99), request 2 is all replayed."""
+    s = sc.Scenario(
+        "coord-replay", sc.CPConfig(dcp=4, interleave=8),
+        (sc.KVGroup("attn", block_size=32, kernel_block_size=16, num_blocks=256),
+         sc.KVGroup("local", block_size=16, cp_sharded=False, num_blocks=256),
+         sc.KVGroup("swa", kind="sliding_window", block_size=16, cp_sharded=False, num_blocks=64,
+                    prefix_cacheable=False, prefix_replay_tokens=16),
+         sc.KVGroup("tail", block_size=16, num_blocks=256, prefix_cacheable=False),
+         sc.KVGroup("state", kind="mamba", block_size=32, cp_sharded=False, num_blocks=64)),
+        sc.Limits(max_model_len=2048, max_num_reqs=4, max_num_batched_tokens=128),
+        sc.Batch((sc.Request(40, 60, "replay", replay_start=32), sc.Request(0, 20),
+                  sc.Request(200, 10, "replay", replay_start=200)), (2, 0, 3)), seed=3)
+    s = sc.validate(s)
+    return s, allocate_world(s), run_virtual(s, ["v1", "v2"])
+
+
+REPLAYED = list(range(0, 8)) + list(range(80, 90))  # token indices at replayed positions
+
+
+def test_replay_world_passes_everything(replay_world):
+    s = replay_world[0]
+    assert sorted(s.replay_mask().nonzero()[0].tolist()) == REPLAYED
+    fails, verdicts = judge(replay_world)
+    assert fails == set()
+    assert {v.status for v in verdicts if v.invariant == "replayed-is-pad"} == {"pass"}
+    G = replay_world[2]["v2"]
+    assert bool((G.slots[:, CACHEABLE, REPLAYED] == PAD_SLOT_ID).all())
+    assert bool((G.slots[:, REPLAYING, REPLAYED] != PAD_SLOT_ID).all())  # replicated: every rank writes
+
+
+def test_replayed_slot_left_real(replay_world):
+    g, G = broken(replay_world)
+    G.slots[1, LOCAL, 83] = G.slots[1, LOCAL, 10]  # a plausible slot of the request: not PAD
+    fails, verdicts = judge(replay_world, g)
+    assert ("replayed-is-pad", "v2") in fails and ("matches-reference", "v2") in fails
+    vio = next(v for v in verdicts if v.invariant == "replayed-is-pad" and v.path == "v2").violations[0]
+    assert vio.group == "local" and vio.ranks == [1] and vio.examples[0].position == 203
+
+
+def test_replayed_slot_left_real_on_the_owner_of_a_sharded_group(replay_world):
+    g, G = broken(replay_world, "v1")
+    s = replay_world[0]
+    pos = int(s.batch.positions()[5])
+    r = owner_rank(pos, 4, 8)
+    G.slots[r, CACHEABLE, 5] = 4242
+    fails, _ = judge(replay_world, g)
+    assert ("replayed-is-pad", "v1") in fails
+    assert ("exactly-one-owner", "v1") not in fails  # replayed tokens are not ownership's to judge here
+
+
+def test_non_cacheable_group_padded(replay_world):
+    """Padding the wrong groups: the group that left prefix caching must keep its replayed writes."""
+    g, G = broken(replay_world)
+    G.slots[:, REPLAYING, REPLAYED] = PAD_SLOT_ID
+    fails, verdicts = judge(replay_world, g)
+    assert ("replayed-is-pad", "v2") in fails
+    vio = next(v for v in verdicts if v.invariant == "replayed-is-pad" and v.path == "v2").violations[0]
+    assert vio.group == "swa" and vio.count == 4 * len(REPLAYED) and vio.ranks == [0, 1, 2, 3]
+
+
+def test_sharded_non_cacheable_group_padded_on_its_owner(replay_world):
+    g, G = broken(replay_world)
+    s = replay_world[0]
+    t = 84
+    r = owner_rank(int(s.batch.positions()[t]), 4, 8)
+    G.slots[:, TAIL, t] = PAD_SLOT_ID  # the other ranks hold PAD there anyway
+    fails, verdicts = judge(replay_world, g)
+    assert ("replayed-is-pad", "v2") in fails
+    vio = next(v for v in verdicts if v.invariant == "replayed-is-pad" and v.path == "v2").violations[0]
+    assert vio.group == "tail" and vio.count == 1 and vio.ranks == [r]
+
+
+def test_replay_window_overrun_is_caught_by_ownership(replay_world):
+    """A pass that also pads the first position after the window takes a token from its owner."""
+    g, G = broken(replay_world)
+    G.slots[:, CACHEABLE, 8] = PAD_SLOT_ID  # position 48 = replay_start + window: new KV
+    fails, _ = judge(replay_world, g)
+    assert ("exactly-one-owner", "v2") in fails and ("owner-rule", "v2") in fails
+    assert ("replayed-is-pad", "v2") not in fails
+

@@ -27,7 +27,8 @@ SPEC_NAMES = ("virtual-block-uses-kernel-block", "mamba-sized-per-cp", "cp-appli
               "mtp-draft-capacity", "table-width-not-divided", "stale-tail", "fixed-table-window",
               "fp32-block-gather", "int32-slot-overflow", "draft-overwrite", "short-request-rank",
               "group-cp-size-ignored", "shard-rank-not-modulo", "virtual-block-uses-world-size",
-              "kernel-block-size-ignored", "is-padding-ignored", "padded-count-tail")
+              "kernel-block-size-ignored", "is-padding-ignored", "padded-count-tail",
+              "replay-window-off-by-one", "replay-start-from-computed", "replay-pads-every-group")
 
 
 def test_catalogue_is_spec_section_6():

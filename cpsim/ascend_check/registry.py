@@ -173,6 +173,17 @@ def _mrv2_combos() -> list[dict]:
             for n in CP_SIZES for i in (INTERLEAVES if n > 1 else (16,))]
 
 
+# Replay padding (cpsim/paths/replay.py): after every path's slot mapping, on its int64 [groups, entries] buffer.
+_REPLAY_SIG = {"slot_mappings_ptr": "*i64", "group_stride": "i32", "cacheable_groups_ptr": "*i32",
+               "query_start_loc_ptr": "*i32", "positions_ptr": "*i64", "replay_start_ptr": "*i32", "window": "i32",
+               "pad_slot_id": "i32"}
+
+
+def _replay_combos() -> list[dict]:
+    """NUM_GROUPS: 1 to 4 prefix-cacheable groups (presets have up to 3); BLOCK: the launcher's 1024."""
+    return [dict(NUM_GROUPS=n, BLOCK=PER_REQ_TILE, FAULT=0) for n in (1, 2, 3, 4)]
+
+
 BUILTINS: list[Entry] = [
     Entry("triton_v1", "cpsim.kernels.triton_v1:_compute_slot_mapping_kernel", _V1_SIG, _v1_combos),
     Entry("triton_v1 fused", "cpsim.kernels.triton_v1:_compute_slot_mapping_fused_kernel", _V1_FUSED_SIG,
@@ -184,6 +195,7 @@ BUILTINS: list[Entry] = [
     Entry("tile_v2 (npu)", "cpsim.kernels.tile_npu:_tile_slot_mappings_kernel",
           _with(_V2_SIG, "max_num_tokens", num_reqs="i32"), _tile_v2_combos),
     Entry("mrv2", "cpsim.kernels.mrv2:_compute_slot_mappings_kernel", _MRV2_SIG, _mrv2_combos),
+    Entry("replay_pad", "cpsim.kernels.replay_pad:_pad_replayed_slots_kernel", _REPLAY_SIG, _replay_combos),
 ]
 
 
@@ -202,8 +214,10 @@ USER_ARG_TYPES = {
     "slot_mappings_ptr": "*i32", "slot_mappings_stride": "i32", "cp_rank": "i32",
     "slot_mapping_enabled": "*i32", "group_cp_sizes": "*i32", "is_circular": "*i32",
 }
-# vllm-v2 writes int64 slot mappings (adapters.py); ascend ABIs int32.
-USER_ARG_TYPES_BY_ABI = {"vllm-v2": {"slot_mappings_ptr": "*i64"}}
+# vllm-v2 writes int64 slot mappings (adapters.py); ascend ABIs int32; replay kernels pad the int64 buffer.
+USER_ARG_TYPES_BY_ABI = {"vllm-v2": {"slot_mappings_ptr": "*i64"},
+                         **{abi: dict(_REPLAY_SIG, replay_window="i32") for abi in ("vllm-replay-pad",
+                                                                                    "vllm-replay-pad-bits")}}
 
 
 def user_combos(abi: str, params: set[str]) -> list[dict]:
@@ -218,6 +232,10 @@ def user_combos(abi: str, params: set[str]) -> list[dict]:
         combos = [dict(CP_SIZE=c["CP_SIZE"], CP_INTERLEAVE=c["CP_INTERLEAVE"], PAD_ID=PAD,
                        TRITON_BLOCK_SIZE=PER_REQ_TILE, BLOCK_TABLE_WINDOW_SIZE=c["BLOCK_TABLE_WINDOW_SIZE"],
                        BLOCK_TABLE_PAD_SIZE=next_pow2(4096), HAS_SLOT_MAPPING_ENABLED=True) for c in _v2_combos()]
+    elif abi == "vllm-replay-pad":
+        combos = [{k: v for k, v in c.items() if k != "FAULT"} for c in _replay_combos()]
+    elif abi == "vllm-replay-pad-bits":  # 4 groups, every subset of them prefix-cacheable but none
+        combos = [dict(CACHEABLE_GROUPS=m, NUM_GROUPS=4, BLOCK=PER_REQ_TILE) for m in range(1, 16)]
     else:
         raise ValueError(f"no compile combinations for ABI {abi!r}")
     out, seen = [], set()

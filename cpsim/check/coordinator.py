@@ -30,6 +30,7 @@ INVARIANTS = (
     "block-sizing",
     "capacity",
     "padding",
+    "replayed-is-pad",
     "matches-reference",
     "paths-agree",
     "same-scenario",
@@ -81,6 +82,13 @@ class _Ctx:
         self.req = torch.from_numpy(s.batch.token_request())
         self.n = int(self.pos.numel())
         self.pad = torch.from_numpy(s.batch.padding_mask())  # is_padding tokens: PAD on every rank
+        self.replayed = torch.from_numpy(s.replay_mask())  # prefix-cache replay: PAD in cacheable groups
+
+    def live(self, g, n: int) -> torch.Tensor:
+        """bool [n]: tokens group ``g`` must hold somewhere: not padding, and not replayed where the group
+        keeps its prefix-cache KV (those are ``padding`` / ``replayed-is-pad``'s to judge)."""
+        dead = self.pad | self.replayed if g.pads_replay else self.pad
+        return ~dead[:n]
 
     def sets(self, ranks: int, g) -> list[range]:
         """Replica sets of group ``g``: ``g`` consecutive ranks, one of each shard rank."""
@@ -121,7 +129,7 @@ def exactly_one_owner(ctx, path, g, x) -> list[Violation]:
     ``padding`` invariant's to judge, so they are left out here."""
     real = _real(x)
     world = g.world(ctx.s.cp)
-    live = ~ctx.pad[: x.shape[1]]
+    live = ctx.live(g, x.shape[1])
     if world > 1:
         out = []
         for ranks in ctx.sets(x.shape[0], g):
@@ -161,7 +169,7 @@ def owner_rule(ctx, path, g, x) -> list[Violation]:
     if world == 1:
         return []
     shard = layout.owner_rank(ctx.pos, world, ctx.s.cp.interleave)
-    live = ~ctx.pad[: x.shape[1]]
+    live = ctx.live(g, x.shape[1])
     out = []
     for ranks in ctx.sets(x.shape[0], g):
         owner = shard + ranks.start  # the holder inside this replica set
@@ -301,6 +309,41 @@ def padding(ctx, path, g, full: torch.Tensor) -> list[Violation]:
     return out
 
 
+def replayed_is_pad(ctx, path, g, full: torch.Tensor) -> list[Violation]:
+    """Prefix-cache replay: a replayed position is PAD on every rank in a prefix-cacheable group (its
+    cached blocks are shared; rewriting them puts values the sharers do not read there), and keeps its
+    real slot on the ranks that hold it in a group that is not (that write is what rebuilds it)."""
+    m = min(ctx.n, full.shape[1])  # tokens past a short buffer are the capacity invariant's
+    x = full[:, :m]
+    rep = ctx.replayed[:m]
+    if g.pads_replay:
+        bad = rep & (x != PAD_SLOT_ID).any(0)
+        idx = bad.nonzero().flatten()
+        if not len(idx):
+            return []
+        ranks = sorted(set((x[:, idx] != PAD_SLOT_ID).nonzero()[:, 0].tolist()))
+        r = ranks[0]
+        return [Violation("replayed-is-pad", path, g.name, len(idx),
+                          f"{len(idx)} replayed token(s) of prefix-cacheable group {g.name} not PAD: the replay "
+                          f"would rewrite cached blocks other requests share", ranks,
+                          _examples(ctx, idx[x[r, idx] != PAD_SLOT_ID], x[r], "PAD (replayed, cacheable)", r))]
+    world = g.world(ctx.s.cp)
+    ranks = torch.arange(x.shape[0]).unsqueeze(1)
+    if world > 1:
+        holder = ranks % world == layout.owner_rank(ctx.pos[:m], world, ctx.s.cp.interleave).unsqueeze(0)
+    else:
+        holder = torch.ones_like(x, dtype=torch.bool)
+    lost = holder & ~_real(x) & (rep & ~ctx.pad[:m]).unsqueeze(0)
+    if not bool(lost.any()):
+        return []
+    which = sorted(set(lost.nonzero()[:, 0].tolist()))
+    r = which[0]
+    return [Violation("replayed-is-pad", path, g.name, int(lost.sum()),
+                      f"{int(lost.sum())} entr(ies) of replayed tokens lost their slot in group {g.name}, which is "
+                      f"not prefix-cacheable: the replay is what rebuilds its KV", which,
+                      _examples(ctx, lost[r].nonzero().flatten(), x[r], "its real slot (not cacheable)", r))]
+
+
 def matches_reference(ctx, path, g, gi, full, allocs_world) -> list[Violation]:
     out = []
     index = reference.group_index(ctx.s, g, ctx.pos) if g.slot_mapped and not g.circular and ctx.n else None
@@ -438,6 +481,10 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
             x = _tokens(ctx, full)
             applies["padding"] = applies["matches-reference"] = True
             found["padding"] += padding(ctx, path, g, full)
+            if g.slot_mapped and bool(ctx.replayed.any()):
+                applies["replayed-is-pad"] = True
+                checked["replayed-is-pad"] += int(ctx.replayed.sum()) * full.shape[0]
+                found["replayed-is-pad"] += replayed_is_pad(ctx, path, g, full)
             found["matches-reference"] += matches_reference(ctx, path, g, gi, full, allocs_world)
             checked["padding"] += full.numel()
             checked["matches-reference"] += full.numel()

@@ -31,6 +31,8 @@ def group_slots(s: Scenario, g: KVGroup, alloc: Allocation, rank: int,
         return torch.full_like(positions, PAD_SLOT_ID)
     blocks = alloc.padded()
     pad = _padding(s, positions)
+    if g.pads_replay:
+        pad = pad | _replayed(s, positions)  # the cached KV stays as it is: replayed positions write nothing
     if g.circular:
         first = blocks[req, 0]
         return torch.where((positions >= 0) & ~pad, first * g.block_size + positions % g.b, PAD_SLOT_ID)
@@ -46,6 +48,15 @@ def group_slots(s: Scenario, g: KVGroup, alloc: Allocation, rank: int,
 def _padding(s: Scenario, positions: torch.Tensor) -> torch.Tensor:
     """is_padding of the scheduled tokens (the first ``len(positions)`` of them)."""
     mask = torch.from_numpy(s.batch.padding_mask())
+    n = positions.numel()
+    if mask.numel() >= n:
+        return mask[:n]
+    return torch.cat([mask, torch.zeros(n - mask.numel(), dtype=torch.bool)])
+
+
+def _replayed(s: Scenario, positions: torch.Tensor) -> torch.Tensor:
+    """Replayed tokens among the first ``len(positions)`` scheduled ones."""
+    mask = torch.from_numpy(s.replay_mask())
     n = positions.numel()
     if mask.numel() >= n:
         return mask[:n]

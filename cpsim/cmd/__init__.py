@@ -96,6 +96,9 @@ def check_paths_apply(scenarios: list[sc.Scenario], paths: list[str], args, expl
         why = nowhere(path) if spec and spec != BUILTIN and path in paths else None
         if why:
             raise ConfigError("--" + attr.replace("_", "-"), f"{why}: the kernel would never run")
+    if getattr(args, "kernel_replay", None) not in (None, BUILTIN) and not any(s.batch.has_replay for s in scenarios):
+        raise ConfigError("--kernel-replay", "no request of the scenario replays (batch.requests[].replay_start): "
+                                             "the kernel would never run")
     if explicit is None:
         explicit = not isinstance(getattr(args, "paths", None), DefaultPaths)
     if explicit:
@@ -122,6 +125,9 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kernel-v1", metavar="SPEC", help="kernel for the v1 path (vllm-ascend BlockTable)")
     g.add_argument("--kernel-v1-fused", metavar="SPEC", help="kernel for the v1-fused path (CP size 1 only)")
     g.add_argument("--kernel-v2", metavar="SPEC", help="kernel for the v2 path (vLLM BlockTables)")
+    g.add_argument("--kernel-replay", metavar="SPEC",
+                   help="prefix-cache replay-padding kernel run after every path's slot mapping "
+                        "(vLLM _pad_replayed_slots_kernel signature)")
     g.add_argument("--kernel-abi", default="auto", choices=("auto", *ABIS),
                    help="calling convention (default: auto, from the kernel's parameter names)")
     g.add_argument("--kernel-v2-launch", default="split", choices=V2_LAUNCHES,
@@ -135,13 +141,14 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
                         "under torchrun 3/4 of --timeout, so the report gets the failure before the peers' bound)")
 
 
-def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None) -> dict:
-    """{path: KernelUnderTest} for each --kernel-* option given (empty when none).
+def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None, base: dict | None = None) -> dict:
+    """{path: KernelUnderTest} for each --kernel-* option given (empty when none), over ``base``.
 
     With ``paths``, a kernel for a path that will not run is an error, not a silent no-op.
+    ``--kernel-replay`` goes with every path (``paths``, else all): the replay pass follows each.
     """
-    from cpsim.plugin.kernel_under_test import load
-    out = {}
+    from cpsim.plugin.kernel_under_test import load, with_replay
+    out = dict(base or {})
     for path, attr in KERNEL_FLAGS.items():
         spec = getattr(args, attr, None)
         if spec == BUILTIN:
@@ -149,10 +156,29 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None)
         if spec and paths is not None and path not in paths:
             raise ConfigError("--" + attr.replace("_", "-"), f"the {path} path is not selected (--paths {','.join(paths)})")
         if spec:
-            out[path] = load(spec, path, getattr(args, "kernel_abi", "auto"),
-                             shim_vllm=getattr(args, "shim_vllm", False), device=device,
-                             v2_launch=getattr(args, "kernel_v2_launch", "split"),
-                             where="--" + attr.replace("_", "-"))
+            k = load(spec, path, getattr(args, "kernel_abi", "auto"), shim_vllm=getattr(args, "shim_vllm", False),
+                     device=device, v2_launch=getattr(args, "kernel_v2_launch", "split"),
+                     where="--" + attr.replace("_", "-"))
+            out[path] = with_replay(k, getattr(out.get(path), "replay", None))
+    return _with_replay_kernel(args, device, paths, out)
+
+
+def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dict) -> dict:
+    """``--kernel-replay SPEC`` attached to every path's entry; ``builtin`` drops a recorded one."""
+    from cpsim.plugin.kernel_under_test import REPLAY, REPLAY_ABIS, load, with_replay
+    spec = getattr(args, "kernel_replay", None)
+    if not spec:
+        return kernels
+    replay = None
+    if spec != BUILTIN:
+        abi = getattr(args, "kernel_abi", "auto")
+        replay = load(spec, REPLAY, abi if abi in REPLAY_ABIS else "auto",
+                      shim_vllm=getattr(args, "shim_vllm", False), device=device, where="--kernel-replay")
+    out = {}
+    for path in dict.fromkeys([*(paths or PATHS), *kernels]):
+        k = with_replay(kernels.get(path), replay)
+        if k is not None:
+            out[path] = k
     return out
 
 
@@ -168,10 +194,12 @@ def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> di
     """A repro file's recorded kernels on ``paths``, each replaced by the --kernel-* option given for its path."""
     from cpsim.plugin.kernel_under_test import from_record
     given = {p for p, attr in KERNEL_FLAGS.items() if getattr(args, attr, None)}
-    out = from_record({p: v for p, v in (record or {}).items() if p in paths and p not in given}, device,
-                      where="repro kernels")
-    out.update(kernels_from_args(args, device, paths))
-    return out
+    # A replaced path kernel keeps its recorded replay kernel (--kernel-replay replaces that one).
+    kept = {p: (v if p not in given else {"spec": BUILTIN, "replay": v["replay"]})
+            for p, v in (record or {}).items()
+            if p in paths and (p not in given or (isinstance(v, dict) and v.get("replay")))}
+    out = from_record(kept, device, where="repro kernels")
+    return kernels_from_args(args, device, paths, base=out)
 
 
 # ---- torchrun ------------------------------------------------------------------

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from cpsim.errors import ConfigError
 
-PATH_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2"}
+PATH_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2", "replay": "kernel_replay"}
 
 
 def register(sub) -> None:
@@ -30,6 +30,7 @@ def register(sub) -> None:
     p.add_argument("--kernel-v1", metavar="SPEC", help="your v1 kernel (package.module:attr or file.py:attr)")
     p.add_argument("--kernel-v1-fused", metavar="SPEC", help="your v1-fused kernel")
     p.add_argument("--kernel-v2", metavar="SPEC", help="your v2 kernel")
+    p.add_argument("--kernel-replay", metavar="SPEC", help="your prefix-cache replay-padding kernel")
     p.add_argument("--kernel-abi", default="auto", choices=("auto", *ABIS),
                    help="calling convention (default: auto, from the kernel's parameter names)")
     p.add_argument("--shim-vllm", action="store_true", help="load a kernel file that imports vllm.triton_utils")

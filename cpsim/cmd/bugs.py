@@ -117,8 +117,10 @@ def scenario_lines(s: Scenario) -> list[str]:
     lines = [f"CP: DCP {s.cp.dcp} x PCP {s.cp.pcp} = {s.cp.world} rank(s), interleave {s.cp.interleave}"]
     for g in s.groups:
         kb = f", kernel block {g.b} (BPK {g.bpk})" if g.bpk > 1 else ""
+        cache = "" if g.prefix_cacheable else ", not prefix-cacheable" + (
+            f" (replay window {g.prefix_replay_tokens})" if g.prefix_replay_tokens else "")
         lines.append(f"group {g.name}: {g.kind}, B {g.block_size}{kb}, "
-                     f"{_sharding(s, g)}, {g.num_blocks} blocks per rank")
+                     f"{_sharding(s, g)}, {g.num_blocks} blocks per rank{cache}")
     lines.append(f"limits: max_model_len {lim.max_model_len}, max_num_reqs {lim.max_num_reqs}, "
                  f"max_num_batched_tokens {lim.max_num_batched_tokens}, "
                  f"num_speculative_tokens {lim.num_speculative_tokens} -> slot buffer {lim.slot_buffer_size}")
@@ -126,6 +128,9 @@ def scenario_lines(s: Scenario) -> list[str]:
     shown = ", ".join(f"[{r.context_len}, {r.seq_len})" for r in reqs[:6]) + (" ..." if len(reqs) > 6 else "")
     pad = f", padded to {s.batch.num_tokens_padded}" if s.batch.num_tokens_padded else ""
     lines.append(f"batch: {len(reqs)} request(s), {s.batch.num_tokens} token(s){pad}; positions {shown}")
+    replays = [f"request {i} from {r.replay_start}" for i, r in enumerate(reqs) if r.replay_start]
+    if replays:
+        lines.append(f"replay: {', '.join(replays)} (window {s.replay_window}; PAD in the prefix-cacheable groups)")
     return lines
 
 

@@ -54,6 +54,9 @@ def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]
 def main(args) -> int:
     from cpsim.capture import replay as capture_replay
     if capture_replay.is_replayable(args.file):
+        if getattr(args, "kernel_replay", None):
+            raise ConfigError("--kernel-replay", "captures and explicit batches hold no replay starts: the "
+                                                 "replay-padding kernel would never run")
         return capture_replay.main(args)
     if args.shrink:
         raise ConfigError("--shrink", "applies to captures and explicit batches; a fuzz repro is already shrunk")

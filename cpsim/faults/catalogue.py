@@ -144,6 +144,20 @@ def _mrv2_tail() -> Scenario:
     return _padded_drafts().replace(name="bug:padded-count-tail")
 
 
+# ---- prefix-cache replay padding (cpsim/kernels/replay_pad.py, cpsim/paths/replay.py) ----
+
+def _replay(name: str, request: Request, window: int) -> Scenario:
+    """CP 2: a prefix-cacheable sharded group and a sliding-window group that left prefix caching
+    with a replay window; one request re-runs part of [replay_start, replay_start + window)."""
+    return _one(name, CPConfig(dcp=2, interleave=1),
+                (KVGroup("attn", "attention", 8, num_blocks=16),
+                 KVGroup("swa", "sliding_window", 8, cp_sharded=False, num_blocks=4, prefix_cacheable=False,
+                         prefix_replay_tokens=window)),
+                Limits(max_model_len=64, max_num_reqs=1, max_num_batched_tokens=16), [request])
+
+
+REPLAY_REFS = ("vLLM #56227 (encoder-side SWA bounded replay, _pad_replayed_slots_kernel)",)
+
 FAULTS: tuple[Fault, ...] = (
     Fault(
         "virtual-block-uses-kernel-block",
@@ -386,5 +400,57 @@ FAULTS: tuple[Fault, ...] = (
         ("padding",),
         "The same mistake as stale-tail, in cpsim's MRV2 kernel (which gets the padded count only for "
         "this fault).",
+    ),
+    Fault(
+        "replay-window-off-by-one",
+        "replay padding one position late: (start, start + window]",
+        "After a prefix hit ending at H the scheduler re-runs [H - W, H) to rebuild the groups that left "
+        "prefix caching, and the replay pass pads exactly those positions in the prefix-cacheable groups. "
+        "Counting the window one position late leaves the first replayed position with a real slot (the "
+        "replay rewrites a cached block other requests share) and pads the first new position after the "
+        "hit (its KV is never written in any cacheable group: later steps read garbage there).",
+        REPLAY_REFS + ("no upstream issue found",),
+        ALL,
+        Knobs(kernel_fault=kernels.FAULT_REPLAY_OFF_BY_ONE),
+        lambda: _replay("replay-window-off-by-one", Request(8, 6, "replay", replay_start=8), 4),
+        ("replayed-is-pad", "exactly-one-owner", "matches-reference"),
+        "Modelled in cpsim's replay kernel. Only the positions of the scheduled chunk can show it: a chunk "
+        "that ends inside the window shows only the unpadded first position.",
+    ),
+    Fault(
+        "replay-start-from-computed",
+        "replay window counted from the chunk's first position, not replay_start",
+        "The scheduler rewinds a request's computed tokens to replay_start, so on the replay's first chunk "
+        "num_computed_tokens (the chunk's first position) equals replay_start and a pass that reads it "
+        "instead looks right. When chunked prefill splits the replayed range, the next chunk starts past "
+        "replay_start: the pass then pads [chunk start, chunk start + W), which runs past the replayed range "
+        "and drops the KV of new positions in every prefix-cacheable group. vllm-ascend keeps the replay "
+        "start per request across chunks for this reason.",
+        REPLAY_REFS + ("vllm-ascend unit test test_replay_boundary_survives_chunking_and_batch_reordering "
+                       "(guards the per-request start; no bug report found)",),
+        ALL,
+        Knobs(kernel_fault=kernels.FAULT_REPLAY_FROM_COMPUTED),
+        lambda: _replay("replay-start-from-computed", Request(12, 6, "replay-chunk", replay_start=8), 8),
+        ("exactly-one-owner", "owner-rule", "matches-reference"),
+        "Modelled in cpsim's replay kernel (it loads the chunk's first position as the start). The replayed "
+        "positions themselves stay PAD, so replayed-is-pad holds; the ownership invariants see the lost "
+        "tokens past the window.",
+    ),
+    Fault(
+        "replay-pads-every-group",
+        "replay padding applied to every group, not only the prefix-cacheable ones",
+        "The group that owns the replay (prefix_cacheable = false, e.g. DeepSeek-V4.1's sliding-window KV) "
+        "left prefix caching: the replayed tokens are re-run precisely so that it writes them and rebuilds "
+        "its window. A host that lists every group for the pass (instead of those whose spec is prefix "
+        "cacheable) pads them there too: the window stays empty after every prefix hit and the first decode "
+        "steps attend over missing KV.",
+        REPLAY_REFS + ("vllm-ascend unit test test_only_cacheable_groups_are_padded (guards the list; no bug "
+                       "report found)",),
+        ALL,
+        Knobs(kernel_fault=kernels.FAULT_REPLAY_ALL_GROUPS),
+        lambda: _replay("replay-pads-every-group", Request(8, 6, "replay", replay_start=8), 4),
+        ("replayed-is-pad", "exactly-one-owner", "matches-reference"),
+        "Modelled in the launcher (cpsim/paths/replay.py builds the group list), so it applies to a user's "
+        "replay kernel as well.",
     ),
 )

@@ -83,13 +83,15 @@ class Ownership:
 
 
 def ownership(r: Run) -> list[Ownership]:
-    """Per (path, sharded group, request, rank): owned positions expected vs held.
+    """Per (path, sharded group, request, rank): owned positions expected vs held (replayed positions of
+    a prefix-cacheable group are expected on no rank).
 
     Only (path, group, request) combinations where some rank differs are returned.
     """
     s = r.scenario
     pos = torch.from_numpy(s.batch.positions())
     req = torch.from_numpy(s.batch.token_request())
+    replayed = torch.from_numpy(s.replay_mask())  # PAD by design in the prefix-cacheable groups
     n = pos.numel()
     out: list[Ownership] = []
     for path, G in r.gathered.items():
@@ -102,9 +104,10 @@ def ownership(r: Run) -> list[Ownership]:
                 continue
             real = (x != PAD_SLOT_ID) & (x != coordinator.MISSING)
             owner = owner_rank(pos, world, s.cp.interleave)
+            held = ~replayed if g.pads_replay else torch.ones_like(replayed)
             for i in range(s.batch.num_reqs):
                 sel = req == i
-                rows = [Ownership(path, g.name, i, rk, pos[sel & (owner == rk % world)].tolist(),
+                rows = [Ownership(path, g.name, i, rk, pos[sel & held & (owner == rk % world)].tolist(),
                                   pos[sel & real[rk]].tolist()) for rk in range(x.shape[0])]
                 if any(o.expected != o.actual for o in rows):
                     out += rows

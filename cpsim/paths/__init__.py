@@ -64,7 +64,8 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     """Run one path for one rank; None when the path does not apply to the scenario.
 
     ``kernel`` (a ``cpsim.plugin.kernel_under_test.KernelUnderTest``) replaces the path's
-    built-in kernel; tables and buffers are built the same way.
+    built-in kernel; tables and buffers are built the same way. Its ``replay`` kernel, if any,
+    replaces the built-in replay-padding kernel that runs after them (``cpsim.paths.replay``).
     """
     from cpsim.paths import v1, v2
 
@@ -72,12 +73,14 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
-    from cpsim.paths import _guard
+    from cpsim.paths import _guard, replay
     with _guard.Watch(len(scenario.groups)) as watch:
-        if kernel is not None:
+        if kernel is not None and not kernel.builtin:
             out = kernel.run(name, scenario, allocs, rank, torch.device(device), knobs)
         else:
             out = runners[name](scenario, allocs, rank, torch.device(device), knobs)
+        if out is not None:  # the runtime's replay pass, after the slot-mapping kernels (cpsim's or the user's)
+            replay.pad(scenario, out.slots, torch.device(device), knobs, getattr(kernel, "replay", None))
     if out is not None:
         out.slots = out.slots.contiguous()  # rows were views into guarded storage
         out.guard = watch.guards()

@@ -318,3 +318,21 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
     if path == "v2":
         return RankOutput(out, enabled, widths, entries)
     return v1._result(out, s, knobs, enabled)
+
+
+# ---- replay padding: the user's kernel for the pass after the slot mappings -------
+
+def replay(k, s: Scenario, slots: torch.Tensor, qsl: torch.Tensor, positions: torch.Tensor,
+           starts: torch.Tensor, groups: list[int]) -> None:
+    """Launch the user's replay-padding kernel ``k`` on one rank's int64 ``[groups, entries]`` buffer,
+    in place. ``groups``: the indices the runtime lists as prefix-cacheable (``cpsim.paths.replay``)."""
+    device = slots.device
+    args = dict(slot_mappings_ptr=slots, group_stride=slots.stride(0), query_start_loc_ptr=qsl,
+                positions_ptr=positions, replay_start_ptr=starts, pad_slot_id=PAD_SLOT_ID, BLOCK=TILE)
+    args["window" if "window" in k.params else "replay_window"] = s.replay_window
+    if k.abi == "vllm-replay-pad":
+        args.update(cacheable_groups_ptr=_i32(groups, device), NUM_GROUPS=len(groups))
+    else:  # vllm-replay-pad-bits: one bit per group, over every group
+        args.update(CACHEABLE_GROUPS=sum(1 << gi for gi in groups), NUM_GROUPS=len(s.groups))
+    k.obj[(s.batch.num_reqs,)](**args)
+

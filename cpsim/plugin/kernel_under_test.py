@@ -40,6 +40,8 @@ class Abi:
         return f"{self.name}: ({', '.join(parts)}); {self.launch}"
 
 
+REPLAY = "replay"  # the pseudo-path of --kernel-replay: the replay-padding pass every path runs
+
 # What the callable ABI may ask for, by parameter name (one group, one rank).
 CALLABLE_INPUTS = {
     "positions": "int64 [num_tokens] positions of the scheduled tokens",
@@ -96,7 +98,19 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
                "kernel-block tables, int64 output"),
     Abi("callable", ("v1", "v1-fused", "v2"), (), tuple(CALLABLE_INPUTS),
         launch="called once per group and rank; returns the group's slots (1-D integer tensor)"),
+    # Prefix-cache replay padding (--kernel-replay), run after every path's slot-mapping kernels.
+    Abi("vllm-replay-pad", (REPLAY,), (
+        "slot_mappings_ptr", "group_stride", "cacheable_groups_ptr", "query_start_loc_ptr", "positions_ptr",
+        "replay_start_ptr", "pad_slot_id", "NUM_GROUPS", "BLOCK"), one_of=("window", "replay_window"),
+        launch="grid (num_reqs,), after the path's slot-mapping kernels, on its int64 [groups, entries] buffer; "
+               "cacheable_groups lists the prefix-cacheable groups (NUM_GROUPS of them)"),
+    Abi("vllm-replay-pad-bits", (REPLAY,), (
+        "slot_mappings_ptr", "group_stride", "query_start_loc_ptr", "positions_ptr", "replay_start_ptr",
+        "pad_slot_id", "CACHEABLE_GROUPS", "NUM_GROUPS", "BLOCK"), one_of=("window", "replay_window"),
+        launch="grid (num_reqs,), as vllm-replay-pad; bit g of CACHEABLE_GROUPS set: group g is prefix-cacheable "
+               "(NUM_GROUPS = every group)"),
 )}
+REPLAY_ABIS = tuple(n for n, a in ABIS.items() if REPLAY in a.paths)
 
 # Where the installed upstream kernels live (cpsim path, shortcut) -> module:attr.
 SHORTCUTS = {
@@ -106,6 +120,7 @@ SHORTCUTS = {
     ("v2", "ascend"): ("vllm_ascend", "vllm_ascend.ops.triton.v2.block_table.compute_slot_mappings:"
                                       "_compute_slot_mappings_kernel"),
     ("v2", "vllm"): ("vllm", "vllm.v1.worker.gpu.block_table:_compute_slot_mappings_kernel"),
+    ("replay", "vllm"): ("vllm", "vllm.models.deepseek_v41.nvidia.model_state:_pad_replayed_slots_kernel"),
 }
 
 V2_LAUNCHES = ("split", "single")
@@ -122,6 +137,12 @@ class KernelUnderTest:
     v2_launch: str = "split"   # split: one launch per group CP size; single: one launch, as the runtime
     notes: list[str] = field(default_factory=list)
     shim_vllm: bool = False    # loaded with the vLLM shim installed
+    replay: "KernelUnderTest | None" = None  # the user's replay-padding kernel run after this path's kernels
+
+    @property
+    def builtin(self) -> bool:
+        """The path's slot-mapping kernel is cpsim's own; only ``replay`` is the user's."""
+        return self.obj is None
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -132,7 +153,29 @@ class KernelUnderTest:
         return adapters.run(self, path, s, allocs, rank, device, knobs)
 
     def describe(self) -> str:
-        return f"{self.spec} ({self.abi})"
+        parts = ["built-in slot mapping"] if self.builtin else [f"{self.spec} ({self.abi})"]
+        if self.replay is not None:
+            parts.append(f"replay padding {self.replay.spec} ({self.replay.abi})")
+        return " + ".join(parts)
+
+    def record(self) -> dict[str, Any]:
+        """JSON-able and picklable: what ``load_record`` loads again (in a worker, or from a repro)."""
+        out = {"spec": self.spec, "abi": self.abi, "v2_launch": self.v2_launch, "shim_vllm": self.shim_vllm}
+        if self.replay is not None:
+            out["replay"] = {"spec": self.replay.spec, "abi": self.replay.abi, "shim_vllm": self.replay.shim_vllm}
+        return out
+
+
+def with_replay(k: KernelUnderTest | None, replay: KernelUnderTest | None) -> KernelUnderTest | None:
+    """``k`` (or cpsim's built-in slot mapping when None) with ``replay`` as its replay-padding kernel."""
+    if k is None:
+        if replay is None:
+            return None
+        k = KernelUnderTest(BUILTIN, None, BUILTIN, ())
+    else:
+        k = KernelUnderTest(k.spec, k.obj, k.abi, k.params, k.v2_launch, list(k.notes), k.shim_vllm)
+    k.replay = replay
+    return None if k.builtin and replay is None else k
 
 
 # ---- signatures ------------------------------------------------------------
@@ -299,10 +342,26 @@ BUILTIN = "builtin"
 
 
 def to_record(kernels: dict[str, KernelUnderTest], paths) -> dict[str, Any]:
-    """``{path: "builtin" | {spec, abi, v2_launch, shim_vllm}}`` for every path: JSON, picklable, reloadable."""
-    return {p: BUILTIN if p not in kernels else {"spec": kernels[p].spec, "abi": kernels[p].abi,
-                                                 "v2_launch": kernels[p].v2_launch, "shim_vllm": kernels[p].shim_vllm}
-            for p in paths}
+    """``{path: "builtin" | {spec, abi, v2_launch, shim_vllm[, replay]}}`` for every path: JSON, picklable,
+    reloadable. ``spec`` is "builtin" where only the replay kernel is the user's."""
+    return {p: BUILTIN if p not in kernels else kernels[p].record() for p in paths}
+
+
+def load_record(item: dict[str, Any], path: str, device: str = "cpu", where: str = "kernels") -> KernelUnderTest:
+    """One path's entry of ``to_record``: its kernel (or the built-in one) and its replay kernel."""
+    replay = None
+    if item.get("replay"):
+        r = item["replay"]
+        replay = load(r["spec"], REPLAY, r.get("abi", "auto"), shim_vllm=bool(r.get("shim_vllm")), device=device,
+                      where=f"{where}.replay")
+    k = None
+    if item["spec"] != BUILTIN:
+        k = load(item["spec"], path, item.get("abi", "auto"), shim_vllm=bool(item.get("shim_vllm")),
+                 device=device, v2_launch=item.get("v2_launch", "split"), where=where)
+    out = with_replay(k, replay)
+    if out is None:
+        raise ConfigError(where, "a built-in entry with no replay kernel is written as \"builtin\"")
+    return out
 
 
 def from_record(record: dict[str, Any], device: str = "cpu", where: str = "kernels") -> dict[str, KernelUnderTest]:
@@ -316,6 +375,5 @@ def from_record(record: dict[str, Any], device: str = "cpu", where: str = "kerne
         if not isinstance(item, dict) or not isinstance(item.get("spec"), str):
             raise ConfigError(f"{where}.{path}", f"expected {BUILTIN!r}, a SPEC string or {{spec, abi, ...}}, "
                                                  f"got {item!r}")
-        out[path] = load(item["spec"], path, item.get("abi", "auto"), shim_vllm=bool(item.get("shim_vllm")),
-                         device=device, v2_launch=item.get("v2_launch", "split"), where=f"{where}.{path}")
+        out[path] = load_record(item, path, device, f"{where}.{path}")
     return out

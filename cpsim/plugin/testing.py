@@ -98,12 +98,17 @@ def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
                  v2_launch: str = "split") -> dict:
     """Run every invariant on ``kernel``; AssertionError with the report if any fails.
 
-    ``path`` defaults to the path the ABI stands in for (v1 for a callable);
+    ``path`` defaults to the path the ABI stands in for (v1 for a callable; a replay-padding kernel
+    runs after cpsim's slot mapping on v1 and v2, or on ``path``);
     ``scenarios`` are presets, .json/.toml files, ``random:SEED`` or Scenario
     objects. Returns {scenario name: verdicts} when everything holds.
     """
     from cpsim.check import coordinator
-    k = load_kernel(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
+    k = load_kernel(kernel, None, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
+    if "replay" in _paths_of(k.abi):  # a replay-padding kernel runs after the slot mappings of a path
+        return _check_replay(k, path, scenarios, device)
+    if path is not None:
+        k = load_kernel(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
     path = path or next(p for p in ("v1", "v1-fused", "v2") if p in _paths_of(k.abi))
     results, failures = {}, []
     for spec in (DEFAULT_SCENARIOS if scenarios is None else scenarios):
@@ -117,6 +122,31 @@ def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
     if results and not any(exercised(v) for v in results.values()):
         raise AssertionError(f"{k.describe()}: no scenario had a group this kernel could be checked on "
                              f"({'; '.join(k.notes) or 'no slot-mapped groups'})")
+    return results
+
+
+# Scenarios where requests replay: the preset and small random ones (random_scenario's replay draws).
+REPLAY_SCENARIOS = ("prefix-replay", "random:53", "random:162", "random:188")
+
+
+def _check_replay(k, path: str | None, scenarios, device: str) -> dict:
+    """A replay-padding kernel (``--kernel-replay``): run after cpsim's slot mapping on v1 and v2 (or on
+    ``path``); at least one scenario must replay, or nothing was checked."""
+    from cpsim.check import coordinator
+    from cpsim.plugin.kernel_under_test import with_replay
+    runner = with_replay(None, k)
+    results, failures = {}, []
+    for spec in (REPLAY_SCENARIOS if scenarios is None else scenarios):
+        for p in ([path] if path and path != "replay" else ["v1", "v2"]):
+            s, verdicts = run_one(runner, p, scenario(spec), device)
+            results[f"{s.name}/{p}"] = verdicts
+            if not coordinator.passed(verdicts):
+                failures.append(report_text(s, verdicts, runner))
+    if failures:
+        raise AssertionError(f"{runner.describe()} violates cpsim invariants in {len(failures)} run(s):\n\n"
+                             + "\n".join(failures))
+    if not any(v.invariant == "replayed-is-pad" and v.status == "pass" for vs in results.values() for v in vs):
+        raise AssertionError(f"{runner.describe()}: no scenario replays, so the kernel was never run")
     return results
 
 

@@ -242,9 +242,7 @@ _UNLOADABLE = object()
 
 
 def _record(kernel) -> dict | None:
-    if kernel is None:
-        return None
-    return {"spec": kernel.spec, "abi": kernel.abi, "v2_launch": kernel.v2_launch, "shim_vllm": kernel.shim_vllm}
+    return None if kernel is None else kernel.record()
 
 
 def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel) -> RankOutput | None:

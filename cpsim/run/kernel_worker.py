@@ -39,11 +39,10 @@ def unpack(data: dict[str, Any] | None) -> RankOutput | None:
 def _kernel(cache: dict, path: str, record: dict | None, device: str):
     if record is None:
         return None
-    key = (path, tuple(sorted(record.items())), device)
+    key = (path, repr(sorted(record.items())), device)
     if key not in cache:
-        from cpsim.plugin.kernel_under_test import load
-        cache[key] = load(record["spec"], path, record["abi"], shim_vllm=record["shim_vllm"], device=device,
-                          v2_launch=record["v2_launch"], where=f"kernel for {path}")
+        from cpsim.plugin.kernel_under_test import load_record
+        cache[key] = load_record(record, path, device, where=f"kernel for {path}")
     return cache[key]
 
 
