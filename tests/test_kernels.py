@@ -107,7 +107,8 @@ def test_interpreter_overflow_check_is_off_only_while_it_cannot_fire():
 
     from cpsim.paths._inputs import prepare_triton
 
-    assert os.environ.get("TRITON_INTERPRET") == "1"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("compiled kernels (CPSIM_TEST_DEVICE): the interpreter is not in use")
     prepare_triton(torch.device("cpu"))  # what every path does before its first launch
     opts = it.interpreter_builder.options
     assert not opts.debug and not opts.sanitize_overflow

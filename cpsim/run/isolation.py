@@ -140,7 +140,7 @@ class Worker:
         there.close()
         self.conn, self.device = here, device
         try:
-            self.conn.send(("prepare", device))
+            self.conn.send(("prepare", device, torch.get_num_threads()))
         except OSError:
             pass
 

@@ -76,7 +76,7 @@ def serve(conn, parent_pid: int | None = None) -> None:
         except (EOFError, OSError):
             return
         if msg[0] == "prepare":
-            conn.send(_prepare(msg[1]))
+            conn.send(_prepare(*msg[1:]))
         elif msg[0] == "run":
             conn.send(_run(kernels, *msg[1:]))
         elif msg[0] == "run_ranks":
@@ -95,7 +95,11 @@ def _run_ranks(conn, kernels: dict, path: str, s, allocs: list, ranks: list[int]
             return
 
 
-def _prepare(device: str) -> tuple:
+def _prepare(device: str, threads: int | None = None) -> tuple:
+    """``threads``: the parent's intra-op thread count (fuzz uses 1: its tensors are tiny, and a
+    worker with one thread per core spends more time waking threads than computing)."""
+    if threads:
+        torch.set_num_threads(threads)
     try:
         if torch.device(device).type == "cpu":
             from cpsim.paths._inputs import prepare_triton
