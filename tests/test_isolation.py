@@ -58,8 +58,9 @@ def test_misbehaving_callable_is_a_named_violation(capsys, tmp_path, name, phras
     assert phrase in _failure(report)
 
 
-def test_failure_is_in_every_report_format(capsys, tmp_path):
+def test_failure_is_in_every_report_format(capsys, tmp_path, monkeypatch):
     import xml.etree.ElementTree as ET
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")  # one process: rank 1 never runs after rank 0 failed
     html, xml = tmp_path / "r.html", tmp_path / "r.xml"
     code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:raises", "--html", str(html), "--junit", str(xml))
     assert code == 1
@@ -224,3 +225,23 @@ def test_run_paths_config_error_leaves_no_stale_worker(monkeypatch):
     again = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     for p in ("v1", "v2"):
         assert all(torch.equal(a.slots, b.slots) for a, b in zip(first[p], again[p]))
+
+
+def test_two_workers_name_every_failing_rank_and_only_unrun_ranks_as_not_run(capsys, tmp_path, monkeypatch):
+    """Two workers split the ranks: at CP 2 rank 1 runs beside rank 0, so it is named as failing
+    too, never as "not run"."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "2")
+    code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:raises")
+    assert code == 1
+    msg = _failure(report)
+    assert "kernel raised ValueError: boom from cp_rank 0 on rank 0" in msg
+    assert "also failed on rank 1 (raised)" in msg and "not run" not in msg
+
+
+def test_first_failure_and_rank_ranges():
+    from cpsim.run.isolation import _first_failure
+    f = _first_failure([KernelFailure("v1", 4, "raised", "m4"), KernelFailure("v1", 1, "crashed", "m1")],
+                       [1, 2, 3, 4, 6, 7])
+    assert f.rank == 1 and f.message == "m1; also failed on rank 4 (raised)" and f.not_run == [2, 3, 6, 7]
+    [v] = [v for v in coordinator.kernel_failed("v1", f, 8) if v.status == "fail"]
+    assert v.violations[0].message.endswith("; ranks 2-3, 6-7 not run")

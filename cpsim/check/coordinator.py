@@ -426,11 +426,23 @@ def row_bounds(ctx, path, g, full: torch.Tensor, entry_sizes: torch.Tensor) -> l
     return out
 
 
+def _ranges(ranks: list[int]) -> str:
+    """``[1, 2, 3, 6, 7]`` as ``1-3, 6-7``."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(f"{start}-{r}" if r != start else f"{r}")
+            start = None
+    return ", ".join(out)
+
+
 def kernel_failed(path: str, failure, world: int) -> list[Verdict]:
     """A path whose kernel raised, crashed, hung or ended its process on a rank: that is its verdict."""
     left = failure.not_run
     rest = "" if not left else (f"; rank {left[0]} not run" if len(left) == 1 else
-                                f"; ranks {left[0]}-{left[-1]} not run")
+                                f"; ranks {_ranges(left)} not run")
     vio = Violation("kernel-completes", path, failure.group, 1, failure.message + rest, [failure.rank])
     why = f"the kernel did not complete on rank {failure.rank}"
     return [Verdict("kernel-completes", path, "fail", world, [vio])] + [

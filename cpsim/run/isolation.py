@@ -265,8 +265,8 @@ _pool: list[Worker] = [_worker]
 
 
 def pool_size(device: str) -> int:
-    """Workers per process: paths run side by side on CPU (the interpreter is CPU-bound), one
-    on an accelerator (a second CUDA/NPU context buys nothing for microsecond kernels).
+    """Workers per process: two on CPU, sharing the ranks of every path (the interpreter is
+    CPU-bound), one on an accelerator (a second CUDA/NPU context buys nothing for microsecond kernels).
     ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide the cores between them."""
     env = os.environ.get("CPSIM_KERNEL_WORKERS")
     if env:
@@ -282,69 +282,95 @@ def pool_size(device: str) -> int:
 def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], kernels: dict,
               on_rank: Callable[[str, int], None] | None = None) -> dict[str, list | KernelFailure]:
     """Every rank of every path: per path the rank outputs in rank order, or the failure of the
-    first rank that did not complete (later ranks of that path are not run, as in one process).
+    first rank that did not complete (the later ranks count as not run, as in one process).
 
-    In isolation the paths are dealt to the workers, each worker running its paths' ranks in
-    turn from one message; on CPU two workers run two paths side by side."""
+    In isolation each path's ranks are cut into one contiguous chunk per worker and each chunk
+    goes to its worker in one message; on CPU two workers share every path, so both cores stay
+    busy whatever the paths' costs. A worker may have run ranks past the first failing one;
+    their outputs are dropped, so the result is the one a single process would give."""
     device = str(device)
     world = s.cp.world
     from cpsim import capture
     if not _config.process or capture.active() is not None:
-        return {p: _ranks_in_process(p, s, allocs, device, knobs, kernels.get(p), on_rank) for p in paths}
-    n = min(pool_size(device), len(paths))
+        return {p: _sequential(p, s, allocs, device, knobs, kernels.get(p), on_rank, range(world)) for p in paths}
+    n = min(pool_size(device), world)
     while len(_pool) < n:
         _pool.append(Worker())
     workers = _pool[:n]
     spawned = [w for w in workers if w.ensure(device)]
     for w in spawned:
         w.ready()
-    todo = {w: [p for i, p in enumerate(paths) if i % n == k] for k, w in enumerate(workers)}
-    results: dict[str, list | KernelFailure] = {}
+    size = -(-world // n)
+    chunks = [list(range(k * size, min(world, (k + 1) * size))) for k in range(n)]
+    todo = {w: [(p, chunks[k]) for p in paths if chunks[k]] for k, w in enumerate(workers)}
+    outs: dict[str, dict[int, RankOutput | None]] = {p: {} for p in paths}
+    fails: dict[str, list[KernelFailure]] = {p: [] for p in paths}
+    state = (s, allocs, device, knobs, kernels, outs, fails, on_rank)
     for w in workers:
-        _next_path(w, todo[w], s, allocs, device, knobs, kernels, results, on_rank)
+        _next_task(w, todo[w], state)
     live = {w for w in workers if w in _busy}
     try:
         while live:
-            _collect(live, s, allocs, device, knobs, kernels, results, todo, on_rank, world)
+            _collect(live, todo, state)
     finally:
         for w in list(_busy):  # an error (a ConfigError) left a child mid-run: its replies are stale
             w.stop()
             _busy.pop(w, None)
-    return {p: results[p] for p in paths}
+    results: dict[str, list | KernelFailure] = {}
+    for p in paths:
+        if fails[p]:
+            results[p] = _first_failure(fails[p], [r for r in range(world) if r not in outs[p]])
+        else:
+            results[p] = [outs[p][r] for r in range(world)]
+    return results
 
 
-# worker -> (path, ranks left to answer, outputs so far, deadline)
+def _first_failure(fails: list[KernelFailure], without_output: list[int]) -> KernelFailure:
+    """The lowest failing rank is the path's failure; other failing ranks are named in it, and
+    ``not_run`` lists the ranks that never ran (a chunk stops at its failure)."""
+    fails = sorted(fails, key=lambda f: f.rank)
+    first, rest = fails[0], fails[1:]
+    failed = {f.rank for f in fails}
+    if rest:
+        also = ", ".join(f"rank {f.rank} ({f.kind})" for f in rest)
+        first = replace(first, message=f"{first.message}; also failed on {also}")
+    first.not_run = [r for r in without_output if r not in failed]
+    return first
+
+
+# worker -> [path, ranks left to answer, deadline]
 _busy: dict[Worker, list] = {}
 
 
-def _next_path(w: Worker, queue: list[str], s, allocs, device, knobs, kernels, results, on_rank) -> None:
-    """Send ``w`` its next path (paths whose kernel cannot be reloaded run here, unprotected)."""
+def _next_task(w: Worker, queue: list, state) -> None:
+    """Send ``w`` its next chunk (a kernel the child cannot reload runs here, unprotected)."""
     import time
+    s, allocs, device, knobs, kernels, outs, fails, on_rank = state
     while queue:
-        path = queue.pop(0)
+        path, ranks = queue.pop(0)
         kernel = kernels.get(path)
         if kernel is not None and id(kernel) in w.in_process:
-            results[path] = _ranks_in_process(path, s, allocs, device, knobs, kernel, on_rank)
+            _sequential(path, s, allocs, device, knobs, kernel, on_rank, ranks, outs[path], fails[path])
             continue
         if w.ensure(device):
             w.ready()
-        ranks = list(range(s.cp.world))
         try:
-            w.conn.send(("run_ranks", path, s, allocs, ranks, device, knobs, _record(kernel)))
+            w.conn.send(("run_ranks", path, s, [allocs[r] for r in ranks], ranks, device, [knobs[r] for r in ranks],
+                         _record(kernel)))
         except (EOFError, OSError):
             pass  # the next receive sees the dead child and names it
-        _busy[w] = [path, ranks, [], time.monotonic() + _config.timeout_s]
+        _busy[w] = [path, list(ranks), time.monotonic() + _config.timeout_s]
         return
 
 
-def _collect(live: set, s, allocs, device, knobs, kernels, results, todo, on_rank, world) -> None:
+def _collect(live: set, todo: dict, state) -> None:
     import time
     from multiprocessing.connection import wait
-    now = time.monotonic()
-    timeout = max(0.0, min(_busy[w][3] for w in live) - now)
+    s, allocs, device, knobs, kernels, outs, fails, on_rank = state
+    timeout = max(0.0, min(_busy[w][2] for w in live) - time.monotonic())
     ready = wait([w.conn for w in live], timeout)
     for w in list(live):
-        path, ranks, outs, deadline = _busy[w]
+        path, ranks, deadline = _busy[w]
         kernel = kernels.get(path)
         rank = ranks[0]
         if w.conn in ready:
@@ -353,49 +379,50 @@ def _collect(live: set, s, allocs, device, knobs, kernels, results, todo, on_ran
             reply = ("timeout",)
         else:
             continue
-        result = None  # the path's result once it is complete
         if reply[0] in ("timeout", "dead"):
-            failure = w.lost(reply, path, rank, kernel, _config.timeout_s).failure
-            failure.not_run = list(range(rank + 1, world))
-            result = failure
+            fails[path].append(w.lost(reply, path, rank, kernel, _config.timeout_s).failure)
+            ranks.clear()
         else:
             try:
                 out = w.answer(reply, path, rank, kernel)
             except KernelFailed as e:
-                e.failure.not_run = list(range(rank + 1, world))
-                result = e.failure
+                fails[path].append(e.failure)
+                ranks.clear()
             else:
-                if out is _UNLOADABLE:  # the child stopped this path; its ranks run here from this one on
-                    rest = _ranks_in_process(path, s, allocs, device, knobs, kernel, on_rank, start=rank)
-                    result = rest if isinstance(rest, KernelFailure) else outs + rest
+                if out is _UNLOADABLE:  # the child stopped this chunk; its ranks run here from this one on
+                    _sequential(path, s, allocs, device, knobs, kernel, on_rank, list(ranks), outs[path], fails[path])
+                    ranks.clear()
                 else:
-                    outs.append(out)
+                    outs[path][rank] = out
                     ranks.pop(0)
                     if on_rank is not None:
                         on_rank(path, rank)
-                    _busy[w][3] = time.monotonic() + _config.timeout_s
-                    if not ranks:
-                        result = outs
-        if result is None:
+                    _busy[w][2] = time.monotonic() + _config.timeout_s
+        if ranks:
             continue
-        results[path] = result
         del _busy[w]
-        _next_path(w, todo[w], s, allocs, device, knobs, kernels, results, on_rank)
+        _next_task(w, todo[w], state)
         if w not in _busy:
             live.discard(w)
 
 
-def _ranks_in_process(path: str, s, allocs, device, knobs, kernel, on_rank, start: int = 0) -> list | KernelFailure:
-    outs = []
-    for r in range(start, s.cp.world):
+def _sequential(path: str, s, allocs, device, knobs, kernel, on_rank, ranks, outs: dict | None = None,
+                fails: list | None = None) -> list | KernelFailure:
+    """Ranks run here in turn, stopping at the first that fails. With ``outs`` / ``fails`` given,
+    fills them (a chunk of ``run_paths``); else returns the path's result."""
+    got: dict = {} if outs is None else outs
+    for r in ranks:
         try:
-            outs.append(_in_process(path, s, allocs[r], r, device, knobs[r], kernel))
+            got[r] = _in_process(path, s, allocs[r], r, device, knobs[r], kernel)
         except KernelFailed as e:
+            if fails is not None:
+                fails.append(e.failure)
+                return e.failure
             e.failure.not_run = list(range(r + 1, s.cp.world))
             return e.failure
         if on_rank is not None:
             on_rank(path, r)
-    return outs
+    return [got[r] for r in ranks]
 
 
 def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), kernel=None,
