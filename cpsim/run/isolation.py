@@ -13,9 +13,9 @@ torch's thread pools may deadlock in the child, and a fresh ``spawn`` per rank
 run costs a torch import each time (seconds on a busy CPU). The forkserver starts
 clean, preloads torch and cpsim once, and forks the worker from that warm state;
 the worker stays up for the whole command (fuzz reuses it across scenarios) and
-is only replaced after a crash or a timeout. The virtual world (``run_paths``) sends
-each worker a whole path at once - every rank in turn, one message - and on CPU keeps
-two workers, so two paths run side by side on two cores (``CPSIM_KERNEL_WORKERS``). Triton is imported inside the worker
+is only replaced after a crash or a timeout. The virtual world (``run_paths``) cuts each
+path's ranks into one contiguous chunk per worker, sent in one message; on CPU it keeps
+two workers, so both cores run kernels (``CPSIM_KERNEL_WORKERS``). Triton is imported inside the worker
 after ``TRITON_INTERPRET=1`` is set (``cpsim.paths._inputs.prepare_triton``).
 Cost: docs/BENCHMARKS.md.
 
