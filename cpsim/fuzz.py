@@ -827,8 +827,8 @@ def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = No
         st.update(max_examples=max(share[j], 1), seed_stream=cfg.seed_stream * cfg.jobs + j, jobs=1)
         states.append(st)
     record = to_record(cfg.kernels, cfg.paths)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = os.environ.get("CPSIM_KERNEL_WORKERS") or str(max(1, cores // cfg.jobs))  # the cores, shared out
+    from cpsim.run.isolation import usable_cores
+    workers = os.environ.get("CPSIM_KERNEL_WORKERS") or str(max(1, usable_cores() // cfg.jobs))  # the cores, shared out
     with ProcessPoolExecutor(cfg.jobs, mp_context=ctx, initializer=_init_job, initargs=(queue, workers)) as ex:
         futures = [ex.submit(_job, st, record) for st in states]
         status: dict[int, tuple] = {}

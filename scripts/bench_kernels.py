@@ -191,17 +191,16 @@ def make_versions(torch, c: Case, tile: int | None = None, warps: int | None = N
             _tile_slot_mapping_kernel[p.grid(c.T)](*a[:2], c.R, *a[2:], **kw, TILE=p.tile, REQ_BLOCK=p.req_block,
                                                    POS_INT32=p.pos_int32, num_warps=p.num_warps)
 
-    def v1_req():
-        for (a, kw), g in zip(v1, c.groups):
-            _compute_slot_mapping_kernel[(c.R + 1,)](*a, **kw, TILE_BLOCK_SIZE=1024,
-                                                     BLOCK_TABLE_WINDOW_SIZE=window_size(1024, g.b),
-                                                     POS_INT32=p.pos_int32)
+    def v1_req_with(pos_int32: bool):
+        # pos_int32=False is what the paths launch when max_model_len >= 2**31: position math in int64.
+        def run():
+            for (a, kw), g in zip(v1, c.groups):
+                _compute_slot_mapping_kernel[(c.R + 1,)](*a, **kw, TILE_BLOCK_SIZE=1024,
+                                                         BLOCK_TABLE_WINDOW_SIZE=window_size(1024, g.b),
+                                                         POS_INT32=pos_int32)
+        return run
 
-    def v1_req_int64():
-        # What the paths launch when max_model_len >= 2**31: position math in int64.
-        for (a, kw), g in zip(v1, c.groups):
-            _compute_slot_mapping_kernel[(c.R + 1,)](*a, **kw, TILE_BLOCK_SIZE=1024,
-                                                     BLOCK_TABLE_WINDOW_SIZE=window_size(1024, g.b))
+    v1_req, v1_req_int64 = v1_req_with(p.pos_int32), v1_req_with(False)
 
     return {"v2-tile": v2_tile, "v2-req": v2_req, "v1-tile": v1_tile, "v1-req": v1_req, "v1-req-i64": v1_req_int64,
             "torch": lambda: torch_v2(torch, c, out)}, p

@@ -245,3 +245,12 @@ def test_first_failure_and_rank_ranges():
     assert f.rank == 1 and f.message == "m1; also failed on rank 4 (raised)" and f.not_run == [2, 3, 6, 7]
     [v] = [v for v in coordinator.kernel_failed("v1", f, 8) if v.status == "fail"]
     assert v.violations[0].message.endswith("; ranks 2-3, 6-7 not run")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5"])
+def test_bad_kernel_workers_value_is_exit_2(capsys, value, monkeypatch):
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", value)
+    code = cli.main(["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1", "--quiet"])
+    text = capsys.readouterr()
+    assert code == 2 and "Traceback" not in text.out + text.err
+    assert "CPSIM_KERNEL_WORKERS: must be a positive integer" in text.out + text.err

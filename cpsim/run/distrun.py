@@ -34,7 +34,7 @@ from cpsim.allocator import allocate_rank, allocate_world
 from cpsim.check.coordinator import Verdict
 from cpsim.errors import DistError
 from cpsim.layout import POISON
-from cpsim.paths import KernelFailure, Knobs, RankOutput
+from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure
 from cpsim.run.isolation import KernelFailed, run_rank_checked
 from cpsim.scenario import Scenario
 from cpsim.run.world import failed, knobs_for, stack
@@ -144,15 +144,6 @@ def _meta(out: RankOutput | None, G: int, total_rank: int, dcp: int, failure: by
 
 def _encode(failure: KernelFailure | None) -> bytes:
     return b"" if failure is None else json.dumps(dataclasses.asdict(failure)).encode()
-
-
-def _merged(failures: list[KernelFailure]) -> KernelFailure:
-    """Every rank runs at once under torchrun, so several may fail: the first is reported, the others named."""
-    first, rest = failures[0], failures[1:]
-    if not rest:
-        return first
-    also = ", ".join(f"rank {f.rank} ({f.kind})" for f in rest)
-    return dataclasses.replace(first, message=f"{first.message}; also failed on {also}")
 
 
 def _gather_path(comm, pg, N: int, s: Scenario, path: str, out: RankOutput | None, total_rank: int,
@@ -267,7 +258,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
                 outs, failures = _gather_path(comm, pg, N, s, path, out, pos, entry.label, failure)
         if failures:
             if pos == 0:
-                gathered[path] = failed(path, s, _merged(failures))
+                gathered[path] = failed(path, s, first_failure(failures))
                 failed_on[path] = [f.rank for f in failures]
         elif outs is None:
             skipped.append(path)

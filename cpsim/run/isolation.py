@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 
 from cpsim.errors import ConfigError, DistError
-from cpsim.paths import KernelFailure, Knobs, RankOutput, run_path
+from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure, run_path
 
 DEFAULT_TIMEOUT_S = 300.0
 STARTUP_S = 120.0  # bound for starting the worker and importing Triton there (not the kernel's time)
@@ -264,19 +264,26 @@ _worker = Worker()
 _pool: list[Worker] = [_worker]
 
 
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def pool_size(device: str) -> int:
     """Workers per process: two on CPU, sharing the ranks of every path (the interpreter is
-    CPU-bound), one on an accelerator (a second CUDA/NPU context buys nothing for microsecond kernels).
-    ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide the cores between them."""
+    CPU-bound), one on an accelerator (a second CUDA/NPU context buys nothing for microsecond
+    kernels). ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide the cores between them."""
     env = os.environ.get("CPSIM_KERNEL_WORKERS")
     if env:
         try:
-            return max(1, int(env))
+            n = int(env)
         except ValueError:
-            raise ConfigError("CPSIM_KERNEL_WORKERS", f"must be a positive integer, got {env!r}") from None
+            n = 0
+        if n < 1:
+            raise ConfigError("CPSIM_KERNEL_WORKERS", f"must be a positive integer, got {env!r}")
+        return n
     if torch.device(device).type != "cpu":
         return 1
-    return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return max(1, min(2, usable_cores()))
 
 
 def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], kernels: dict,
@@ -326,14 +333,10 @@ def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], ker
 
 
 def _first_failure(fails: list[KernelFailure], without_output: list[int]) -> KernelFailure:
-    """The lowest failing rank is the path's failure; other failing ranks are named in it, and
-    ``not_run`` lists the ranks that never ran (a chunk stops at its failure)."""
-    fails = sorted(fails, key=lambda f: f.rank)
-    first, rest = fails[0], fails[1:]
+    """The lowest failing rank is the path's failure, the others named in it; ``not_run`` lists
+    the ranks that never ran (a chunk stops at its failure)."""
+    first = first_failure(fails)
     failed = {f.rank for f in fails}
-    if rest:
-        also = ", ".join(f"rank {f.rank} ({f.kind})" for f in rest)
-        first = replace(first, message=f"{first.message}; also failed on {also}")
     first.not_run = [r for r in without_output if r not in failed]
     return first
 
