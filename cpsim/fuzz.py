@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import hashlib
 import json
 import math
@@ -100,6 +101,86 @@ def _programs(world: int, groups: int, reqs: int) -> int:
     return world * groups * (reqs + 1)
 
 
+@functools.lru_cache(maxsize=None)
+def _st():
+    """Hypothesis' strategies module, imported once (fuzz is an optional extra)."""
+    from hypothesis import strategies as st
+    return st
+
+
+@functools.lru_cache(maxsize=8192)
+def _small_or(lo: int, small: int, hi: int):
+    """Mostly small values (cheap to interpret, quick to shrink), sometimes anything up to ``hi``."""
+    st = _st()
+    small = min(small, hi)
+    return st.one_of(st.integers(lo, max(lo, small // 2)), st.integers(lo, small), st.integers(lo, hi))
+
+
+@functools.lru_cache(maxsize=8192)
+def _one_of_ints(*bounds: tuple[int, int]):
+    st = _st()
+    return st.one_of(*(st.integers(lo, hi) for lo, hi in bounds))
+
+
+@functools.lru_cache(maxsize=8192)
+def _choice(*values):
+    return _st().sampled_from(values)
+
+
+# Strategies are built once per argument tuple and reused: Hypothesis validates and labels
+# every new strategy object on its first draw, which cost more than the draws themselves
+# (about 5 ms of a fuzz example). The draws, and so every search sequence, are unchanged.
+
+@functools.lru_cache(maxsize=None)
+def _group():
+    st = _st()
+    pow2 = [1 << i for i in range(13)]
+
+    @st.composite
+    def group(draw) -> sc.KVGroup:
+        """A group; its num_blocks is drawn last, once the batch says how many blocks it needs."""
+        kind = draw(_choice(*GROUP_CHOICES))
+        bpk = 1 if kind in ("sliding_window", "mamba") else draw(_small_or(1, 4, 16))
+        b_max = 4096 // bpk
+        b = draw(_block_size(tuple(p for p in pow2 if p <= b_max), b_max))
+        return sc.KVGroup(kind, "attention" if kind.startswith("attention") else kind, b * bpk,
+                          b if bpk > 1 else 0, kind == "attention", num_blocks=2)
+
+    return group()
+
+
+@functools.lru_cache(maxsize=None)
+def _block_size(pows: tuple[int, ...], b_max: int):
+    st = _st()
+    return st.one_of(st.sampled_from(pows), st.integers(1, b_max))
+
+
+@functools.lru_cache(maxsize=8192)
+def _request(mml: int, spec: int, max_tokens_per_request: int):
+    st = _st()
+
+    @st.composite
+    def request(draw) -> sc.Request:
+        kind = draw(_choice(*REQUEST_KINDS))
+        q = {"decode": 1, "spec": 1 + spec, "empty": 0}.get(kind)
+        if q is None:
+            q = draw(_small_or(1, 4, max_tokens_per_request))
+        q = min(q, mml)
+        room = mml - q
+        # Few tokens, but anywhere up to max_model_len (or right below it): big positions are cheap.
+        ctx = 0 if kind == "prefill" else draw(_one_of_ints((0, room), (max(0, room - 16), room)))
+        # Rejected / excess drafts of a spec request are padding (shrinks to none).
+        padded_drafts = draw(st.integers(0, q - 1)) if kind == "spec" and q > 1 else 0
+        return sc.Request(ctx, q, kind, padded_drafts)
+
+    return request()
+
+
+@functools.lru_cache(maxsize=8192)
+def _lists(elements, max_size: int):
+    return _st().lists(elements, min_size=1, max_size=max_size)
+
+
 def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_per_request: int = 24,
               max_world: int = 16, space: str = "default"):
     """Hypothesis strategy of scenarios that ``scenario.validate`` accepts.
@@ -108,45 +189,14 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
     programs one path launches; large worlds get fewer requests. ``space``: see SPACES
     (only the cache sizes differ, in ``_cache_sizes``).
     """
-    from hypothesis import strategies as st
-
-    def small_or(lo: int, small: int, hi: int):
-        """Mostly small values (cheap to interpret, quick to shrink), sometimes anything up to ``hi``."""
-        small = min(small, hi)
-        return st.one_of(st.integers(lo, max(lo, small // 2)), st.integers(lo, small), st.integers(lo, hi))
-
-    pow2 = [1 << i for i in range(13)]
-
-    @st.composite
-    def group(draw) -> sc.KVGroup:
-        """A group; its num_blocks is drawn last, once the batch says how many blocks it needs."""
-        kind = draw(st.sampled_from(GROUP_CHOICES))
-        bpk = 1 if kind in ("sliding_window", "mamba") else draw(small_or(1, 4, 16))
-        b_max = 4096 // bpk
-        b = draw(st.one_of(st.sampled_from([p for p in pow2 if p <= b_max]), st.integers(1, b_max)))
-        return sc.KVGroup(kind, "attention" if kind.startswith("attention") else kind, b * bpk,
-                          b if bpk > 1 else 0, kind == "attention", num_blocks=2)
-
-    @st.composite
-    def request(draw, mml: int, spec: int) -> sc.Request:
-        kind = draw(st.sampled_from(REQUEST_KINDS))
-        q = {"decode": 1, "spec": 1 + spec, "empty": 0}.get(kind)
-        if q is None:
-            q = draw(small_or(1, 4, max_tokens_per_request))
-        q = min(q, mml)
-        room = mml - q
-        # Few tokens, but anywhere up to max_model_len (or right below it): big positions are cheap.
-        ctx = 0 if kind == "prefill" else draw(st.one_of(st.integers(0, room), st.integers(max(0, room - 16), room)))
-        # Rejected / excess drafts of a spec request are padding (shrinks to none).
-        padded_drafts = draw(st.integers(0, q - 1)) if kind == "spec" and q > 1 else 0
-        return sc.Request(ctx, q, kind, padded_drafts)
+    st = _st()
 
     @st.composite
     def build(draw) -> sc.Scenario:
         # Lists (not counts + loops) so the shrinker can delete a group or a request outright.
-        world = draw(small_or(1, 4, max_world))
-        pcp = draw(st.sampled_from(_divisors(world)))
-        drawn = draw(st.lists(group(), min_size=1, max_size=draw(small_or(1, 2, 5))))
+        world = draw(_small_or(1, 4, max_world))
+        pcp = draw(_choice(*_divisors(world)))
+        drawn = draw(_lists(_group(), draw(_small_or(1, 2, 5))))
         groups = [dataclasses.replace(g, name=f"g{i}-{g.name}") for i, g in enumerate(drawn)]
         # Interleave: a divisor of every CP-sharded block size (the global rule), or anything when allowed.
         sharded_b = [g.block_size for g in groups if world > 1 and g.cp_sharded and g.kind == "attention"]
@@ -154,21 +204,21 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
         invalid = allow_invalid and draw(st.booleans())
         # I = B (the largest choice) is common in deployments and is where I > b bites with hybrid blocks.
         interleave = draw(st.integers(1, 2 * max(g.block_size for g in groups)) if invalid
-                          else st.one_of(st.sampled_from(_divisors(common)), st.just(common)))
+                          else _divisor_or_common(common))
         cp = sc.CPConfig(dcp=world // pcp, pcp=pcp, interleave=interleave)
         # A CP size per sharded group: 0 (the world size, where shrinking goes) or any divisor.
-        groups = [dataclasses.replace(g, cp_size=draw(st.sampled_from([0] + _divisors(world))))
+        groups = [dataclasses.replace(g, cp_size=draw(_choice(0, *_divisors(world))))
                   if g.cp_sharded and g.kind == "attention" and world > 1 else g for g in groups]
 
         budget_reqs = max(1, min(64, max_programs // (world * len(groups)) - 1))
-        spec = draw(small_or(0, 2, 6))
-        extra_rows = draw(small_or(0, 2, 16))
+        spec = draw(_small_or(0, 2, 6))
+        extra_rows = draw(_small_or(0, 2, 16))
         # Table memory bounds max_model_len (v1 tables of unsharded groups are N times wider).
         rows = budget_reqs + extra_rows
         cap = min(max(1, MAX_TABLE_ENTRIES // (rows * g.bpk * world)) * g.block_size for g in groups)
         cap = min(cap, MAX_MODEL_LEN_INVALID if invalid else MAX_MODEL_LEN)
-        mml = draw(st.one_of(st.integers(1, min(256, cap)), st.integers(1, cap), st.just(cap)))
-        reqs = draw(st.lists(request(mml, spec), min_size=1, max_size=draw(small_or(1, 3, budget_reqs))))
+        mml = draw(_max_model_len(cap))
+        reqs = draw(_lists(_request(mml, spec, max_tokens_per_request), draw(_small_or(1, 3, budget_reqs))))
         nreq = len(reqs)
         max_num_reqs = nreq + extra_rows
         total = sum(r.num_tokens for r in reqs)
@@ -191,6 +241,18 @@ def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_pe
     return build()
 
 
+@functools.lru_cache(maxsize=8192)
+def _divisor_or_common(common: int):
+    st = _st()
+    return st.one_of(st.sampled_from(_divisors(common)), st.just(common))
+
+
+@functools.lru_cache(maxsize=8192)
+def _max_model_len(cap: int):
+    st = _st()
+    return st.one_of(st.integers(1, min(256, cap)), st.integers(1, cap), st.just(cap))
+
+
 def _with_replay(s: sc.Scenario) -> sc.Scenario:
     """Prefix-cache replay from the scenario's own seed, not from Hypothesis: half the scenarios get a
     group that left prefix caching with a replay window and requests whose chunk starts in it. No draw
@@ -210,14 +272,12 @@ def _cache_sizes(draw, s: sc.Scenario, space: str) -> tuple[sc.KVGroup, ...]:
     branch, "near the cap", it moves to the second and on down). The third branch makes caches
     with ids past 2^24 common wherever the space allows them.
     """
-    from hypothesis import strategies as st
-
     out = []
     for g in s.groups:
         need = max(2, sc.max_blocks_needed(s, g) + 1)
         cap = max(need, cache_cap(g, space))
-        big = st.integers(max(need, cap // 16), cap)  # twice: half the caches are big
-        n = draw(st.one_of(st.integers(need, min(need + 64, cap)), st.integers(need, cap), big, big))
+        big = (max(need, cap // 16), cap)  # twice: half the caches are big
+        n = draw(_one_of_ints((need, min(need + 64, cap)), (need, cap), big, big))
         out.append(dataclasses.replace(g, num_blocks=n))
     return tuple(out)
 
