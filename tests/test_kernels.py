@@ -84,6 +84,34 @@ def test_seed_article_cp_example(device):
         assert all(int(out[p]) == PAD_SLOT_ID for p in others)
 
 
+def test_interpreter_type_names_are_the_ones_triton_formats():
+    """The speed-up in cpsim.kernels._interp computes block_type / tuple_type names on first
+    read; they must equal what Triton's own constructors write, and stay assignable."""
+    import os
+    import triton.language as tl
+
+    from cpsim.kernels import _interp
+    from cpsim.paths._inputs import prepare_triton
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("compiled kernels (CPSIM_TEST_DEVICE): the interpreter is not in use")
+    prepare_triton(torch.device("cpu"))
+    if not _interp.ORIGINALS:
+        pytest.skip("this Triton's constructors differ: the speed-up is not installed")
+    core = tl.core
+    cases = [(core.block_type, (tl.int32, [4, 8])), (core.block_type, (tl.float32, [16])),
+             (core.tuple_type, ([tl.int64, core.constexpr_type(3)],)),
+             (core.tuple_type, ([tl.int8], ["f"]))]
+    for cls, args in cases:
+        lazy = cls(*args)
+        eager = object.__new__(cls)
+        _interp.ORIGINALS[cls.__name__](eager, *args)  # Triton's own __init__ writes the name
+        assert lazy.name == eager.name and str(lazy) == str(eager) and lazy == eager
+        assert "[" in lazy.name or "<" in lazy.name
+        lazy.name = "renamed"
+        assert str(lazy) == "renamed"
+
+
 def test_large_block_ids_and_slots_stay_exact(device):
     """Block ids above 2^24 and slots above 2^31: no float32 or int32 shortcut."""
     s = sc.Scenario("huge", sc.CPConfig(dcp=2, interleave=16),
