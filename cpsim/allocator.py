@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from cpsim import layout
-from cpsim.scenario import KVGroup, Scenario
+from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 SHARED_RANK = 0xFFFF  # seed tag for groups every rank holds identically
 
@@ -82,32 +82,49 @@ def allocate_world(s: Scenario) -> list[list[Allocation]]:
 
 # ---- table layouts -----------------------------------------------------
 
-def physical_table(alloc: Allocation, rows: list[int], num_rows: int, width: int) -> torch.Tensor:
-    """int32 [num_rows, width]: request i's blocks in row ``rows[i]`` (-1 rows skipped).
+@dataclass(frozen=True)
+class TableEntries:
+    """The non-null entries of an int32 block table, to be written into a table of ``shape``.
 
-    Blocks past ``width`` are dropped: an undersized table is exactly the bug the
-    ``block-sizing`` invariant reports, so it must not crash here.
+    Built without materialising the table: tables are as wide as ``max_model_len`` allows
+    (often millions of entries) while a batch holds a few blocks, so the paths fill the
+    table once, on the device, and write only these (``cpsim.paths._guard.table``).
     """
-    table = torch.zeros((num_rows, max(width, 1)), dtype=torch.int64)
-    padded = alloc.padded(width)
+
+    shape: tuple[int, int]   # [num_rows, entries per row]
+    rows: list[int]          # rows a request uses (all-null apart from ``ids``)
+    index: np.ndarray        # int64 flat (row-major) positions of ``ids``
+    ids: np.ndarray          # int32 block ids
+
+
+def table_entries(alloc: Allocation, rows: list[int], num_rows: int, width: int, bpk: int = 1) -> TableEntries:
+    """Request i's blocks in row ``rows[i]`` (-1 rows skipped) of a [num_rows, width * bpk] table.
+
+    ``width`` counts physical blocks; with ``bpk`` > 1 physical id q becomes kernel blocks
+    q*BPK .. q*BPK+BPK-1 (the hybrid expansion). Blocks past ``width`` are dropped: an
+    undersized table is exactly the bug the ``block-sizing`` invariant reports, so it must
+    not crash here. Ids past int32 cannot exist in upstream's int32 tables: OverflowError.
+    """
+    cols = max(width, 1) * bpk
+    used = sorted({r for r in rows if 0 <= r < num_rows})
+    index, ids = [], []
     for i, row in enumerate(rows):
         if row >= 0 and i < len(alloc.blocks):
-            table[row, : padded.shape[1]] = padded[i, : table.shape[1]]
-    return _to_int32(table)
-
-
-def logical_table(phys: torch.Tensor, bpk: int) -> torch.Tensor:
-    """Hybrid expansion: physical id q becomes kernel blocks q*BPK .. q*BPK+BPK-1."""
-    if bpk == 1:
-        return phys
-    q = phys.to(torch.int64).unsqueeze(-1) * bpk + torch.arange(bpk)
-    out = q.reshape(phys.shape[0], -1)
-    out[phys.repeat_interleave(bpk, dim=1) == 0] = 0  # unused entries stay null
-    return _to_int32(out)
-
-
-def _to_int32(t: torch.Tensor) -> torch.Tensor:
-    # Tables are int32 upstream; ids beyond int32 cannot exist there.
-    if t.numel() and int(t.max()) > torch.iinfo(torch.int32).max:
+            b = alloc.blocks[i][:width]
+            if bpk > 1:
+                b = (b[:, None] * bpk + np.arange(bpk)).reshape(-1)
+            index.append(row * cols + np.arange(len(b)))
+            ids.append(b)
+    flat = np.concatenate(index) if index else np.zeros(0, np.int64)
+    values = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    if values.size and int(values.max()) > INT32_MAX:
         raise OverflowError("block id does not fit the int32 block table")
-    return t.to(torch.int32)
+    return TableEntries((num_rows, cols), used, flat.astype(np.int64), values.astype(np.int32))
+
+
+def physical_table(alloc: Allocation, rows: list[int], num_rows: int, width: int) -> torch.Tensor:
+    """int32 [num_rows, width]: request i's blocks in row ``rows[i]``, 0 elsewhere (no guards)."""
+    e = table_entries(alloc, rows, num_rows, width)
+    out = torch.zeros(e.shape, dtype=torch.int32)
+    out.view(-1)[torch.from_numpy(e.index)] = torch.from_numpy(e.ids)
+    return out

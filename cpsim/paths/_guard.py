@@ -53,23 +53,25 @@ def buffer(groups: Iterable[int], entries: int, dtype: torch.dtype, device, fill
     return view
 
 
-def table(t: torch.Tensor, used_rows: Iterable[int], num_blocks: int, block_size: int, entry_size: int
-          ) -> torch.Tensor:
-    """``t`` [rows, width] inside guard rows, with every row no request uses holding guard ids too.
+def table(entries, num_blocks: int, block_size: int, entry_size: int, device) -> torch.Tensor:
+    """The int32 table of ``entries`` (``cpsim.allocator.TableEntries``) inside guard rows, with
+    every row no request uses holding guard ids too.
 
-    The row stride stays ``width``, as upstream (kernels may bound their loads by the
+    The row stride stays the table's width, as upstream (kernels may bound their loads by the
     stride), so a load past a row's width reaches the next row: a real request's blocks
     (caught as wrong slots by dense-local / matches-reference) or, past the last used
-    row, guard ids that ``row-bounds`` names.
+    row, guard ids that ``row-bounds`` names. Filled on ``device`` and written entry by entry:
+    the table is mostly null and can be millions of entries wide.
     """
     guard_id = table_guard_id(num_blocks, block_size, entry_size)
-    rows, width = t.shape
-    full = torch.full((rows + 2 * WIDTH, width), guard_id, dtype=t.dtype, device=t.device)
+    rows, width = entries.shape
+    full = torch.full((rows + 2 * WIDTH, width), guard_id, dtype=torch.int32, device=device)
     view = full[WIDTH:WIDTH + rows]
-    used = sorted({r for r in used_rows if 0 <= r < rows})
-    if used:
-        index = torch.tensor(used, dtype=torch.int64, device=t.device)
-        view[index] = t[index]
+    if entries.rows:
+        view[torch.tensor(entries.rows, dtype=torch.int64, device=device)] = 0
+    if entries.ids.size:
+        flat = full.view(-1)[WIDTH * width:]
+        flat[torch.from_numpy(entries.index).to(device)] = torch.from_numpy(entries.ids).to(device)
     return view
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from cpsim import kernels, layout
-from cpsim.allocator import Allocation, logical_table, physical_table
+from cpsim.allocator import Allocation, table_entries
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile
 from cpsim.paths._inputs import batch_tensors, prepare_triton
@@ -42,8 +42,8 @@ def buffer_size(s: Scenario, knobs: Knobs) -> int:
 
 def _tables(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
     rows = list(range(s.batch.num_reqs))
-    phys = physical_table(alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs))
-    return _guard.table(logical_table(phys, g.bpk).to(device), rows, g.num_blocks, g.block_size, g.b)
+    entries = table_entries(alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs), g.bpk)
+    return _guard.table(entries, g.num_blocks, g.block_size, g.b, device)
 
 
 def _sizes(s: Scenario, g: KVGroup, knobs: Knobs) -> tuple[int, int]:

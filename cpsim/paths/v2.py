@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from cpsim import kernels, layout
-from cpsim.allocator import Allocation, logical_table, physical_table
+from cpsim.allocator import Allocation, table_entries
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile, v1
 from cpsim.paths._inputs import batch_tensors, prepare_triton
@@ -40,10 +40,12 @@ def table_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
 def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> tuple[torch.Tensor, int]:
     """(table, slots per entry). The kernel-block fault hands over kernel-block entries."""
     rows = list(s.batch.rows_v2())
-    phys = physical_table(alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs))
+    width = table_width(s, g, knobs)
     if knobs.virtual_from_kernel_block and g.bpk > 1:
-        return _guard.table(logical_table(phys, g.bpk).to(device), rows, g.num_blocks, g.block_size, g.b), g.b
-    return _guard.table(phys.to(device), rows, g.num_blocks, g.block_size, g.block_size), g.block_size
+        entries = table_entries(alloc, rows, s.limits.max_num_reqs, width, g.bpk)
+        return _guard.table(entries, g.num_blocks, g.block_size, g.b, device), g.b
+    entries = table_entries(alloc, rows, s.limits.max_num_reqs, width)
+    return _guard.table(entries, g.num_blocks, g.block_size, g.block_size, device), g.block_size
 
 
 def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
@@ -55,8 +57,8 @@ def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
 def kernel_table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
     """MRV2 staging: physical id q becomes kernel blocks q*BPK .. q*BPK+BPK-1."""
     rows = list(s.batch.rows_v2())
-    phys = physical_table(alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs))
-    return _guard.table(logical_table(phys, g.bpk).to(device), rows, g.num_blocks, g.block_size, g.b)
+    entries = table_entries(alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs), g.bpk)
+    return _guard.table(entries, g.num_blocks, g.block_size, g.b, device)
 
 
 def num_blocks(s: Scenario, allocs: list[Allocation], tables, device) -> torch.Tensor:
