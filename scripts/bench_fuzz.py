@@ -16,6 +16,7 @@ shrink and repro files).
     PYTHONPATH=$PWD python scripts/bench_fuzz.py [--examples 200] [--json FILE]
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15 --examples 400
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15-device cuda --examples 3000   # on the GPU
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15-device cuda --examples 300 --passes 3 [--profile F]
 """
 
 from __future__ import annotations
@@ -113,6 +114,62 @@ def bench_issue15(examples: int, device: str = "cpu") -> list[dict]:
     return out
 
 
+def kernel_variants() -> int | None:
+    """Compiled variants (one per constexpr set and signature) Triton holds in memory, all kernels."""
+    import importlib
+    total = 0
+    for mod in ("triton_v1", "triton_v2", "mrv2", "replay_pad", "tile_v1", "tile_v2"):
+        try:
+            m = importlib.import_module(f"cpsim.kernels.{mod}")
+        except Exception:  # noqa: BLE001  (a module the device cannot import: not counted)
+            continue
+        for fn in vars(m).values():
+            caches = getattr(fn, "device_caches", None)
+            if isinstance(caches, dict):
+                total += sum(len(c[0]) for c in caches.values())
+    return total
+
+
+def bench_device_passes(examples: int, device: str, passes: int, profile: str | None) -> list[dict]:
+    """The default space on a compiled device, the same seed ``passes`` times in one process: the first
+    pass compiles (or loads from Triton's disk cache) one kernel per new constexpr set, later passes find
+    every kernel in memory, i.e. the steady state of a long run. ``profile``: cProfile the last pass."""
+    import cProfile
+    import io
+    import pstats
+    import tempfile
+    from pathlib import Path
+
+    from cpsim.run import isolation
+    out = []
+    for k in range(passes):
+        cfg = fz.FuzzConfig(max_examples=examples, seed=0, database=None, device=device, out=Path(tempfile.mkdtemp()))
+        prof = cProfile.Profile() if profile and k == passes - 1 else None
+        c, w = time.process_time(), time.perf_counter()
+        if prof:
+            prof.enable()
+        r = fz.search(cfg)
+        if prof:
+            prof.disable()
+        c, w = time.process_time() - c, time.perf_counter() - w
+        variants = None if isolation.current().process else kernel_variants()
+        row = {"workload": f"fuzz default space, 1 job, {device}, pass {k + 1} of {passes}",
+               "isolation_worker": isolation.current().process, "examples": r.examples, "wall_per_s": r.examples / w,
+               "cpu_per_s_this_process": r.examples / c, "kernel_variants_in_memory": variants,
+               "profiled": prof is not None}
+        out.append(row)
+        print(f"pass {k + 1}: {r.examples} examples, {r.examples / w:.1f}/s wall, {r.examples / c:.1f}/s per CPU "
+              f"second of this process" + (f", {variants} kernel variants in memory" if variants else "")
+              + (" (profiled)" if prof else ""), flush=True)
+        if prof:
+            text = io.StringIO()
+            st = pstats.Stats(prof, stream=text)
+            st.sort_stats("cumulative").print_stats(60)
+            st.sort_stats("tottime").print_stats(40)
+            Path(profile).write_text(text.getvalue())
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=200)
@@ -120,6 +177,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the numbers here")
     ap.add_argument("--issue15", action="store_true", help="only the issue-15 rows (jobs, two bugs)")
     ap.add_argument("--issue15-device", metavar="DEV", help="only the default-space row, on this device")
+    ap.add_argument("--passes", type=int, default=0,
+                    help="with --issue15-device: the same seed this many times in one process (steady state)")
+    ap.add_argument("--profile", metavar="FILE", help="with --passes: cProfile text of the last pass")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
@@ -129,7 +189,11 @@ def main() -> None:
         if args.issue15_device and args.issue15_device != "cpu":
             from cpsim.run.dist import select_device
             select_device(args.issue15_device)
-        out["results"] = bench_issue15(args.examples, args.issue15_device or "cpu")
+        if args.passes:
+            out["results"] = bench_device_passes(args.examples, args.issue15_device or "cpu", args.passes,
+                                                 args.profile)
+        else:
+            out["results"] = bench_issue15(args.examples, args.issue15_device or "cpu")
         out["load_avg_end"] = os.getloadavg()
         print(f"load average {out['load_avg_start'][0]:.1f} -> {out['load_avg_end'][0]:.1f}")
         if args.json:
