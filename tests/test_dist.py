@@ -220,6 +220,21 @@ def test_a_bad_explicit_batch_under_torchrun_ends_every_rank_with_2(tmp_path):
     assert line.startswith("cpsim: exit 2 (bad input): ranks 0, 1 exited 2;"), line
 
 
+def test_a_kernel_that_breaks_its_abi_mid_run_under_torchrun_ends_with_2(tmp_path):
+    """A user kernel that loads but then breaks its ABI (a callable returning a list) is bad input
+    found only inside the run, on every rank: the job still ends with 2 and one line per rank."""
+    f = tmp_path / "bad_callable.py"
+    f.write_text("def slots(positions):\n    return positions.tolist()\n")
+    proc = cpu_sim(2, "--scenario", "mtp", "--paths", "v1", "--kernel-v1", f"{f}:slots",
+                   env=_env(TORCHRUN_ARGS=f"--log-dir {tmp_path / 'logs'}"), timeout=180)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-3000:]
+    _no_launcher_noise(text)
+    assert "returns a 1-D integer tensor" in text
+    (line,) = _summary(proc.stderr)
+    assert line.startswith("cpsim: exit 2 (bad input): ranks 0, 1 exited 2;"), line
+
+
 def _rank_process(pid: int) -> int:
     """The cpsim rank that runs ``pid``: the ancestor whose parent is the launcher."""
     def cmdline(p):

@@ -545,7 +545,9 @@ class Comm:
         _record(DistError(msg))
         if not isinstance(exc, PeerFailure):  # a stopping peer's reason stays in the store for the rest
             self._linger()
-        _leave(1)
+        # Bad input found inside the run (a user kernel breaking its ABI) is still bad input: 2, which
+        # the launcher reports when every rank ended so (it is found on every rank alike).
+        _leave(2 if isinstance(exc, ConfigError) else 1)
 
     def _own_state(self) -> str:
         try:
