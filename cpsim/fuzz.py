@@ -101,7 +101,7 @@ def _programs(world: int, groups: int, reqs: int) -> int:
     return world * groups * (reqs + 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _st():
     """Hypothesis' strategies module, imported once (fuzz is an optional extra)."""
     from hypothesis import strategies as st
@@ -131,7 +131,7 @@ def _choice(*values):
 # every new strategy object on its first draw, which cost more than the draws themselves
 # (about 5 ms of a fuzz example). The draws, and so every search sequence, are unchanged.
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _group():
     st = _st()
     pow2 = [1 << i for i in range(13)]
@@ -149,7 +149,7 @@ def _group():
     return group()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _block_size(pows: tuple[int, ...], b_max: int):
     st = _st()
     return st.one_of(st.sampled_from(pows), st.integers(1, b_max))
