@@ -15,6 +15,7 @@ from cpsim.errors import ConfigError
 from cpsim.plugin.kernel_under_test import ABIS, load
 from cpsim.scenario import preset
 from cpsim.plugin.testing import check_kernel
+from mutants import mutant
 
 kernels.use_interpreter()
 
@@ -56,15 +57,6 @@ def test_fused_kernel_passes_at_cp1():
     assert all(name.endswith("@cp1") for name in results)  # the fused path exists at CP size 1 only
 
 
-def _mutant(tmp_path, spec: str, old: str, new: str) -> str:
-    file, attr = spec.rsplit(":", 1)
-    text = Path(file).read_text()
-    assert text.count(old) == 1, old
-    out = tmp_path / f"bug_{Path(file).name}"
-    out.write_text(text.replace(old, new))
-    return f"{out}:{attr}"
-
-
 @pytest.mark.parametrize("spec,path,old,new,scenario,invariant", [
     # vllm-ascend #11774: padding from the padded token count leaves graph-padding entries unwritten.
     (V1, "v1", "pad_from = tl.load(query_start_loc_ptr + req)", "pad_from = num_tokens",
@@ -77,7 +69,7 @@ def _mutant(tmp_path, spec: str, old: str, new: str) -> str:
 ], ids=["ascend-v1-stale-tail", "ascend-v2-no-interleave", "vllm-v2-wrong-owner", "callable-off-by-one"])
 def test_one_line_bug_fails_with_the_expected_invariant(tmp_path, spec, path, old, new, scenario, invariant):
     with pytest.raises(AssertionError) as e:
-        check_kernel(_mutant(tmp_path, spec, old, new), path=path, scenarios=[scenario])
+        check_kernel(mutant(tmp_path, spec, old, new), path=path, scenarios=[scenario])
     assert f"✗ {invariant} [{path}]" in str(e.value)
 
 

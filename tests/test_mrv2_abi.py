@@ -9,6 +9,7 @@ import pytest
 from cpsim import cli, kernels
 from cpsim.plugin.kernel_under_test import load
 from cpsim.plugin.testing import check_kernel
+from mutants import mutant
 
 kernels.use_interpreter()
 
@@ -32,15 +33,6 @@ def test_correct_mrv2_kernel_passes_mixed_cp_sizes_at_cp8(scenario):
     assert {"replicas-agree", "exactly-one-owner", "owner-rule", "padding", "matches-reference"} <= passed
 
 
-def _mutant(tmp_path, old: str, new: str) -> str:
-    file, attr = MRV2.rsplit(":", 1)
-    text = Path(file).read_text()
-    assert text.count(old) == 1, old
-    out = tmp_path / "bug_mrv2.py"
-    out.write_text(text.replace(old, new))
-    return f"{out}:{attr}"
-
-
 @pytest.mark.parametrize("old,new,invariant", [
     ("shard = cp_rank % gcp", "shard = cp_rank", "replicas-agree"),
     ("span = bs * gcp", "span = bs * CP_SIZE", "dense-local"),
@@ -55,7 +47,7 @@ def _mutant(tmp_path, old: str, new: str) -> str:
         "is-padding-ignored", "stale-tail"])
 def test_one_line_bug_fails_with_the_expected_invariant(tmp_path, old, new, invariant):
     with pytest.raises(AssertionError) as e:
-        check_kernel(_mutant(tmp_path, old, new), path="v2", scenarios=["partial-replica"])
+        check_kernel(mutant(tmp_path, MRV2, old, new), path="v2", scenarios=["partial-replica"])
     assert f"✗ {invariant} [v2]" in str(e.value)
 
 

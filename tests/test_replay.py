@@ -22,6 +22,7 @@ from cpsim.paths import PATHS, run_path  # noqa: E402
 from cpsim.plugin.kernel_under_test import ABIS, from_record, load, to_record, with_replay  # noqa: E402
 from cpsim.plugin.testing import check_kernel  # noqa: E402
 from cpsim.run.world import run_virtual  # noqa: E402
+from mutants import mutant  # noqa: E402
 
 HERE = Path(__file__).parent / "kernels"
 USER = f"{HERE}/vllm_replay_pad_abi.py:_pad_replayed_slots_kernel"
@@ -172,15 +173,6 @@ def test_user_replay_kernels_pass_every_invariant(spec):
     assert any(v.invariant == "replayed-is-pad" and v.status == "pass" for vs in results.values() for v in vs)
 
 
-def _mutant(tmp_path, spec: str, old: str, new: str) -> str:
-    file, attr = spec.rsplit(":", 1)
-    text = Path(file).read_text()
-    assert text.count(old) == 1, old
-    out = tmp_path / f"bug_{Path(file).name}"
-    out.write_text(text.replace(old, new))
-    return f"{out}:{attr}"
-
-
 @pytest.mark.parametrize("spec,old,new,invariant", [
     (USER, "(pos >= start)", "(pos > start)", "replayed-is-pad"),                    # the window one late
     (BITS, "if (CACHEABLE_GROUPS >> g) & 1:", "if True:", "replayed-is-pad"),       # every group padded
@@ -188,7 +180,7 @@ def _mutant(tmp_path, spec: str, old: str, new: str) -> str:
 ], ids=["start-exclusive", "every-group", "end-inclusive"])
 def test_one_line_replay_bug_fails_with_the_expected_invariant(tmp_path, spec, old, new, invariant):
     with pytest.raises(AssertionError) as e:
-        check_kernel(_mutant(tmp_path, spec, old, new), scenarios=["prefix-replay"], path="v2")
+        check_kernel(mutant(tmp_path, spec, old, new), scenarios=["prefix-replay"], path="v2")
     assert f"✗ {invariant} [v2]" in str(e.value)
 
 
@@ -196,7 +188,7 @@ def test_cli_run_with_a_user_replay_kernel(tmp_path, capsys):
     assert cli.main(["run", "--scenario", "prefix-replay", "--paths", "v1,v2", "--kernel-replay", USER]) == 0
     out = capsys.readouterr().out
     assert "all invariants hold" in out and f"replay padding {USER} (vllm-replay-pad)" in out
-    bad = _mutant(tmp_path, USER, "(pos >= start)", "(pos > start)")
+    bad = mutant(tmp_path, USER, "(pos >= start)", "(pos > start)")
     assert cli.main(["run", "--scenario", "prefix-replay", "--paths", "v1,v2", "--kernel-replay", bad]) == 1
     assert "replayed-is-pad" in capsys.readouterr().out
 
