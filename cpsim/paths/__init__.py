@@ -8,7 +8,6 @@ other ranks, processes or collectives.
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass, field
 
 import torch
@@ -61,7 +60,6 @@ class KernelFailure:
     not_run: list[int] = field(default_factory=list)  # ranks of the path left unrun after it
 
 
-
 def first_failure(failures: list[KernelFailure]) -> KernelFailure:
     """Several ranks may fail one path: the lowest is reported, the others named in its message."""
     failures = sorted(failures, key=lambda f: f.rank)
@@ -70,6 +68,7 @@ def first_failure(failures: list[KernelFailure]) -> KernelFailure:
         return first
     also = ", ".join(f"rank {f.rank} ({f.kind})" for f in rest)
     return dataclasses.replace(first, message=f"{first.message}; also failed on {also}")
+
 
 def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str = "cpu",
              knobs: Knobs = Knobs(), kernel=None) -> RankOutput | None:

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from cpsim.allocator import allocate_rank
+from cpsim.allocator import allocate_world
 from cpsim.paths import KernelFailure, Knobs, RankOutput
 from cpsim.scenario import Scenario
 
@@ -66,7 +66,7 @@ def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_ra
     """
     from cpsim.run.isolation import run_paths
     if allocs is None:
-        allocs = [allocate_rank(s, r) for r in range(s.cp.world)]
+        allocs = allocate_world(s)
     per_rank = [knobs_for(r, knobs, inject_rank) for r in range(s.cp.world)]
     results = run_paths(s, paths, allocs, device, per_rank, kernels or {}, on_rank)
     gathered: dict[str, Gathered] = {}
