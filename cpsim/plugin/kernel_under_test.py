@@ -15,7 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,12 +169,8 @@ class KernelUnderTest:
 def with_replay(k: KernelUnderTest | None, replay: KernelUnderTest | None) -> KernelUnderTest | None:
     """``k`` (or cpsim's built-in slot mapping when None) with ``replay`` as its replay-padding kernel."""
     if k is None:
-        if replay is None:
-            return None
-        k = KernelUnderTest(BUILTIN, None, BUILTIN, ())
-    else:
-        k = KernelUnderTest(k.spec, k.obj, k.abi, k.params, k.v2_launch, list(k.notes), k.shim_vllm)
-    k.replay = replay
+        return None if replay is None else KernelUnderTest(BUILTIN, None, BUILTIN, (), replay=replay)
+    k = replace(k, notes=list(k.notes), replay=replay)
     return None if k.builtin and replay is None else k
 
 
