@@ -311,9 +311,10 @@ def _execute(args, entries, report, progress) -> int:
         code = report(results, infos) if comm.rank == 0 else 0
         if comm.rank == 0:
             sys.stdout.flush()
-            if code == 1 and headline(results):
+            line = headline(results) if code == 1 else ""
+            if line:
                 from cpsim.run.dist import _record
-                _record(DistError(headline(results)))  # the launch script's one line quotes it
+                _record(DistError(line))  # the launch script's one line quotes it
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
         comm.fail(e)
     # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
