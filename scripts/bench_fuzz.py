@@ -78,7 +78,7 @@ def bench_small(paths: list[str], shape: tuple[int, int, int], reps: int) -> dic
     return {"shape": "CP %d, %d group(s), %d request(s)" % shape, "cpu_per_s": reps / cpu, "wall_per_s": reps / wall}
 
 
-def bench_issue15(examples: int, device: str = "cpu") -> list[dict]:
+def bench_issue15(examples: int, device: str = "cpu", explore: str = "random") -> list[dict]:
     """Default-space throughput (1 job, and 2 jobs on CPU) and time-to-two-bugs."""
     import tempfile
     from pathlib import Path
@@ -87,11 +87,11 @@ def bench_issue15(examples: int, device: str = "cpu") -> list[dict]:
     jobs = (1, 2) if device == "cpu" else (1,)
     for n in jobs:
         cfg = fz.FuzzConfig(max_examples=examples, seed=0, database=None, jobs=n, device=device,
-                            out=Path(tempfile.mkdtemp()))
+                            out=Path(tempfile.mkdtemp()), explore=explore)
         c, w = time.process_time(), time.perf_counter()
         r = fz.search(cfg) if n == 1 else fz.search_jobs(cfg)
         c, w = time.process_time() - c, time.perf_counter() - w
-        out.append({"workload": f"fuzz default space, {n} job(s), {device}", "examples": r.examples,
+        out.append({"workload": f"fuzz default space, {n} job(s), {device}", "explore": explore, "examples": r.examples,
                     "violations": len(r.reported), "wall_per_s": r.examples / w,
                     "cpu_per_s": r.examples / c if n == 1 else None})
         print(f"default space, {n} job(s) on {device}: {r.examples} examples, {r.examples / w:.1f}/s wall"
@@ -101,7 +101,7 @@ def bench_issue15(examples: int, device: str = "cpu") -> list[dict]:
         root = Path(__file__).resolve().parents[1]
         k = {"v1": load(str(root / "tests/kernels/two_bugs_v1.py") + ":_compute_slot_mapping_kernel", "v1")}
         cfg = fz.FuzzConfig(paths=["v1"], kernels=k, max_examples=400, seed=0, database=None,
-                            shrink_seconds=15, out=Path(tempfile.mkdtemp()))
+                            shrink_seconds=15, out=Path(tempfile.mkdtemp()), explore=explore)
         w = time.perf_counter()
         r = fz.search(cfg)
         fz.write_findings(cfg, r)
@@ -130,7 +130,8 @@ def kernel_variants() -> int | None:
     return total
 
 
-def bench_device_passes(examples: int, device: str, passes: int, profile: str | None) -> list[dict]:
+def bench_device_passes(examples: int, device: str, passes: int, profile: str | None,
+                        explore: str = "random") -> list[dict]:
     """The default space on a compiled device, the same seed ``passes`` times in one process: the first
     pass compiles (or loads from Triton's disk cache) one kernel per new constexpr set, later passes find
     every kernel in memory, i.e. the steady state of a long run. ``profile``: cProfile the last pass."""
@@ -143,7 +144,8 @@ def bench_device_passes(examples: int, device: str, passes: int, profile: str | 
     from cpsim.run import isolation
     out = []
     for k in range(passes):
-        cfg = fz.FuzzConfig(max_examples=examples, seed=0, database=None, device=device, out=Path(tempfile.mkdtemp()))
+        cfg = fz.FuzzConfig(max_examples=examples, seed=0, database=None, device=device, out=Path(tempfile.mkdtemp()),
+                            explore=explore)
         prof = cProfile.Profile() if profile and k == passes - 1 else None
         c, w = time.process_time(), time.perf_counter()
         if prof:
@@ -153,7 +155,7 @@ def bench_device_passes(examples: int, device: str, passes: int, profile: str | 
             prof.disable()
         c, w = time.process_time() - c, time.perf_counter() - w
         variants = None if isolation.current().process else kernel_variants()
-        row = {"workload": f"fuzz default space, 1 job, {device}, pass {k + 1} of {passes}",
+        row = {"workload": f"fuzz default space, 1 job, {device}, pass {k + 1} of {passes}", "explore": explore,
                "isolation_worker": isolation.current().process, "examples": r.examples, "wall_per_s": r.examples / w,
                "cpu_per_s_this_process": r.examples / c, "kernel_variants_in_memory": variants,
                "profiled": prof is not None}
@@ -180,6 +182,7 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=0,
                     help="with --issue15-device: the same seed this many times in one process (steady state)")
     ap.add_argument("--profile", metavar="FILE", help="with --passes: cProfile text of the last pass")
+    ap.add_argument("--explore", default="random", choices=fz.EXPLORERS, help="as cpsim fuzz --explore")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
@@ -191,9 +194,9 @@ def main() -> None:
             select_device(args.issue15_device)
         if args.passes:
             out["results"] = bench_device_passes(args.examples, args.issue15_device or "cpu", args.passes,
-                                                 args.profile)
+                                                 args.profile, args.explore)
         else:
-            out["results"] = bench_issue15(args.examples, args.issue15_device or "cpu")
+            out["results"] = bench_issue15(args.examples, args.issue15_device or "cpu", args.explore)
         out["load_avg_end"] = os.getloadavg()
         print(f"load average {out['load_avg_start'][0]:.1f} -> {out['load_avg_end'][0]:.1f}")
         if args.json:

@@ -1,6 +1,7 @@
 """cpsim fuzz / replay: the search finds injected faults, shrinks them, and the repro replays."""
 
 import json
+import random
 import os
 import subprocess
 import sys
@@ -11,7 +12,9 @@ from hypothesis import HealthCheck, given, settings
 
 from cpsim import cli
 from cpsim import fuzz as fz
+from cpsim.fuzz import space
 from cpsim import scenario as sc
+from cpsim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,14 +59,12 @@ def test_strategy_draws_valid_scenarios_that_round_trip(s):
             assert g.world(s.cp) == 1
 
 
-def test_strategy_reaches_the_corners_the_faults_live_in():
-    """Large caches, positions past 4096 blocks, BPK > 1 with CP, graph padding, dummies."""
+@pytest.mark.parametrize("explore", fz.EXPLORERS)
+def test_strategy_reaches_the_corners_the_faults_live_in(explore):
+    """Large caches, positions past 4096 blocks, BPK > 1 with CP, graph padding, dummies: in the
+    first 300 scenarios of either driver of the space (plain random draws, Hypothesis)."""
     seen = set()
 
-    # Derandomized: a fixed example sequence, so the test cannot flake on an unlucky draw.
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None,
-              derandomize=True)
-    @given(fz.scenarios())
     def probe(s):
         n = s.cp.world
         if any(g.num_blocks > 2**24 for g in s.groups):
@@ -83,7 +84,13 @@ def test_strategy_reaches_the_corners_the_faults_live_in():
         if s.cp.pcp > 1 and s.cp.dcp > 1:
             seen.add("PCP x DCP")
 
-    probe()
+    if explore == "random":
+        rng = random.Random(0)
+        for _ in range(300):
+            probe(space.build(space.RandomDraw(rng)))
+    else:  # derandomized: a fixed example sequence, so the test cannot flake on an unlucky draw
+        settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+                 derandomize=True)(given(fz.scenarios())(probe))()
     assert seen == {"cache > 2^24 blocks", "hybrid blocks under CP", "graph padding",
                     "dummy request", "past a 4096-entry window", "CP world not a power of two", "PCP x DCP"}
 
@@ -328,3 +335,41 @@ def test_under_torchrun_each_rank_fuzzes_its_own_seed_stream(tmp_path):
     assert "rank 1:" in proc.stdout and not (tmp_path / "fuzz-summary.json").exists()
     summary = json.loads((tmp_path / "fuzz-summary-rank1.json").read_text())
     assert summary["signatures"] and all(x["job"] == 1 for x in summary["signatures"])
+
+
+def test_random_draws_replay_through_hypothesis_as_the_same_scenario():
+    """The random explorer hands a failing scenario to Hypothesis as its recorded choices
+    (a secondary-corpus database entry); Hypothesis must rebuild exactly that scenario, or it
+    would shrink something else."""
+    from hypothesis import Phase
+    from cpsim.fuzz import explore
+
+    rng = random.Random(7)
+    drawn = []
+    for _ in range(40):
+        d = space.RandomDraw(rng)
+        drawn.append((space.build(d), explore.encode(d.choices)))
+    for s, blob in drawn:
+        got = []
+
+        def record(x):
+            got.append(x)
+
+        settings(max_examples=1, database=explore.seed_database([blob]), phases=[Phase.reuse],
+                 suppress_health_check=list(HealthCheck), deadline=None)(given(fz.scenarios())(record))()
+        assert got and got[0].fingerprint() == s.fingerprint()
+
+
+def test_hypothesis_explorer_still_finds_and_shrinks(tmp_path):
+    """--explore hypothesis: Hypothesis draws the scenarios too (from the same space)."""
+    r = fz.fuzz(fz.FuzzConfig(inject="stale-tail", max_examples=200, seed=0, database=None, out=tmp_path,
+                              stop_after_first=True, shrink_seconds=3600, explore="hypothesis"))
+    assert r.found
+    z = fz.size(r.scenario)
+    assert z["requests"] == 1 and z["tokens"] <= 2, z
+    assert fz.replay(fz.load_repro(r.repro)).failed
+
+
+def test_explore_rejects_an_unknown_explorer():
+    with pytest.raises(ConfigError, match="--explore"):
+        fz.search(fz.FuzzConfig(explore="grid", max_examples=1, database=None))

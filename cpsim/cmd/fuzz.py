@@ -54,6 +54,10 @@ def register(sub) -> None:
                    help="worker processes (CPU only), each its own seed stream, one shared example database")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "npu"),
                    help="where the kernels run (the checks stay on the host); repro files replay on CPU too")
+    p.add_argument("--explore", default="random", choices=fz.EXPLORERS,
+                   help="how scenarios are drawn: random (default: plain random draws, ~0.2 ms a scenario, each new "
+                        "failure handed to Hypothesis to shrink) or hypothesis (Hypothesis draws them too, ~3 ms); "
+                        "both draw from one definition of the space")
     p.add_argument("--out", default="out", metavar="DIR",
                    help="where repro-<fingerprint>.json and fuzz-summary.json go (default: out)")
     p.add_argument("--db", default=str(fz.DEFAULT_DB), metavar="DIR",
@@ -153,12 +157,13 @@ def main(args) -> int:
         allow_invalid=args.allow_invalid, out=out, database=None if args.no_db else Path(args.db),
         max_programs=args.max_programs, shrink_seconds=args.shrink_seconds, device=str(dev.device),
         space="extreme" if args.extreme else "default", stop_after_first=args.stop_after_first,
-        ignore=ignore, jobs=args.jobs, seed_stream=stream,
+        ignore=ignore, jobs=args.jobs, seed_stream=stream, explore=args.explore,
         summary_name=f"fuzz-summary-rank{stream}.json" if stream else "fuzz-summary.json",
     )
     where = f"rank {stream}: " if stream else ""
     if not args.quiet:
-        console.print(f"{where}space searched: {cfg.describe_space()}; device {dev.device}"
+        console.print(f"{where}space searched: {cfg.describe_space()}; device {dev.device}; "
+                      f"scenarios drawn by {cfg.explorer()}"
                       + (f"; {cfg.jobs} jobs" if cfg.jobs > 1 else ""), highlight=False)
     live = not args.quiet and console.is_terminal
     started = time.monotonic()

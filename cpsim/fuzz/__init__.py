@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import hashlib
 import json
-import math
 import os
 import tempfile
 import time
+import unittest
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,14 +33,13 @@ from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 from cpsim.plugin.kernel_under_test import to_record
 from cpsim.paths import Knobs
+from cpsim.fuzz import space as _space
+from cpsim.fuzz.space import (DEFAULT_BLOCK_ID_LIMIT, DEFAULT_SLOT_LIMIT, GROUP_CHOICES, INT32_MAX,  # noqa: F401
+                              MAX_MODEL_LEN, MAX_TABLE_ENTRIES, REQUEST_KINDS, cache_cap)
 
 REPRO_SCHEMA = "cpsim-repro/1"
 DEFAULT_DB = Path(".cpsim") / "hypothesis"
 DEFAULT_PATHS = ("v1", "v2")
-MAX_TABLE_ENTRIES = 1 << 22      # int32 entries per group table (16 MiB): bounds max_model_len
-MAX_MODEL_LEN = 1 << 24
-MAX_MODEL_LEN_INVALID = 1 << 20  # invalid layouts count blocks by scanning positions
-INT32_MAX = sc.INT32_MAX
 
 # The spaces searched. "default": caches a device could hold and int32 slot tensors can
 # address: every slot id < 2^31 (num_blocks * B <= 2^31) and every kernel-block id < 2^26
@@ -52,15 +50,6 @@ SPACES = {
     "default": "realistic caches: every slot id < 2^31, kernel-block ids up to 2^26",
     "extreme": "integer-boundary caches: kernel-block ids up to 2^31 - 1, slots past 2^31",
 }
-DEFAULT_SLOT_LIMIT = 1 << 31
-DEFAULT_BLOCK_ID_LIMIT = 1 << 26
-
-
-def cache_cap(g: sc.KVGroup, space: str) -> int:
-    """Most physical blocks a group's cache may have in ``space`` (see SPACES)."""
-    if space == "extreme":
-        return INT32_MAX // g.bpk
-    return min(DEFAULT_SLOT_LIMIT // g.block_size, DEFAULT_BLOCK_ID_LIMIT // g.bpk)
 
 
 # ---- fault names -------------------------------------------------------------
@@ -89,197 +78,10 @@ def knobs_for_scenario(knobs, s: sc.Scenario) -> Knobs:
 
 # ---- the scenario strategy ---------------------------------------------------
 
-GROUP_CHOICES = ("attention", "attention-unsharded", "sliding_window", "mamba")
-REQUEST_KINDS = ("decode", "prefill", "chunked", "spec", "empty")
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _programs(world: int, groups: int, reqs: int) -> int:
-    return world * groups * (reqs + 1)
-
-
-@functools.cache
-def _st():
-    """Hypothesis' strategies module, imported once (fuzz is an optional extra)."""
-    from hypothesis import strategies as st
-    return st
-
-
-@functools.lru_cache(maxsize=8192)
-def _small_or(lo: int, small: int, hi: int):
-    """Mostly small values (cheap to interpret, quick to shrink), sometimes anything up to ``hi``."""
-    st = _st()
-    small = min(small, hi)
-    return st.one_of(st.integers(lo, max(lo, small // 2)), st.integers(lo, small), st.integers(lo, hi))
-
-
-@functools.lru_cache(maxsize=8192)
-def _one_of_ints(*bounds: tuple[int, int]):
-    st = _st()
-    return st.one_of(*(st.integers(lo, hi) for lo, hi in bounds))
-
-
-@functools.lru_cache(maxsize=8192)
-def _choice(*values):
-    return _st().sampled_from(values)
-
-
-# Strategies are built once per argument tuple and reused: Hypothesis validates and labels
-# every new strategy object on its first draw, which cost more than the draws themselves
-# (about 5 ms of a fuzz example). The draws, and so every search sequence, are unchanged.
-
-@functools.cache
-def _group():
-    st = _st()
-    pow2 = [1 << i for i in range(13)]
-
-    @st.composite
-    def group(draw) -> sc.KVGroup:
-        """A group; its num_blocks is drawn last, once the batch says how many blocks it needs."""
-        kind = draw(_choice(*GROUP_CHOICES))
-        bpk = 1 if kind in ("sliding_window", "mamba") else draw(_small_or(1, 4, 16))
-        b_max = 4096 // bpk
-        b = draw(_block_size(tuple(p for p in pow2 if p <= b_max), b_max))
-        return sc.KVGroup(kind, "attention" if kind.startswith("attention") else kind, b * bpk,
-                          b if bpk > 1 else 0, kind == "attention", num_blocks=2)
-
-    return group()
-
-
-@functools.cache
-def _block_size(pows: tuple[int, ...], b_max: int):
-    st = _st()
-    return st.one_of(st.sampled_from(pows), st.integers(1, b_max))
-
-
-@functools.lru_cache(maxsize=8192)
-def _request(mml: int, spec: int, max_tokens_per_request: int):
-    st = _st()
-
-    @st.composite
-    def request(draw) -> sc.Request:
-        kind = draw(_choice(*REQUEST_KINDS))
-        q = {"decode": 1, "spec": 1 + spec, "empty": 0}.get(kind)
-        if q is None:
-            q = draw(_small_or(1, 4, max_tokens_per_request))
-        q = min(q, mml)
-        room = mml - q
-        # Few tokens, but anywhere up to max_model_len (or right below it): big positions are cheap.
-        ctx = 0 if kind == "prefill" else draw(_one_of_ints((0, room), (max(0, room - 16), room)))
-        # Rejected / excess drafts of a spec request are padding (shrinks to none).
-        padded_drafts = draw(st.integers(0, q - 1)) if kind == "spec" and q > 1 else 0
-        return sc.Request(ctx, q, kind, padded_drafts)
-
-    return request()
-
-
-@functools.lru_cache(maxsize=8192)
-def _lists(elements, max_size: int):
-    return _st().lists(elements, min_size=1, max_size=max_size)
-
-
 def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_per_request: int = 24,
               max_world: int = 16, space: str = "default"):
-    """Hypothesis strategy of scenarios that ``scenario.validate`` accepts.
-
-    ``max_programs`` bounds world x groups x (requests + 1), the interpreter
-    programs one path launches; large worlds get fewer requests. ``space``: see SPACES
-    (only the cache sizes differ, in ``_cache_sizes``).
-    """
-    st = _st()
-
-    @st.composite
-    def build(draw) -> sc.Scenario:
-        # Lists (not counts + loops) so the shrinker can delete a group or a request outright.
-        world = draw(_small_or(1, 4, max_world))
-        pcp = draw(_choice(*_divisors(world)))
-        drawn = draw(_lists(_group(), draw(_small_or(1, 2, 5))))
-        groups = [dataclasses.replace(g, name=f"g{i}-{g.name}") for i, g in enumerate(drawn)]
-        # Interleave: a divisor of every CP-sharded block size (the global rule), or anything when allowed.
-        sharded_b = [g.block_size for g in groups if world > 1 and g.cp_sharded and g.kind == "attention"]
-        common = math.gcd(*sharded_b) if sharded_b else max(g.block_size for g in groups)
-        invalid = allow_invalid and draw(st.booleans())
-        # I = B (the largest choice) is common in deployments and is where I > b bites with hybrid blocks.
-        interleave = draw(st.integers(1, 2 * max(g.block_size for g in groups)) if invalid
-                          else _divisor_or_common(common))
-        cp = sc.CPConfig(dcp=world // pcp, pcp=pcp, interleave=interleave)
-        # A CP size per sharded group: 0 (the world size, where shrinking goes) or any divisor.
-        groups = [dataclasses.replace(g, cp_size=draw(_choice(0, *_divisors(world))))
-                  if g.cp_sharded and g.kind == "attention" and world > 1 else g for g in groups]
-
-        budget_reqs = max(1, min(64, max_programs // (world * len(groups)) - 1))
-        spec = draw(_small_or(0, 2, 6))
-        extra_rows = draw(_small_or(0, 2, 16))
-        # Table memory bounds max_model_len (v1 tables of unsharded groups are N times wider).
-        rows = budget_reqs + extra_rows
-        cap = min(max(1, MAX_TABLE_ENTRIES // (rows * g.bpk * world)) * g.block_size for g in groups)
-        cap = min(cap, MAX_MODEL_LEN_INVALID if invalid else MAX_MODEL_LEN)
-        mml = draw(_max_model_len(cap))
-        reqs = draw(_lists(_request(mml, spec, max_tokens_per_request), draw(_small_or(1, 3, budget_reqs))))
-        nreq = len(reqs)
-        max_num_reqs = nreq + extra_rows
-        total = sum(r.num_tokens for r in reqs)
-        draft = max(spec - 1, 0) * max_num_reqs
-        # Batched-token limit from "draft slots nearly full" to some slack.
-        mnbt = draw(st.integers(max(1, total - draft), total + 64))
-        limits = sc.Limits(mml, max_num_reqs, mnbt, spec)
-        if draw(st.booleans()):
-            idx = ()
-        else:
-            perm = draw(st.permutations(range(max_num_reqs)))[:nreq]
-            idx = tuple(-1 if r.num_tokens == 0 and draw(st.booleans()) else int(x) for r, x in zip(reqs, perm))
-        padded = draw(st.integers(total, limits.slot_buffer_size)) if draw(st.booleans()) else 0
-        flagged = tuple(sorted(draw(st.sets(st.integers(0, total - 1), max_size=min(total, 3))))) if total else ()
-        s = sc.Scenario("fuzz", cp, tuple(groups), limits, sc.Batch(tuple(reqs), idx, padded, flagged),
-                        seed=draw(st.integers(0, 2**16)), allow_invalid=invalid)
-        s = _with_replay(s)
-        return sc.validate(s.replace(groups=_cache_sizes(draw, s, space)))
-
-    return build()
-
-
-@functools.lru_cache(maxsize=8192)
-def _divisor_or_common(common: int):
-    st = _st()
-    return st.one_of(st.sampled_from(_divisors(common)), st.just(common))
-
-
-@functools.lru_cache(maxsize=8192)
-def _max_model_len(cap: int):
-    st = _st()
-    return st.one_of(st.integers(1, min(256, cap)), st.integers(1, cap), st.just(cap))
-
-
-def _with_replay(s: sc.Scenario) -> sc.Scenario:
-    """Prefix-cache replay from the scenario's own seed, not from Hypothesis: half the scenarios get a
-    group that left prefix caching with a replay window and requests whose chunk starts in it. No draw
-    is added, so the search explores everything else exactly as before; shrinking the seed (or the
-    groups and requests) removes the replay."""
-    import numpy as np
-    groups, reqs = sc.random_replay(np.random.default_rng([s.seed, 0x5e]), list(s.groups), list(s.batch.requests),
-                                    0.5, kinds=("chunked", "decode"))
-    return s.replace(groups=tuple(groups), batch=dataclasses.replace(s.batch, requests=tuple(reqs)))
-
-
-def _cache_sizes(draw, s: sc.Scenario, space: str) -> tuple[sc.KVGroup, ...]:
-    """Each group's num_blocks: a few spare blocks, or a big sparse cache up to the space's cap.
-
-    Drawn as one integer from the smallest cache the batch fits in, so the shrinker moves it
-    down to the smallest failing size (no boundary constant survives a shrink: from the third
-    branch, "near the cap", it moves to the second and on down). The third branch makes caches
-    with ids past 2^24 common wherever the space allows them.
-    """
-    out = []
-    for g in s.groups:
-        need = max(2, sc.max_blocks_needed(s, g) + 1)
-        cap = max(need, cache_cap(g, space))
-        big = (max(need, cap // 16), cap)  # twice: half the caches are big
-        n = draw(_one_of_ints((need, min(need + 64, cap)), (need, cap), big, big))
-        out.append(dataclasses.replace(g, num_blocks=n))
-    return tuple(out)
+    """Hypothesis strategy of scenarios that ``scenario.validate`` accepts (``space.build``)."""
+    return _space.strategy(_space.build, allow_invalid, max_programs, max_tokens_per_request, max_world, space)
 
 
 def size(s: sc.Scenario) -> dict[str, int]:
@@ -541,6 +343,8 @@ def load_known(path: str | Path) -> list[str]:
 
 # ---- the search ------------------------------------------------------------------
 
+EXPLORERS = ("random", "hypothesis")
+
 @dataclass
 class FuzzConfig:
     paths: list[str] = field(default_factory=lambda: list(DEFAULT_PATHS))
@@ -563,6 +367,7 @@ class FuzzConfig:
     jobs: int = 1
     seed_stream: int = 0                 # this process's stream (job index; rank * jobs + job under torchrun)
     summary_name: str = "fuzz-summary.json"  # per rank under torchrun, so ranks sharing --out do not clash
+    explore: str = "random"              # "random": plain random draws, Hypothesis shrinks (cpsim.fuzz.explore); "hypothesis"
 
     def config_key(self) -> str:
         """Hash of what decides which scenarios fail: the example database is kept per key."""
@@ -572,6 +377,11 @@ class FuzzConfig:
                 "allow_invalid": self.allow_invalid, "max_programs": self.max_programs,
                 "max_tokens_per_request": self.max_tokens_per_request}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def explorer(self) -> str:
+        if self.explore not in EXPLORERS:
+            raise ConfigError("--explore", f"must be one of {', '.join(EXPLORERS)}, got {self.explore!r}")
+        return self.explore
 
     def describe_space(self) -> str:
         extra = ", invalid CP layouts too" if self.allow_invalid else ""
@@ -710,14 +520,16 @@ class _Searcher:
         return {signature_text(p, group_kind(s, g), signature_invariants(invs), d): d
                 for (p, g, d), invs in by.items()}
 
-    def check(self, s: sc.Scenario) -> None:
+    def visit(self, s: sc.Scenario) -> dict[str, str] | None:
+        """{signature: dimension} of ``s`` ({} when it passes), run once per fingerprint; None when
+        the shrink budget is spent and ``s`` is new (it then counts as passing)."""
         fp = s.fingerprint()
         if fp not in self.seen:
             if self.shrink_until is not None and time.monotonic() > self.shrink_until:
                 # Shrink budget spent: new candidates pass, so the shrinker stops; the
                 # failures already seen stay failures, so the result is one of them.
                 self.prog.phase = "shrink (budget spent)"
-                return
+                return None
             self.prog.examples += 1
             out = self.run(s)
             sigs = self.classify(s, out) if out.failed else {}
@@ -726,18 +538,26 @@ class _Searcher:
                 self.prog.failures += 1
                 self.outcomes[fp] = out
                 self.record(s, out, sigs)
-        sigs = self.seen[fp]
         if self.on_progress:
             self.on_progress(self.prog)
-        live = sorted((x for x in sigs if x not in self.done and not self.findings[x].ignored),
+        return self.seen[fp]
+
+    def live(self, sigs) -> list[str]:
+        """The signatures of ``sigs`` still to shrink, the earliest found first."""
+        return sorted((x for x in sigs if x not in self.done and not self.findings[x].ignored),
                       key=lambda x: self.findings[x].first_seen)
+
+    def check(self, s: sc.Scenario) -> None:
+        """Hypothesis' test: raises one failure type per signature, so each is shrunk on its own."""
+        sigs = self.visit(s)
+        live = self.live(sigs or {})
         if live:
             if self.shrink_until is None:
                 self.shrink_until = time.monotonic() + self.cfg.shrink_seconds
                 self.prog.phase = "shrink"
             # --stop-after-first: one exception type, so Hypothesis shrinks toward any failure (today's behaviour).
             kind = _failure_type("") if self.cfg.stop_after_first else _failure_type(live[0])
-            err = kind(f"{live[0]} ({', '.join(self.outcomes[fp].invariants())})")
+            err = kind(f"{live[0]} ({', '.join(self.outcomes[s.fingerprint()].invariants())})")
             err.signature = live[0]
             raise err
 
@@ -767,50 +587,46 @@ def _hypothesis():
     return hypothesis
 
 
-def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None) -> FuzzResult:
-    """One job: rounds of Hypothesis (generate, then shrink every new signature it raised)
-    until the example budget or the time is spent. Writes nothing."""
+def hypothesis_round(me: _Searcher, strategy, db, budget: int, phases, seed: int | None) -> int:
+    """One run of Hypothesis over ``me.check``; marks the signatures it shrank and reported as done.
+    Returns the number of scenarios it ran."""
     hypothesis = _hypothesis()
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-    from hypothesis.database import DirectoryBasedExampleDatabase
-    import torch
+    from hypothesis import HealthCheck, Verbosity, given, settings
 
-    torch.set_num_threads(1)  # tiny tensors: intra-op threads only add contention
-    me = _Searcher(cfg, on_progress)
-    strategy = scenarios(cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
-    db = DirectoryBasedExampleDatabase(str(Path(cfg.database) / cfg.config_key())) if cfg.database else None
-    deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
-    round_ = 0
-    while True:
-        budget = cfg.max_examples - me.prog.examples if deadline is None else 100
-        if budget <= 0:
-            break
-        me.shrink_until = None
-        me.prog.phase = "search"
-        before = me.prog.examples
-        test = settings(
-            max_examples=budget, database=db, deadline=None, derandomize=False, verbosity=Verbosity.quiet,
-            phases=[Phase.reuse, Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck),
-            report_multiple_bugs=not cfg.stop_after_first, print_blob=False,
-        )(given(strategy)(me.check))
-        if cfg.seed is not None:
-            test = hypothesis.seed(cfg.seed + cfg.seed_stream * SEED_STRIDE + round_)(test)
-        try:
-            test()
-        except BaseException as e:  # noqa: B036 - Hypothesis raises an ExceptionGroup for several bugs
-            raised = list(getattr(e, "exceptions", None) or [e])  # an ExceptionGroup holds several
-            if not all(isinstance(x, SignatureFailure) for x in raised):
-                raise  # not a violation: a bug in cpsim itself (or Ctrl-C)
-            for x in raised:
-                me.done.add(x.signature)
-                me.findings[x.signature].shrunk = True
-        round_ += 1
-        if me.prog.examples == before:
-            break  # the round drew nothing new (a tiny budget replays the simplest scenario)
-        if cfg.stop_after_first and me.reported():
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            break
+    cfg = me.cfg
+    before = me.prog.examples
+    me.shrink_until = None
+    test = settings(
+        max_examples=budget, database=db, deadline=None, derandomize=False, verbosity=Verbosity.debug if os.environ.get("CPSIM_HYP_DEBUG") else Verbosity.quiet,
+        phases=phases, suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=not cfg.stop_after_first, print_blob=False,
+    )(given(strategy)(me.check))
+    if seed is not None:
+        test = hypothesis.seed(seed)(test)
+    try:
+        test()
+    except unittest.SkipTest:
+        pass  # nothing to run: a replay-only round over an empty database
+    except BaseException as e:  # noqa: B036 - Hypothesis raises an ExceptionGroup for several bugs
+        raised = list(getattr(e, "exceptions", None) or [e])  # an ExceptionGroup holds several
+        if not all(isinstance(x, SignatureFailure) for x in raised):
+            raise  # not a violation: a bug in cpsim itself (or Ctrl-C)
+        for x in raised:
+            me.done.add(x.signature)
+            me.findings[x.signature].shrunk = True
+    return me.prog.examples - before
+
+
+def strategy_of(cfg: FuzzConfig):
+    return scenarios(cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
+
+
+def database_of(cfg: FuzzConfig):
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    return DirectoryBasedExampleDatabase(str(Path(cfg.database) / cfg.config_key())) if cfg.database else None
+
+
+def finish(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
     elapsed = time.monotonic() - me.prog.started
     findings = merge_nested(list(me.findings.values()))
     if cfg.stop_after_first:  # today's behaviour: the one violation Hypothesis shrank
@@ -818,6 +634,40 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
         first = ([f for f in shown if f.shrunk] or shown)[:1]
         findings = first + [f for f in findings if f.ignored]
     return FuzzResult(me.prog.examples, elapsed, findings, cfg.space, 1, me.classify_runs)
+
+
+def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None) -> FuzzResult:
+    """One job: rounds of Hypothesis (generate, then shrink every new signature it raised)
+    until the example budget or the time is spent; with ``explore="random"`` the plain-random
+    explorer instead (``cpsim.fuzz.explore``). Writes nothing."""
+    _hypothesis()
+    from hypothesis import Phase
+    import torch
+
+    torch.set_num_threads(1)  # tiny tensors: intra-op threads only add contention
+    me = _Searcher(cfg, on_progress)
+    if cfg.explorer() == "random":
+        from cpsim.fuzz.explore import explore
+        explore(me)
+        return finish(cfg, me)
+    strategy, db = strategy_of(cfg), database_of(cfg)
+    deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
+    round_ = 0
+    while True:
+        budget = cfg.max_examples - me.prog.examples if deadline is None else 100
+        if budget <= 0:
+            break
+        me.prog.phase = "search"
+        seed = None if cfg.seed is None else cfg.seed + cfg.seed_stream * SEED_STRIDE + round_
+        ran = hypothesis_round(me, strategy, db, budget, [Phase.reuse, Phase.generate, Phase.shrink], seed)
+        round_ += 1
+        if ran == 0:
+            break  # the round drew nothing new (a tiny budget replays the simplest scenario)
+        if cfg.stop_after_first and me.reported():
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    return finish(cfg, me)
 
 
 # ---- several jobs --------------------------------------------------------------------

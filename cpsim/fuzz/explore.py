@@ -1,0 +1,101 @@
+"""Searching at device speed: plain random scenarios, each new signature shrunk by Hypothesis.
+
+On a GPU a scenario's kernels take microseconds and its host work a few milliseconds, while a
+Hypothesis draw costs about two (its engine keeps a tree of every choice made). So here the
+scenarios come from the same space (``space.build``) through ``space.RandomDraw``, and only
+the failures go through Hypothesis: the choices that drew a failing scenario are handed over
+as an entry of the example database's secondary corpus, which Hypothesis replays choice for
+choice (the same scenario) and then shrinks as if it had found it itself.
+
+The entry goes to the secondary corpus, not the primary: Hypothesis takes a primary entry
+that still fails exactly as given for an already shrunk example and would skip shrinking.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from cpsim import fuzz as fz
+from cpsim.fuzz import space
+
+SHRINK_EVERY = 1000   # explored scenarios between shrink rounds (and after the last)
+MAX_REDRAWS = 50      # duplicate draws in a row before the space counts as exhausted
+
+
+def seed_database(seeds: list[bytes], backing=None):
+    """An example database whose secondary corpus is ``seeds``; whatever Hypothesis saves (the
+    shrunk examples) goes to ``backing``, so a later run starts from them."""
+    from hypothesis.database import ExampleDatabase
+
+    class SeedDatabase(ExampleDatabase):
+        def fetch(self, key: bytes):
+            if key.endswith(b".secondary"):
+                yield from seeds
+
+        def save(self, key: bytes, value: bytes) -> None:
+            if backing is not None and not key.endswith(b".secondary"):
+                backing.save(key, value)
+
+        def delete(self, key: bytes, value: bytes) -> None:
+            if backing is not None and not key.endswith(b".secondary"):
+                backing.delete(key, value)
+
+    return SeedDatabase()
+
+
+def encode(choices: list[int]) -> bytes:
+    from hypothesis.database import choices_to_bytes
+    return choices_to_bytes(choices)
+
+
+def explore(me: "fz._Searcher") -> None:
+    """Draw, run and classify until the budget (examples or minutes) is spent; shrink each new
+    signature with Hypothesis every ``SHRINK_EVERY`` scenarios and at the end."""
+    from hypothesis import Phase
+
+    cfg = me.cfg
+    stream = None if cfg.seed is None else cfg.seed + cfg.seed_stream * fz.SEED_STRIDE
+    rng = random.Random(stream)
+    strategy, db = fz.strategy_of(cfg), fz.database_of(cfg)
+    deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
+    seeds: dict[str, bytes] = {}   # signature -> the choices of the first scenario that showed it
+    if db is not None:  # failures an earlier run shrank and saved: replayed (not shrunk again) first
+        me.prog.phase = "replay database"
+        fz.hypothesis_round(me, strategy, db, 1, [Phase.reuse], None)
+
+    def shrink() -> None:
+        pending = [x for x in me.live(seeds) if x in seeds]
+        if not pending:
+            return
+        me.prog.phase = "shrink"
+        # No Hypothesis seed here: a seeded Hypothesis run reads no database, so it would not see the
+        # entries. The scenarios explored still follow --seed; the shrinker's few random passes do not.
+        fz.hypothesis_round(me, strategy, seed_database([seeds[x] for x in pending], db),
+                            len(pending), [Phase.reuse, Phase.shrink], None)
+        for x in pending:
+            me.done.add(x)  # shrunk, or kept as the smallest seen when Hypothesis could not replay it
+
+    redraws = since_shrink = 0
+    while redraws < MAX_REDRAWS:
+        if deadline is None and me.prog.examples >= cfg.max_examples:
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        me.prog.phase = "search"
+        d = space.RandomDraw(rng)
+        s = space.build(d, cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
+        if s.fingerprint() in me.seen:
+            redraws += 1
+            continue
+        redraws = 0
+        since_shrink += 1
+        sigs = me.visit(s) or {}
+        for x in sigs:
+            seeds.setdefault(x, encode(d.choices))
+        if cfg.stop_after_first and me.reported():
+            break
+        if since_shrink >= SHRINK_EVERY:
+            shrink()
+            since_shrink = 0
+    shrink()
