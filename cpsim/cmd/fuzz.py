@@ -33,8 +33,9 @@ def register(sub) -> None:
                         help="scenarios to run, search and shrink together, all jobs together (default: 300)")
     budget.add_argument("--minutes", type=float, metavar="M",
                         help="keep searching in rounds of 100 examples until M minutes have passed")
-    p.add_argument("--seed", type=int, help="Hypothesis seed: the same seed gives the same run. Hypothesis then neither "
-                                            "reads nor writes the example database (default: random, database on)")
+    p.add_argument("--seed", type=int, help="the same seed draws the same scenarios; the example database is then "
+                                            "neither read nor written (default: random, database on). Shrinking is "
+                                            "seeded too with --explore hypothesis only")
     add_path_args(p, default=",".join(fz.DEFAULT_PATHS))
     p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim fuzz --list-faults`)")
     p.add_argument("--list-faults", action="store_true", help="print the fault names --inject accepts and exit")

@@ -597,7 +597,7 @@ def hypothesis_round(me: _Searcher, strategy, db, budget: int, phases, seed: int
     before = me.prog.examples
     me.shrink_until = None
     test = settings(
-        max_examples=budget, database=db, deadline=None, derandomize=False, verbosity=Verbosity.debug if os.environ.get("CPSIM_HYP_DEBUG") else Verbosity.quiet,
+        max_examples=budget, database=db, deadline=None, derandomize=False, verbosity=Verbosity.quiet,
         phases=phases, suppress_health_check=list(HealthCheck),
         report_multiple_bugs=not cfg.stop_after_first, print_blob=False,
     )(given(strategy)(me.check))

@@ -57,7 +57,8 @@ def explore(me: "fz._Searcher") -> None:
     cfg = me.cfg
     stream = None if cfg.seed is None else cfg.seed + cfg.seed_stream * fz.SEED_STRIDE
     rng = random.Random(stream)
-    strategy, db = fz.strategy_of(cfg), fz.database_of(cfg)
+    # With --seed the run is a function of the seed: no database read or written (as Hypothesis does when seeded).
+    strategy, db = fz.strategy_of(cfg), (fz.database_of(cfg) if stream is None else None)
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
     seeds: dict[str, bytes] = {}   # signature -> the choices of the first scenario that showed it
     if db is not None:  # failures an earlier run shrank and saved: replayed (not shrunk again) first
