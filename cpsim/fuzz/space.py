@@ -52,22 +52,27 @@ class RandomDraw:
     (offsets from the lower bound), for Hypothesis to replay.
 
     Bounds and their neighbours come up often, as in Hypothesis, and half the draws over a
-    wide range are log-uniform, so small values stay common next to the space's own branches.
+    range of more than 16 values are log-uniform, so small values stay common (and repeat: on a
+    device each new constexpr set is a compile) next to the space's own branches.
     """
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, prefix: list[int] | tuple[int, ...] = ()):
         self.rng = rng
+        self.prefix = prefix  # offsets to replay first (an earlier scenario's), where they still fit
         self.choices: list[int] = []
 
     def integer(self, lo: int, hi: int) -> int:
         span = hi - lo
+        i = len(self.choices)
         if span <= 0:
             v = lo
+        elif i < len(self.prefix) and self.prefix[i] <= span:
+            v = lo + self.prefix[i]
         else:
             r = self.rng.random()
             if span > 127 and r < 6 / 128:
                 v = (lo, lo, lo + 1, hi - 1, hi, hi)[int(r * 128)]
-            elif span > 255 and r < 0.5:
+            elif span > 15 and r < 0.5:
                 v = lo + min(span, self.rng.getrandbits(self.rng.randint(1, span.bit_length())))
             else:
                 v = self.rng.randint(lo, hi)
@@ -191,8 +196,9 @@ def group(d) -> sc.KVGroup:
     kind = pick(d, GROUP_CHOICES)
     bpk = 1 if kind in ("sliding_window", "mamba") else small_or(d, 1, 4, 16)
     b_max = 4096 // bpk
-    # Powers of two, or any size (mostly small: every new size is a new constexpr set to compile on a device).
-    b = pick(d, [p for p in POW2 if p <= b_max]) if not flag(d) else small_or(d, 1, 64, b_max)
+    # Mostly powers of two, sometimes any size (mostly small): on a device every new block size is a
+    # new constexpr set, compiled once per CP rank.
+    b = pick(d, [p for p in POW2 if p <= b_max]) if d.integer(0, 3) < 3 else small_or(d, 1, 64, b_max)
     return sc.KVGroup(kind, "attention" if kind.startswith("attention") else kind, b * bpk,
                       b if bpk > 1 else 0, kind == "attention", num_blocks=2)
 
