@@ -17,6 +17,7 @@ shrink and repro files).
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15 --examples 400
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15-device cuda --examples 3000   # on the GPU
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15-device cuda --examples 300 --passes 3 [--profile F]
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --draws --examples 1000   # drawing alone, both explorers
 """
 
 from __future__ import annotations
@@ -114,6 +115,34 @@ def bench_issue15(examples: int, device: str = "cpu", explore: str = "random") -
     return out
 
 
+def bench_draws(n: int) -> list[dict]:
+    """Drawing alone (no kernels, no checks): Hypothesis over ``fz.scenarios()`` and the random explorer."""
+    import random
+
+    from hypothesis import HealthCheck, Phase, given, seed, settings
+    from cpsim.fuzz import explore, space
+
+    count = [0]
+
+    def body(s):
+        count[0] += 1
+
+    test = seed(0)(settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
+                            suppress_health_check=list(HealthCheck))(given(fz.scenarios())(body)))
+    w = time.perf_counter()
+    test()
+    hyp = (time.perf_counter() - w) / count[0]
+    rng, recent = random.Random(0), {}
+    w = time.perf_counter()
+    for i in range(n):
+        d = space.RandomDraw(rng, explore.prefix(rng, recent))
+        space.build(d)
+        recent[i % explore.RECENT] = d.choices
+    rnd = (time.perf_counter() - w) / n
+    print(f"drawing one scenario: Hypothesis {hyp * 1e3:.2f} ms, random explorer {rnd * 1e3:.2f} ms", flush=True)
+    return [{"workload": "draw one scenario", "hypothesis_ms": hyp * 1e3, "random_ms": rnd * 1e3, "n": n}]
+
+
 def kernel_variants() -> int | None:
     """Compiled variants (one per constexpr set and signature) Triton holds in memory, all kernels."""
     import importlib
@@ -183,11 +212,18 @@ def main() -> None:
                     help="with --issue15-device: the same seed this many times in one process (steady state)")
     ap.add_argument("--profile", metavar="FILE", help="with --passes: cProfile text of the last pass")
     ap.add_argument("--explore", default="random", choices=fz.EXPLORERS, help="as cpsim fuzz --explore")
+    ap.add_argument("--draws", action="store_true", help="only the cost of drawing scenarios (--examples of them)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
                       f"torch {torch.__version__}",
            "load_avg_start": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"), "results": []}
+    if args.draws:
+        out["results"] = bench_draws(args.examples)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return
     if args.issue15 or args.issue15_device:
         if args.issue15_device and args.issue15_device != "cpu":
             from cpsim.run.dist import select_device

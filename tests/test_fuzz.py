@@ -217,6 +217,7 @@ def test_two_independent_bugs_give_two_signatures_in_one_run(tmp_path, capsys, m
     sigs = [x["signature"] for x in summary["signatures"]]
     assert len(sigs) == 2, sigs
     assert {x["dimension"] for x in summary["signatures"]} == {"padded-tail", "block-id>2^24"}
+    assert all(x["shrunk"] for x in summary["signatures"]), summary["signatures"]  # each by Hypothesis
     assert "2 distinct violation(s)" in text and "space default" in text
     rows = [ln for ln in text.splitlines() if "repro-" in ln and "│" in ln]
     assert len(rows) == 2  # the final table

@@ -78,16 +78,23 @@ def explore(me: "fz._Searcher") -> None:
         fz.hypothesis_round(me, strategy, db, 1, [Phase.reuse], None)
 
     def shrink() -> None:
-        pending = [x for x in me.live(seeds) if x in seeds]
-        if not pending:
-            return
-        me.prog.phase = "shrink"
-        # No Hypothesis seed here: a seeded Hypothesis run reads no database, so it would not see the
-        # entries. The scenarios explored still follow --seed; the shrinker's few random passes do not.
-        fz.hypothesis_round(me, strategy, seed_database([seeds[x] for x in pending], db),
-                            len(pending), [Phase.reuse, Phase.shrink], None)
-        for x in pending:
-            me.done.add(x)  # shrunk, or kept as the smallest seen when Hypothesis could not replay it
+        # A scenario showing two signatures raises the earlier one; the other is raised (and shrunk)
+        # in the next round, once the first is done. A round that shrinks nothing ends it.
+        for _ in range(len(seeds) + 1):
+            pending = [x for x in me.live(seeds) if x in seeds]
+            if not pending:
+                return
+            me.prog.phase = "shrink"
+            before = len(me.done)
+            # No Hypothesis seed here: a seeded Hypothesis run reads no database, so it would not see the
+            # entries. The scenarios explored still follow --seed; the shrinker's few random passes do not.
+            fz.hypothesis_round(me, strategy, seed_database([seeds[x] for x in pending], db),
+                                len(pending), [Phase.reuse, Phase.shrink], None)
+            if len(me.done) == before:
+                break
+        for x in me.live(seeds):
+            if x in seeds:
+                me.done.add(x)  # not replayed as recorded: kept as the smallest failure seen
 
     recent: dict[int, list[int]] = {}
     redraws = since_shrink = 0
