@@ -115,32 +115,48 @@ def bench_issue15(examples: int, device: str = "cpu", explore: str = "random") -
     return out
 
 
+def past_2_24(s: sc.Scenario) -> bool:
+    """Some rank's allocation puts a kernel-block id past 2^24 in use (where float32 ids go wrong)."""
+    for row in allocate_world(s):
+        for g, a in zip(s.groups, row):
+            if g.slot_mapped and any(len(b) and int(b.max()) * g.bpk > 2**24 for b in a.blocks):
+                return True
+    return False
+
+
 def bench_draws(n: int) -> list[dict]:
-    """Drawing alone (no kernels, no checks): Hypothesis over ``fz.scenarios()`` and the random explorer."""
+    """Drawing alone (no kernels, no checks): Hypothesis over ``fz.scenarios()`` and the random explorer;
+    then how many of the first ``n`` scenarios of each put a block id past 2^24 in use (not timed)."""
     import random
 
     from hypothesis import HealthCheck, Phase, given, seed, settings
     from cpsim.fuzz import explore, space
 
     count = [0]
+    drawn: list[sc.Scenario] = []
 
     def body(s):
         count[0] += 1
+        drawn.append(s)
 
     test = seed(0)(settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
                             suppress_health_check=list(HealthCheck))(given(fz.scenarios())(body)))
     w = time.perf_counter()
     test()
     hyp = (time.perf_counter() - w) / count[0]
-    rng, recent = random.Random(0), {}
+    rng, recent, mine = random.Random(0), {}, []
     w = time.perf_counter()
     for i in range(n):
         d = space.RandomDraw(rng, explore.prefix(rng, recent))
-        space.build(d)
+        mine.append(space.build(d))
         recent[i % explore.RECENT] = d.choices
     rnd = (time.perf_counter() - w) / n
+    reach = {"hypothesis": sum(map(past_2_24, drawn)), "random": sum(map(past_2_24, mine))}
     print(f"drawing one scenario: Hypothesis {hyp * 1e3:.2f} ms, random explorer {rnd * 1e3:.2f} ms", flush=True)
-    return [{"workload": "draw one scenario", "hypothesis_ms": hyp * 1e3, "random_ms": rnd * 1e3, "n": n}]
+    print(f"block ids past 2^24 in use: Hypothesis {reach['hypothesis']} of {len(drawn)}, "
+          f"random explorer {reach['random']} of {n}", flush=True)
+    return [{"workload": "draw one scenario", "hypothesis_ms": hyp * 1e3, "random_ms": rnd * 1e3, "n": n,
+             "past_2_24": reach}]
 
 
 def kernel_variants() -> int | None:
