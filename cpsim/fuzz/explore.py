@@ -1,7 +1,7 @@
 """Searching at device speed: plain random scenarios, each new signature shrunk by Hypothesis.
 
 On a GPU a scenario's kernels take microseconds and its host work a few milliseconds, while a
-Hypothesis draw costs about two (its engine keeps a tree of every choice made). So here the
+Hypothesis draw costs about two milliseconds (its engine keeps a tree of every choice made). So here the
 scenarios come from the same space (``space.build``) through ``space.RandomDraw``, and only
 the failures go through Hypothesis: the choices that drew a failing scenario are handed over
 as an entry of the example database's secondary corpus, which Hypothesis replays choice for
@@ -57,6 +57,9 @@ def seed_database(seeds: list[bytes], backing=None):
 
 
 def encode(choices: list[int]) -> bytes:
+    """A database entry: Hypothesis' own serialisation of a choice sequence. ``choices_to_bytes``
+    is a module function of ``hypothesis.database``, not documented API; tests/test_fuzz.py replays
+    such entries and fails if the format ever stops round-tripping."""
     from hypothesis.database import choices_to_bytes
     return choices_to_bytes(choices)
 
