@@ -58,8 +58,9 @@ def seed_database(seeds: list[bytes], backing=None):
 
 def encode(choices: list[int]) -> bytes:
     """A database entry: Hypothesis' own serialisation of a choice sequence. ``choices_to_bytes``
-    is a module function of ``hypothesis.database``, not documented API; tests/test_fuzz.py replays
-    such entries and fails if the format ever stops round-tripping."""
+    is a module function of ``hypothesis.database``, not documented API (pyproject asks for
+    Hypothesis >= 6.168, the oldest version it was run with); tests/test_fuzz.py replays such
+    entries and fails if the format ever stops round-tripping."""
     from hypothesis.database import choices_to_bytes
     return choices_to_bytes(choices)
 
