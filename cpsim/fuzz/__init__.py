@@ -1,14 +1,15 @@
 """Search the scenario space for every distinct violation, shrink each, hand them over as files.
 
-Hypothesis draws scenarios that are valid by construction (``scenario.validate``
-accepts every one of them unless ``allow_invalid`` asks for broken CP layouts),
-runs them in the virtual world and lets the coordinator judge. Failures are
+Scenarios come from one space (``space``), valid by construction (``scenario.validate``
+accepts every one of them unless ``allow_invalid`` asks for broken CP layouts), drawn by plain
+random draws (``explore``, the default) or by Hypothesis; they run in the virtual world and the
+coordinator judges them. Failures are
 grouped by a *signature* (path, group kind, failed invariants, triggering
 dimension); each signature is shrunk on its own and written as a repro file that
 ``cpsim replay`` (or any cpsim, on any machine) reruns.
 
 Sizes are kept small on purpose: the Triton interpreter runs one program per
-request per group per rank per path, at a few milliseconds each, so the strategy
+request per group per rank per path, at a few milliseconds each, so the space
 spends its budget on *positions* and *cache sizes* (where the int32 / float32 /
 window limits live) rather than on token counts.
 """
@@ -34,8 +35,6 @@ from cpsim.errors import ConfigError
 from cpsim.plugin.kernel_under_test import to_record
 from cpsim.paths import Knobs
 from cpsim.fuzz import space as _space
-from cpsim.fuzz.space import (DEFAULT_BLOCK_ID_LIMIT, DEFAULT_SLOT_LIMIT, GROUP_CHOICES, INT32_MAX,  # noqa: F401
-                              MAX_MODEL_LEN, MAX_TABLE_ENTRIES, REQUEST_KINDS, cache_cap)
 
 REPRO_SCHEMA = "cpsim-repro/1"
 DEFAULT_DB = Path(".cpsim") / "hypothesis"
