@@ -1,6 +1,6 @@
 """The CP KV-cache layout math (SPEC §2), in one place.
 
-Every function works elementwise on int64 torch tensors (or plain ints), so the
+Every function works elementwise on int64 torch tensors, numpy arrays or plain ints, so the
 reference kernel, the allocator, the coordinator and the docs all use the same
 formulas. Nothing here knows about kernels, paths or processes.
 
@@ -18,8 +18,10 @@ virtual block holds whole interleave rounds).
 
 from __future__ import annotations
 
+import functools
 from typing import Union
 
+import numpy as np
 import torch
 
 PAD_SLOT_ID = -1
@@ -27,7 +29,15 @@ POISON = -7777  # written into output buffers before every launch; never a slot 
 GUARD = -7919   # held by the guard entries around every output row; a kernel never writes there
 TABLE_GUARD_GAP = 7  # guard block id = first id past the cache + this gap (see table_guard_id)
 
-IntOrTensor = Union[int, torch.Tensor]
+IntOrTensor = Union[int, torch.Tensor, np.ndarray]
+
+
+def _clip(x: IntOrTensor, lo: int, hi: int) -> IntOrTensor:
+    if isinstance(x, torch.Tensor):
+        return x.clamp(lo, hi)
+    if isinstance(x, np.ndarray):
+        return np.clip(x, lo, hi)
+    return min(max(x, lo), hi)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -64,11 +74,7 @@ def owned_before(pos: IntOrTensor, rank: int, world: int, interleave: int) -> In
     rnd = world * interleave
     full = pos // rnd
     rest = pos - full * rnd - rank * interleave
-    if isinstance(rest, torch.Tensor):
-        rest = rest.clamp(0, interleave)
-    else:
-        rest = min(max(rest, 0), interleave)
-    return full * interleave + rest
+    return full * interleave + _clip(rest, 0, interleave)
 
 
 def virtual_split(pos: IntOrTensor, block_size: int, world: int):
@@ -85,7 +91,7 @@ def virtual_local_offset(vo: IntOrTensor, world: int, interleave: int) -> IntOrT
     return (vo // (world * interleave)) * interleave + vo % interleave
 
 
-def table_index(pos: torch.Tensor, block_size: int, kernel_block_size: int,
+def table_index(pos: IntOrTensor, block_size: int, kernel_block_size: int,
                 world: int, interleave: int):
     """Logical table index ``k``, kernel-block offset ``o`` and owner of each position.
 
@@ -95,7 +101,7 @@ def table_index(pos: torch.Tensor, block_size: int, kernel_block_size: int,
     """
     bpk = block_size // kernel_block_size
     if world == 1:
-        return pos // kernel_block_size, pos % kernel_block_size, torch.zeros_like(pos)
+        return pos // kernel_block_size, pos % kernel_block_size, pos * 0
     vb, vo = virtual_split(pos, block_size, world)
     owner = virtual_owner(vo, world, interleave)
     lo = virtual_local_offset(vo, world, interleave)
@@ -138,6 +144,7 @@ def blocks_touched(seq_len: int, rank: int, block_size: int, world: int,
     return last_vb + (1 if rem >= first else 0)
 
 
+@functools.lru_cache(maxsize=4096)
 def max_table_index(max_model_len: int, block_size: int, kernel_block_size: int,
                     world: int, interleave: int) -> int:
     """Highest logical table index any position ``< max_model_len`` needs.
@@ -145,7 +152,7 @@ def max_table_index(max_model_len: int, block_size: int, kernel_block_size: int,
     The largest index lies in the last virtual block, so only that one is scanned.
     """
     lo = max(0, max_model_len - block_size * max(world, 1))
-    pos = torch.arange(lo, max_model_len, dtype=torch.int64)
+    pos = np.arange(lo, max_model_len, dtype=np.int64)
     k, _, _ = table_index(pos, block_size, kernel_block_size, world, interleave)
     return int(k.max())
 

@@ -3,14 +3,15 @@
 Pure functions of (scenario, allocation, gathered tensors). No processes, no I/O,
 and no import of the kernels being judged: expected values come from
 ``cpsim.layout`` and ``cpsim.check.reference`` only. Everything is vectorised over
-tokens; the only Python loops run over paths, groups and ranks.
+tokens and ranks, in numpy; Python loops run over paths and groups, and over the ranks or
+replica sets that failed (to word their violations).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from cpsim import layout
 from cpsim.check import reference
@@ -74,17 +75,20 @@ class Verdict:
 
 
 class _Ctx:
-    """Per-check token arrays, built once."""
+    """Per-check token arrays and per-group references, built once (numpy: the arrays are small
+    and many, and a numpy operation on them costs a fraction of a torch one)."""
 
-    def __init__(self, s: Scenario):
+    def __init__(self, s: Scenario, allocs_world: list[list[Allocation]]):
         self.s = s
-        self.pos = torch.from_numpy(s.batch.positions())
-        self.req = torch.from_numpy(s.batch.token_request())
-        self.n = int(self.pos.numel())
-        self.pad = torch.from_numpy(s.batch.padding_mask())  # is_padding tokens: PAD on every rank
-        self.replayed = torch.from_numpy(s.replay_mask())  # prefix-cache replay: PAD in cacheable groups
+        self.allocs = allocs_world
+        self.pos = s.batch.positions()
+        self.req = s.batch.token_request()
+        self.n = int(self.pos.size)
+        self.pad = s.batch.padding_mask()  # is_padding tokens: PAD on every rank
+        self.replayed = s.replay_mask()  # prefix-cache replay: PAD in cacheable groups
+        self._want: dict[tuple[int, int], np.ndarray] = {}
 
-    def live(self, g, n: int) -> torch.Tensor:
+    def live(self, g, n: int) -> np.ndarray:
         """bool [n]: tokens group ``g`` must hold somewhere: not padding, and not replayed where the group
         keeps its prefix-cache KV (those are ``padding`` / ``replayed-is-pad``'s to judge)."""
         dead = self.pad | self.replayed if g.pads_replay else self.pad
@@ -94,11 +98,24 @@ class _Ctx:
         """Replica sets of group ``g``: ``g`` consecutive ranks, one of each shard rank."""
         return layout.replica_sets(ranks, g.world(self.s.cp))
 
+    def want(self, gi: int, ranks: int, entries: int) -> np.ndarray:
+        """[ranks, entries]: the reference buffer of group ``gi``, shared by every path."""
+        key = (gi, ranks)
+        if key not in self._want:
+            g = self.s.groups[gi]
+            rows = list(range(ranks))
+            self._want[key] = reference.world_slots(self.s, g, [self.allocs[r][gi] for r in rows], rows,
+                                                    self.pos, self.req, self.pad, self.replayed)
+        ref = self._want[key]
+        out = np.full((ranks, entries), PAD_SLOT_ID, dtype=np.int64)
+        m = min(self.n, entries)
+        out[:, :m] = ref[:, :m]
+        return out
 
-def _examples(ctx: _Ctx, idx: torch.Tensor, actual: torch.Tensor, expected, rank: int | None,
-              show=None) -> list[Example]:
+
+def _examples(ctx: _Ctx, idx, actual, expected, rank: int | None, show=None) -> list[Example]:
     out = []
-    for t in idx[:MAX_EXAMPLES].tolist():
+    for t in np.asarray(idx)[:MAX_EXAMPLES].tolist():
         exp = expected(t) if callable(expected) else expected
         got = show(int(actual[t])) if show else _fmt(int(actual[t]))
         out.append(Example(rank, int(ctx.req[t]) if t < ctx.n else None, int(ctx.pos[t]) if t < ctx.n else None,
@@ -110,19 +127,33 @@ def _fmt(v: int) -> str:
     return {PAD_SLOT_ID: "PAD", MISSING: "unwritten"}.get(v, str(v))
 
 
-def _tokens(ctx: _Ctx, slots: torch.Tensor) -> torch.Tensor:
+def _tokens(ctx: _Ctx, slots: np.ndarray) -> np.ndarray:
     """[ranks, n] scheduled-token entries; tokens past a short buffer read as MISSING."""
     r, t = slots.shape
     if t >= ctx.n:
         return slots[:, : ctx.n]
-    return torch.cat([slots, torch.full((r, ctx.n - t), MISSING, dtype=slots.dtype)], 1)
+    return np.concatenate([slots, np.full((r, ctx.n - t), MISSING, dtype=slots.dtype)], 1)
 
 
-def _real(x: torch.Tensor) -> torch.Tensor:
+def _real(x: np.ndarray) -> np.ndarray:
     return (x != PAD_SLOT_ID) & (x != MISSING)
 
 
-# ---- invariants on one (path, group) ----------------------------------------
+def _np(x) -> np.ndarray:
+    """A gathered tensor (torch, on any device) as a host numpy array."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+
+
+def _nz(mask: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(mask)
+
+
+def _rows(mask: np.ndarray) -> list[int]:
+    """Indices of the rows of a [rows, n] mask with any entry set."""
+    return np.flatnonzero(mask.any(1)).tolist()
+
+
+# ---- invariants on one (path, group); every array is [ranks, entries] ----------------
 
 def exactly_one_owner(ctx, path, g, x) -> list[Violation]:
     """Sharded groups: one holder per replica set. Padding tokens have none; they are the
@@ -132,29 +163,31 @@ def exactly_one_owner(ctx, path, g, x) -> list[Violation]:
     live = ctx.live(g, x.shape[1])
     if world > 1:
         out = []
-        for ranks in ctx.sets(x.shape[0], g):
-            cnt = real[ranks.start:ranks.stop].sum(0)
-            bad = ((cnt != 1) & live).nonzero().flatten()
-            if len(bad):
-                where = "" if world == x.shape[0] else f" of replica set {ranks.start}..{ranks.stop - 1}"
-                out.append(Violation(
-                    "exactly-one-owner", path, g.name, len(bad),
-                    f"{len(bad)} token(s) held by {sorted(set(cnt[bad].tolist()))} ranks{where} instead of 1",
-                    list(ranks) if where else [],
-                    [Example(None, int(ctx.req[t]), int(ctx.pos[t]), "1 rank",
-                             f"{int(cnt[t])} ranks: {(real[ranks.start:ranks.stop, t].nonzero().flatten() + ranks.start).tolist()}")
-                     for t in bad[:MAX_EXAMPLES].tolist()]))
+        sets = ctx.sets(x.shape[0], g)
+        cnt = real.reshape(len(sets), world, -1).sum(1)  # [sets, n]
+        bad_all = (cnt != 1) & live
+        for k in _rows(bad_all):
+            ranks = sets[k]
+            bad = _nz(bad_all[k])
+            where = "" if world == x.shape[0] else f" of replica set {ranks.start}..{ranks.stop - 1}"
+            out.append(Violation(
+                "exactly-one-owner", path, g.name, len(bad),
+                f"{len(bad)} token(s) held by {sorted(set(cnt[k][bad].tolist()))} ranks{where} instead of 1",
+                list(ranks) if where else [],
+                [Example(None, int(ctx.req[t]), int(ctx.pos[t]), "1 rank",
+                         f"{int(cnt[k, t])} ranks: {(_nz(real[ranks.start:ranks.stop, t]) + ranks.start).tolist()}")
+                 for t in bad[:MAX_EXAMPLES].tolist()]))
         return out
     out = []
-    missing = ((~real).any(0) & live).nonzero().flatten()
+    missing = _nz((~real).any(0) & live)
     if len(missing):
-        ranks = sorted(set((~real[:, missing]).nonzero()[:, 0].tolist()))
+        ranks = sorted(set(np.nonzero(~real[:, missing])[0].tolist()))
         out.append(Violation("exactly-one-owner", path, g.name, len(missing),
                              f"unsharded group: {len(missing)} token(s) missing on some rank (every rank holds all)",
                              ranks, [Example(None, int(ctx.req[t]), int(ctx.pos[t]), "a slot on every rank",
-                                             f"PAD on ranks {(~real[:, t]).nonzero().flatten().tolist()}")
+                                             f"PAD on ranks {_nz(~real[:, t]).tolist()}")
                                      for t in missing[:MAX_EXAMPLES].tolist()]))
-    differ = (x != x[:1]).any(0).nonzero().flatten()
+    differ = _nz((x != x[:1]).any(0))
     if len(differ):
         out.append(Violation("exactly-one-owner", path, g.name, len(differ),
                              f"unsharded group: ranks disagree on {len(differ)} token(s)",
@@ -170,122 +203,123 @@ def owner_rule(ctx, path, g, x) -> list[Violation]:
         return []
     shard = layout.owner_rank(ctx.pos, world, ctx.s.cp.interleave)
     live = ctx.live(g, x.shape[1])
+    real = _real(x)
+    sets = ctx.sets(x.shape[0], g)
+    held = real.reshape(len(sets), world, -1)[:, shard, np.arange(x.shape[1])]  # [sets, n]: the owner holds it
+    bad_all = ~held & live
     out = []
-    for ranks in ctx.sets(x.shape[0], g):
+    for k in _rows(bad_all):
+        ranks = sets[k]
         owner = shard + ranks.start  # the holder inside this replica set
-        held = _real(x).gather(0, owner.unsqueeze(0)).squeeze(0)
-        bad = (~held & live).nonzero().flatten()
-        if len(bad):
-            rule = f"(p // {ctx.s.cp.interleave}) % {world}" + (f" + {ranks.start}" if ranks.start else "")
-            out.append(Violation("owner-rule", path, g.name, len(bad),
-                                 f"{len(bad)} token(s) not stored on rank {rule}",
-                                 sorted(set(owner[bad].tolist())),
-                                 [Example(int(owner[t]), int(ctx.req[t]), int(ctx.pos[t]),
-                                          f"real slot on rank {int(owner[t])}",
-                                          f"PAD there; held by {_real(x)[:, t].nonzero().flatten().tolist()}")
-                                  for t in bad[:MAX_EXAMPLES].tolist()]))
+        bad = _nz(bad_all[k])
+        rule = f"(p // {ctx.s.cp.interleave}) % {world}" + (f" + {ranks.start}" if ranks.start else "")
+        out.append(Violation("owner-rule", path, g.name, len(bad),
+                             f"{len(bad)} token(s) not stored on rank {rule}",
+                             sorted(set(owner[bad].tolist())),
+                             [Example(int(owner[t]), int(ctx.req[t]), int(ctx.pos[t]),
+                                      f"real slot on rank {int(owner[t])}",
+                                      f"PAD there; held by {_nz(real[:, t]).tolist()}")
+                              for t in bad[:MAX_EXAMPLES].tolist()]))
     return out
 
 
 def replicas_agree(ctx, path, g, full) -> list[Violation]:
     """Ranks with the same shard rank ``r % g`` hold the same copy: identical buffers."""
     world = g.world(ctx.s.cp)
+    twins = np.arange(world, full.shape[0]) % world
+    differ = full[world:] != full[twins]
     out = []
-    for r in range(world, full.shape[0]):
-        twin = r % world
-        diff = (full[r] != full[twin]).nonzero().flatten()
-        if len(diff):
-            out.append(Violation("replicas-agree", path, g.name, len(diff),
-                                 f"rank {r} differs from its replica rank {twin} (shard rank {r} % {world}) "
-                                 f"in {len(diff)} entr(ies)", [twin, r],
-                                 _examples(ctx, diff, full[r], lambda t: f"{_fmt(int(full[twin, t]))} (rank {twin})",
-                                           r)))
+    for k in _rows(differ):
+        r, twin = world + k, int(twins[k])
+        diff = _nz(differ[k])
+        out.append(Violation("replicas-agree", path, g.name, len(diff),
+                             f"rank {r} differs from its replica rank {twin} (shard rank {r} % {world}) "
+                             f"in {len(diff)} entr(ies)", [twin, r],
+                             _examples(ctx, diff, full[r], lambda t: f"{_fmt(int(full[twin, t]))} (rank {twin})",
+                                       r)))
     return out
 
 
 def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
+    """Every held token at block ``j // B``, offset ``j % B`` of its rank's blocks, where ``j`` counts the
+    positions before it that the rank owns (global rule), so each rank's slots fill its blocks densely."""
     if g.circular:
         return []
     world = g.world(ctx.s.cp)
     B = g.block_size
+    rr, tt = np.nonzero(_real(x))  # (rank, token) pairs held: only those can break the rule
+    j = layout.owned_before(ctx.pos[tt], rr % world, world, ctx.s.cp.interleave)
+    blocks, widths = reference.stacked_blocks(allocs)
+    bi = j // B
+    inside = bi < widths[rr]
+    reqs, width = blocks.shape[1], blocks.shape[2]
+    want_block = np.where(inside, blocks.reshape(-1)[(rr * reqs + ctx.req[tt]) * width + np.minimum(bi, width - 1)]
+                          if len(rr) else bi, -1)
+    # got // B == block and got % B == j % B, in one comparison
+    bad = ~inside | (x[rr, tt] != want_block * B + (j - bi * B))
     out = []
-    for r in range(x.shape[0]):
-        held = _real(x[r]).nonzero().flatten()  # only held tokens can break the rule
-        if not len(held):
-            continue
-        j = layout.owned_before(ctx.pos[held], layout.shard_rank(r, world), world, ctx.s.cp.interleave)
-        blocks = allocs[r].padded()
-        bi = j // B
-        inside = bi < blocks.shape[1]
-        want_block = torch.where(inside, blocks[ctx.req[held], bi.clamp(max=blocks.shape[1] - 1)], -1)
-        got = x[r][held]
-        bad = ~inside | (got // B != want_block) | (got % B != j % B)
-        sel = bad.nonzero().flatten()
-        idx = held[sel]
-        # examples index per-token arrays: scatter what they read back to token positions
-        j = torch.zeros_like(ctx.pos).index_put_((held,), j)
-        bi = torch.zeros_like(ctx.pos).index_put_((held,), bi)
-        inside = torch.zeros_like(ctx.pos, dtype=torch.bool).index_put_((held,), inside)
-        want_block = torch.full_like(ctx.pos, -1).index_put_((held,), want_block)
-        if len(idx):
-            out.append(Violation(
-                "dense-local", path, g.name, len(idx),
-                f"rank {r}: {len(idx)} token(s) not at block j // {B}, offset j % {B} of the rank's blocks",
-                [r], _examples(ctx, idx, x[r],
-                               lambda t: f"block {int(want_block[t])} offset {int(j[t] % B)} (j={int(j[t])})"
-                               if bool(inside[t]) else f"block #{int(bi[t])} (not allocated)", r,
-                               show=lambda v: f"block {v // B} offset {v % B} (slot {v})")))
+    for r in np.unique(rr[bad]).tolist():
+        on = bad & (rr == r)
+        idx = tt[on]
+        k = MAX_EXAMPLES
+        info = dict(zip(idx[:k].tolist(), zip(j[on][:k].tolist(), bi[on][:k].tolist(), inside[on][:k].tolist(),
+                                              want_block[on][:k].tolist())))
+        out.append(Violation(
+            "dense-local", path, g.name, len(idx),
+            f"rank {r}: {len(idx)} token(s) not at block j // {B}, offset j % {B} of the rank's blocks",
+            [r], _examples(ctx, idx, x[r],
+                           lambda t: f"block {info[t][3]} offset {info[t][0] % B} (j={info[t][0]})"
+                           if info[t][2] else f"block #{info[t][1]} (not allocated)", r,
+                           show=lambda v: f"block {v // B} offset {v % B} (slot {v})")))
     return out
 
 
 def no_collision(ctx, path, g, x) -> list[Violation]:
     cap = g.num_blocks * g.block_size
+    held_all = _real(x)
+    outside_all = held_all & ((x < 0) | (x >= cap))
     out = []
     for r in range(x.shape[0]):
-        held = _real(x[r])
-        slots = x[r][held]
-        outside = ((slots < 0) | (slots >= cap)).nonzero().flatten()
-        if len(outside):
-            idx = held.nonzero().flatten()[outside]
-            out.append(Violation("no-collision", path, g.name, len(outside),
-                                 f"rank {r}: {len(outside)} slot(s) outside the cache [0, {cap})", [r],
+        held = held_all[r]
+        if outside_all[r].any():
+            idx = _nz(outside_all[r])
+            out.append(Violation("no-collision", path, g.name, len(idx),
+                                 f"rank {r}: {len(idx)} slot(s) outside the cache [0, {cap})", [r],
                                  _examples(ctx, idx, x[r], f"in [0, {cap})", r)))
+        slots = x[r][held]
         if g.circular:  # the ring overwrites within a request by design
-            pairs = torch.unique(torch.stack([ctx.req[held], slots]), dim=1)
-            slots = pairs[1]
+            slots = np.unique(np.stack([ctx.req[held], slots]), axis=1)[1]
         dup = _duplicates(slots, cap)
         if len(dup):
-            idx = (torch.isin(x[r], dup) & held).nonzero().flatten()
+            idx = _nz(np.isin(x[r], dup) & held)
             out.append(Violation("no-collision", path, g.name, len(dup),
                                  f"rank {r}: {len(dup)} slot(s) written by more than one token", [r],
                                  _examples(ctx, idx, x[r], "a slot of its own", r)))
     return out
 
 
-def _duplicates(slots: torch.Tensor, cap: int) -> torch.Tensor:
-    """Sorted distinct values occurring more than once (a histogram when the cache is small)."""
-    inside = slots[(slots >= 0) & (slots < cap)]
-    if 0 < cap <= max(8 * slots.numel(), 1 << 20):
-        counts = torch.bincount(inside, minlength=cap)
-        dup = (counts > 1).nonzero().flatten()
-        outside = slots[(slots < 0) | (slots >= cap)]
-        if len(outside):
-            srt, _ = torch.sort(outside)
-            dup = torch.cat([dup, srt[1:][srt[1:] == srt[:-1]].unique()]).unique()
-        return dup
-    srt, _ = torch.sort(slots)
-    return srt[1:][srt[1:] == srt[:-1]].unique()
+def _duplicates(slots: np.ndarray, cap: int) -> np.ndarray:
+    """Sorted distinct values occurring more than once (a histogram when the slots fill the cache densely)."""
+    if slots.size < 2:
+        return slots[:0]
+    if 0 < cap <= 8 * slots.size:
+        inside = (slots >= 0) & (slots < cap)
+        dup = _nz(np.bincount(slots[inside], minlength=cap) > 1)
+        rest = np.sort(slots[~inside])
+        return np.union1d(dup, rest[1:][rest[1:] == rest[:-1]])
+    srt = np.sort(slots)
+    return np.unique(srt[1:][srt[1:] == srt[:-1]])
 
 
-def padding(ctx, path, g, full: torch.Tensor) -> list[Violation]:
+def padding(ctx, path, g, full: np.ndarray) -> list[Violation]:
     """Entries past the scheduled tokens must be PAD; no entry may keep the poison."""
     out = []
     tail = full[:, ctx.n:]
     bad = tail != PAD_SLOT_ID
     if bad.any():
-        ranks = sorted(set(bad.nonzero()[:, 0].tolist()))
+        ranks = _rows(bad)
         r = ranks[0]
-        idx = bad[r].nonzero().flatten()
+        idx = _nz(bad[r])
         out.append(Violation("padding", path, g.name, int(bad.sum()),
                              f"{int(bad.sum())} entr(ies) after the last scheduled token "
                              f"(index {ctx.n}) are not PAD; first at index {ctx.n + int(idx[0])}", ranks,
@@ -295,21 +329,21 @@ def padding(ctx, path, g, full: torch.Tensor) -> list[Violation]:
     flagged = full[:, :m][:, ctx.pad[:m]]
     bad = flagged != PAD_SLOT_ID
     if bad.any():
-        idx = ctx.pad[:m].nonzero().flatten()
-        ranks = sorted(set(bad.nonzero()[:, 0].tolist()))
+        idx = _nz(ctx.pad[:m])
+        ranks = _rows(bad)
         r = ranks[0]
         out.append(Violation("padding", path, g.name, int(bad.sum()),
                              f"{int(bad.sum())} entr(ies) of is_padding tokens are not PAD", ranks,
                              _examples(ctx, idx[bad[r]], full[r], "PAD (is_padding)", r)))
     head = full[:, : ctx.n] == MISSING
     if head.any():
-        ranks = sorted(set(head.nonzero()[:, 0].tolist()))
+        ranks = _rows(head)
         out.append(Violation("padding", path, g.name, int(head.sum()),
                              f"{int(head.sum())} scheduled entr(ies) left at the poison value", ranks))
     return out
 
 
-def replayed_is_pad(ctx, path, g, full: torch.Tensor) -> list[Violation]:
+def replayed_is_pad(ctx, path, g, full: np.ndarray) -> list[Violation]:
     """Prefix-cache replay: a replayed position is PAD on every rank in a prefix-cacheable group (its
     cached blocks are shared; rewriting them puts values the sharers do not read there), and keeps its
     real slot on the ranks that hold it in a group that is not (that write is what rebuilds it)."""
@@ -318,54 +352,51 @@ def replayed_is_pad(ctx, path, g, full: torch.Tensor) -> list[Violation]:
     rep = ctx.replayed[:m]
     if g.pads_replay:
         bad = rep & (x != PAD_SLOT_ID).any(0)
-        idx = bad.nonzero().flatten()
+        idx = _nz(bad)
         if not len(idx):
             return []
-        ranks = sorted(set((x[:, idx] != PAD_SLOT_ID).nonzero()[:, 0].tolist()))
+        ranks = _rows(x[:, idx] != PAD_SLOT_ID)
         r = ranks[0]
         return [Violation("replayed-is-pad", path, g.name, len(idx),
                           f"{len(idx)} replayed token(s) of prefix-cacheable group {g.name} not PAD: the replay "
                           f"would rewrite cached blocks other requests share", ranks,
                           _examples(ctx, idx[x[r, idx] != PAD_SLOT_ID], x[r], "PAD (replayed, cacheable)", r))]
     world = g.world(ctx.s.cp)
-    ranks = torch.arange(x.shape[0]).unsqueeze(1)
+    ranks = np.arange(x.shape[0])[:, None]
     if world > 1:
-        holder = ranks % world == layout.owner_rank(ctx.pos[:m], world, ctx.s.cp.interleave).unsqueeze(0)
+        holder = ranks % world == layout.owner_rank(ctx.pos[:m], world, ctx.s.cp.interleave)[None, :]
     else:
-        holder = torch.ones_like(x, dtype=torch.bool)
-    lost = holder & ~_real(x) & (rep & ~ctx.pad[:m]).unsqueeze(0)
-    if not bool(lost.any()):
+        holder = np.ones(x.shape, dtype=bool)
+    lost = holder & ~_real(x) & (rep & ~ctx.pad[:m])[None, :]
+    if not lost.any():
         return []
-    which = sorted(set(lost.nonzero()[:, 0].tolist()))
+    which = _rows(lost)
     r = which[0]
     return [Violation("replayed-is-pad", path, g.name, int(lost.sum()),
                       f"{int(lost.sum())} entr(ies) of replayed tokens lost their slot in group {g.name}, which is "
                       f"not prefix-cacheable: the replay is what rebuilds its KV", which,
-                      _examples(ctx, lost[r].nonzero().flatten(), x[r], "its real slot (not cacheable)", r))]
+                      _examples(ctx, _nz(lost[r]), x[r], "its real slot (not cacheable)", r))]
 
 
-def matches_reference(ctx, path, g, gi, full, allocs_world) -> list[Violation]:
+def matches_reference(ctx, path, g, gi, full) -> list[Violation]:
+    want = ctx.want(gi, full.shape[0], full.shape[1])
+    differ = full != want
     out = []
-    index = reference.group_index(ctx.s, g, ctx.pos) if g.slot_mapped and not g.circular and ctx.n else None
-    for r in range(full.shape[0]):
-        want = torch.full((full.shape[1],), PAD_SLOT_ID, dtype=torch.int64)
-        m = min(ctx.n, full.shape[1])
-        want[:m] = reference.group_slots(ctx.s, g, allocs_world[r][gi], r, ctx.pos, ctx.req, index)[:m]
-        bad = (full[r] != want).nonzero().flatten()
-        if len(bad):
-            out.append(Violation("matches-reference", path, g.name, len(bad),
-                                 f"rank {r}: {len(bad)} entr(ies) differ from the reference", [r],
-                                 _examples(ctx, bad, full[r], lambda t: _fmt(int(want[t])), r)))
+    for r in _rows(differ):
+        bad = _nz(differ[r])
+        wr = want[r]
+        out.append(Violation("matches-reference", path, g.name, len(bad),
+                             f"rank {r}: {len(bad)} entr(ies) differ from the reference", [r],
+                             _examples(ctx, bad, full[r], lambda t: _fmt(int(wr[t])), r)))
     return out
 
 
-def block_sizing(ctx, path, g, widths: torch.Tensor, entry_sizes: torch.Tensor) -> list[Violation]:
+def block_sizing(ctx, path, g, widths: list[int], entry_sizes: list[int]) -> list[Violation]:
     s = ctx.s
     mml = s.limits.max_model_len
     world = g.world(s.cp)
     out = []
-    for r in range(widths.shape[0]):
-        w, e = int(widths[r]), int(entry_sizes[r])
+    for r, (w, e) in enumerate(zip(widths, entry_sizes)):
         if g.circular:
             need, exact = 1, None
         else:
@@ -394,14 +425,13 @@ def capacity(ctx, path, entries: int) -> list[Violation]:
                       f"+ {draft} draft x {lim.max_num_reqs} requests (this batch writes {demand})")]
 
 
-def guard_intact(ctx, path, g, guards: torch.Tensor, entries: int) -> list[Violation]:
+def guard_intact(ctx, path, g, guards: np.ndarray, entries: int) -> list[Violation]:
     """The guard entries framing each output row (gathered as [ranks, 2 * width]) still hold GUARD."""
     width = guards.shape[1] // 2
+    broken = guards != GUARD
     out = []
-    for r in range(guards.shape[0]):
-        bad = (guards[r] != GUARD).nonzero().flatten().tolist()
-        if not bad:
-            continue
+    for r in _rows(broken):
+        bad = _nz(broken[r]).tolist()
         index = [c - width if c < width else entries + c - width for c in bad]
         out.append(Violation("guard-intact", path, g.name, len(bad),
                              f"rank {r}: {len(bad)} guard entr(ies) around the slot buffer overwritten: the kernel "
@@ -411,18 +441,19 @@ def guard_intact(ctx, path, g, guards: torch.Tensor, entries: int) -> list[Viola
     return out
 
 
-def row_bounds(ctx, path, g, full: torch.Tensor, entry_sizes: torch.Tensor) -> list[Violation]:
+def row_bounds(ctx, path, g, full: np.ndarray, entry_sizes: list[int]) -> list[Violation]:
     """No slot comes from a guard entry of the block table (past a row's width, or above/below the table)."""
+    e = np.asarray(entry_sizes, dtype=np.int64)[:, None]
+    gid = np.asarray([layout.table_guard_id(g.num_blocks, g.block_size, v) for v in entry_sizes],
+                     dtype=np.int64)[:, None]
+    hits = (full >= 0) & (full // e == gid)
     out = []
-    for r in range(full.shape[0]):
-        e = int(entry_sizes[r])
-        gid = layout.table_guard_id(g.num_blocks, g.block_size, e)
-        hit = ((full[r] >= 0) & (torch.div(full[r], e, rounding_mode="floor") == gid)).nonzero().flatten()
-        if len(hit):
-            out.append(Violation("row-bounds", path, g.name, len(hit),
-                                 f"rank {r}: {len(hit)} entr(ies) read outside table row: their slots come from "
-                                 f"guard block id {gid}, held only past each row's width and around the table",
-                                 [r], _examples(ctx, hit, full[r], "a block of the request's own row", r)))
+    for r in _rows(hits):
+        hit = _nz(hits[r])
+        out.append(Violation("row-bounds", path, g.name, len(hit),
+                             f"rank {r}: {len(hit)} entr(ies) read outside table row: their slots come from "
+                             f"guard block id {int(gid[r, 0])}, held only past each row's width and around the table",
+                             [r], _examples(ctx, hit, full[r], "a block of the request's own row", r)))
     return out
 
 
@@ -461,7 +492,7 @@ def not_run(path: str, reason: str) -> list[Verdict]:
 def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fingerprints: list[str] | None = None,
           ) -> list[Verdict]:
     """Every invariant for every gathered path; one Verdict per (invariant, path)."""
-    ctx = _Ctx(s)
+    ctx = _Ctx(s, allocs_world)
     verdicts: list[Verdict] = []
     for path, G in gathered.items():
         failures = getattr(G, "failures", None) or []
@@ -471,54 +502,57 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
         found: dict[str, list[Violation]] = {k: [] for k in INVARIANTS}
         checked: dict[str, int] = {k: 0 for k in INVARIANTS}
         applies: dict[str, bool] = {k: False for k in INVARIANTS}
-        entries = G.slots.shape[2]
+        slots = _np(G.slots)
+        entries = slots.shape[2]
+        widths, entry_sizes = _np(G.widths).T.tolist(), _np(G.entry_sizes).T.tolist()  # [group][rank]
+        enabled_any = _np(G.enabled).any(0).tolist()
         found["capacity"] += capacity(ctx, path, entries)
         applies["capacity"] = True
         checked["capacity"] = 1
         applies["kernel-completes"] = True
-        checked["kernel-completes"] = G.slots.shape[0]
+        checked["kernel-completes"] = slots.shape[0]
         guards = getattr(G, "guards", None)
+        guards = _np(guards) if guards is not None else None
         for gi, g in enumerate(s.groups):
-            enabled = G.enabled[:, gi]
-            found["block-sizing"] += block_sizing(ctx, path, g, G.widths[:, gi], G.entry_sizes[:, gi])
+            found["block-sizing"] += block_sizing(ctx, path, g, widths[gi], entry_sizes[gi])
             applies["block-sizing"] = True
-            checked["block-sizing"] += G.widths.shape[0]
+            checked["block-sizing"] += len(widths[gi])
             if guards is not None:
                 applies["guard-intact"] = True
-                checked["guard-intact"] += guards[:, gi].numel()
+                checked["guard-intact"] += guards[:, gi].size
                 found["guard-intact"] += guard_intact(ctx, path, g, guards[:, gi], entries)
-            if not bool(enabled.any()):
+            if not enabled_any[gi]:
                 continue
-            full = G.slots[:, gi, :]
+            full = slots[:, gi, :]
             x = _tokens(ctx, full)
             applies["padding"] = applies["matches-reference"] = True
             found["padding"] += padding(ctx, path, g, full)
-            if g.slot_mapped and bool(ctx.replayed.any()):
+            if g.slot_mapped and ctx.replayed.any():
                 applies["replayed-is-pad"] = True
                 checked["replayed-is-pad"] += int(ctx.replayed.sum()) * full.shape[0]
                 found["replayed-is-pad"] += replayed_is_pad(ctx, path, g, full)
-            found["matches-reference"] += matches_reference(ctx, path, g, gi, full, allocs_world)
-            checked["padding"] += full.numel()
-            checked["matches-reference"] += full.numel()
+            found["matches-reference"] += matches_reference(ctx, path, g, gi, full)
+            checked["padding"] += full.size
+            checked["matches-reference"] += full.size
             if not g.slot_mapped:
                 continue
             applies["row-bounds"] = True
-            checked["row-bounds"] += full.numel()
-            found["row-bounds"] += row_bounds(ctx, path, g, full, G.entry_sizes[:, gi])
+            checked["row-bounds"] += full.size
+            found["row-bounds"] += row_bounds(ctx, path, g, full, entry_sizes[gi])
             for name, fn in (("exactly-one-owner", exactly_one_owner), ("owner-rule", owner_rule),
                              ("no-collision", no_collision)):
                 if name == "owner-rule" and g.world(s.cp) == 1:
                     continue
                 applies[name] = True
-                checked[name] += x.numel()
+                checked[name] += x.size
                 found[name] += fn(ctx, path, g, x)
             if g.world(s.cp) < full.shape[0]:
                 applies["replicas-agree"] = True
-                checked["replicas-agree"] += full.numel()
+                checked["replicas-agree"] += full.size
                 found["replicas-agree"] += replicas_agree(ctx, path, g, full)
             if not g.circular:
                 applies["dense-local"] = True
-                checked["dense-local"] += x.numel()
+                checked["dense-local"] += x.size
                 found["dense-local"] += dense_local(ctx, path, g, x, [a[gi] for a in allocs_world])
         for inv in INVARIANTS:
             if inv in ("paths-agree", "same-scenario"):
@@ -540,20 +574,22 @@ def paths_agree(ctx, gathered: dict) -> list[Verdict]:
         A, Bt = gathered[base], gathered[other]
         vios, checked = [], 0
         m = min(A.slots.shape[2], Bt.slots.shape[2])
+        sa, sb = _np(A.slots), _np(Bt.slots)
+        both = (_np(A.enabled) & _np(Bt.enabled)).all(0).tolist() if sa.shape[0] == sb.shape[0] else []
         for gi, g in enumerate(ctx.s.groups):
-            both = A.enabled[:, gi] & Bt.enabled[:, gi]
-            if not bool(both.all()) or A.slots.shape[0] != Bt.slots.shape[0]:
+            if gi >= len(both) or not both[gi]:
                 continue
-            a, b = A.slots[:, gi, :m], Bt.slots[:, gi, :m]
-            checked += a.numel()
-            diff = (a != b).nonzero()
-            if len(diff):
-                r = int(diff[0, 0])
-                idx = diff[diff[:, 0] == r][:, 1]
-                vios.append(Violation("paths-agree", f"{base}~{other}", g.name, len(diff),
-                                      f"{base} and {other} differ in {len(diff)} entr(ies)",
-                                      sorted(set(diff[:, 0].tolist())),
-                                      _examples(ctx, idx, b[r], lambda t: f"{_fmt(int(a[r, t]))} ({base})", r)))
+            a, b = sa[:, gi, :m], sb[:, gi, :m]
+            checked += a.size
+            differ = a != b
+            count = int(differ.sum())
+            if count:
+                ranks = _rows(differ)
+                r = ranks[0]
+                vios.append(Violation("paths-agree", f"{base}~{other}", g.name, count,
+                                      f"{base} and {other} differ in {count} entr(ies)", ranks,
+                                      _examples(ctx, _nz(differ[r]), b[r],
+                                                lambda t: f"{_fmt(int(a[r, t]))} ({base})", r)))
         out.append(Verdict("paths-agree", f"{base}~{other}", "fail" if vios else "pass", checked, vios))
     return out
 

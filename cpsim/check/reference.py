@@ -1,4 +1,4 @@
-"""Reference slot mapping: SPEC §2 in plain torch, straight from the allocation.
+"""Reference slot mapping: SPEC §2 in plain numpy, straight from the allocation.
 
 This is what every kernel must reproduce. It reads the allocator's per-request
 block lists, not a path's table, so a path that builds its table wrongly cannot
@@ -7,6 +7,9 @@ make the reference wrong with it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from cpsim import layout
@@ -15,52 +18,71 @@ from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import KVGroup, Scenario
 
 
-def group_index(s: Scenario, g: KVGroup, positions: torch.Tensor):
+def group_index(s: Scenario, g: KVGroup, positions):
     """(table index, offset, owner) of every position: the rank-independent part."""
     return layout.table_index(positions, g.block_size, g.b, g.world(s.cp), s.cp.interleave)
 
 
-def group_slots(s: Scenario, g: KVGroup, alloc: Allocation, rank: int,
-                positions: torch.Tensor, req: torch.Tensor, index=None) -> torch.Tensor:
-    """Expected slot (or PAD) of every scheduled token for one group on one rank.
+def stacked_blocks(allocs: Sequence[Allocation]) -> tuple[np.ndarray, np.ndarray]:
+    """([ranks, num_reqs, width] block ids, 0 past each request's blocks; [ranks] each rank's own width).
 
-    ``index`` is ``group_index(s, g, positions)`` when the caller already has it
-    (it is the same for every rank).
+    A rank's own width bounds its table indices: an index past it reads the null block, even where a
+    wider rank pads the stack."""
+    widths = np.array([max([len(b) for b in a.blocks] + [1]) for a in allocs], dtype=np.int64)
+    reqs = max((len(a.blocks) for a in allocs), default=0)
+    out = np.zeros((len(allocs), reqs, int(widths.max()) if len(widths) else 1), dtype=np.int64)
+    for r, a in enumerate(allocs):
+        for i, b in enumerate(a.blocks):
+            out[r, i, :len(b)] = b
+    return out, widths
+
+
+def world_slots(s: Scenario, g: KVGroup, allocs: Sequence[Allocation], ranks: Sequence[int],
+                positions: np.ndarray, req: np.ndarray, pad: np.ndarray, replayed: np.ndarray) -> np.ndarray:
+    """[len(ranks), tokens] int64: expected slot (or PAD) of every scheduled token, group ``g``, on each rank.
+
+    ``allocs[i]`` is rank ``ranks[i]``'s allocation of the group; ``pad`` / ``replayed`` are the
+    batch's is_padding and replay masks over the same tokens.
     """
-    if not g.slot_mapped or positions.numel() == 0:
-        return torch.full_like(positions, PAD_SLOT_ID)
-    blocks = alloc.padded()
-    pad = _padding(s, positions)
+    out = np.full((len(ranks), positions.size), PAD_SLOT_ID, dtype=np.int64)
+    if not g.slot_mapped or positions.size == 0 or not len(ranks):
+        return out
+    blocks, widths = stacked_blocks(allocs)
     if g.pads_replay:
-        pad = pad | _replayed(s, positions)  # the cached KV stays as it is: replayed positions write nothing
+        pad = pad | replayed  # the cached KV stays as it is: replayed positions write nothing
     if g.circular:
-        first = blocks[req, 0]
-        return torch.where((positions >= 0) & ~pad, first * g.block_size + positions % g.b, PAD_SLOT_ID)
+        first = blocks[:, req, 0]
+        return np.where((positions >= 0) & ~pad, first * g.block_size + positions % g.b, PAD_SLOT_ID)
     n = g.world(s.cp)
-    k, o, owner = group_index(s, g, positions) if index is None else index
+    k, o, owner = group_index(s, g, positions)
     phys_idx = k // g.bpk
+    shard = np.asarray([layout.shard_rank(r, n) for r in ranks], dtype=np.int64)
+    # (rank, token) pairs the rank owns: about one rank per token when sharded, so the work stays ~tokens.
+    rr, tt = np.nonzero((owner[None, :] == shard[:, None]) & ~pad[None, :])
+    reqs, width = blocks.shape[1], blocks.shape[2]
+    idx = phys_idx[tt]
     # Block 0 is the null block: an index past the request's allocation (``num_blocks``) reads 0 -> PAD.
-    phys = blocks[req, phys_idx.clamp(max=blocks.shape[1] - 1)]
-    mine = (owner == layout.shard_rank(rank, n)) & (phys_idx < blocks.shape[1]) & (phys != 0) & ~pad
-    return torch.where(mine, phys * g.block_size + (k % g.bpk) * g.b + o, PAD_SLOT_ID)
+    phys = blocks.reshape(-1)[(rr * reqs + req[tt]) * width + np.minimum(idx, width - 1)]
+    keep = (idx < widths[rr]) & (phys != 0)
+    rr, tt, phys = rr[keep], tt[keep], phys[keep]
+    out[rr, tt] = phys * g.block_size + (k[tt] % g.bpk) * g.b + o[tt]
+    return out
 
 
-def _padding(s: Scenario, positions: torch.Tensor) -> torch.Tensor:
-    """is_padding of the scheduled tokens (the first ``len(positions)`` of them)."""
-    mask = torch.from_numpy(s.batch.padding_mask())
-    n = positions.numel()
-    if mask.numel() >= n:
+def _mask(mask: np.ndarray, n: int) -> np.ndarray:
+    """``mask`` cut or extended (False) to ``n`` tokens."""
+    if mask.size >= n:
         return mask[:n]
-    return torch.cat([mask, torch.zeros(n - mask.numel(), dtype=torch.bool)])
+    return np.concatenate([mask, np.zeros(n - mask.size, dtype=bool)])
 
 
-def _replayed(s: Scenario, positions: torch.Tensor) -> torch.Tensor:
-    """Replayed tokens among the first ``len(positions)`` scheduled ones."""
-    mask = torch.from_numpy(s.replay_mask())
-    n = positions.numel()
-    if mask.numel() >= n:
-        return mask[:n]
-    return torch.cat([mask, torch.zeros(n - mask.numel(), dtype=torch.bool)])
+def group_slots(s: Scenario, g: KVGroup, alloc: Allocation, rank: int,
+                positions: torch.Tensor, req: torch.Tensor) -> torch.Tensor:
+    """Expected slot (or PAD) of every scheduled token for one group on one rank."""
+    pos = positions.numpy()
+    out = world_slots(s, g, [alloc], [rank], pos, req.numpy(), _mask(s.batch.padding_mask(), pos.size),
+                      _mask(s.replay_mask(), pos.size))
+    return torch.from_numpy(out[0])
 
 
 def rank_slots(s: Scenario, allocs: list[Allocation], rank: int, num_entries: int) -> torch.Tensor:
