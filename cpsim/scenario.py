@@ -7,6 +7,7 @@ the canonical JSON), so anything that changes a slot mapping must be a field her
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -117,8 +118,15 @@ class Batch:
     def num_reqs(self) -> int:
         return len(self.requests)
 
+    # The per-token arrays below are derived once per batch (a frozen dataclass, so they cannot go
+    # stale) and handed out as copies: the fuzz loop asks for them dozens of times per scenario.
+
     def padding_mask(self) -> np.ndarray:
         """bool [num_tokens]: tokens flagged padding (``is_padding`` or a request's padded drafts)."""
+        return self._padding_mask.copy()
+
+    @functools.cached_property
+    def _padding_mask(self) -> np.ndarray:
         mask = np.zeros(self.num_tokens, dtype=bool)
         qsl = self.query_start_loc()
         for i, r in enumerate(self.requests):
@@ -151,13 +159,25 @@ class Batch:
         return self.idx_mapping or tuple(range(self.num_reqs))
 
     def query_start_loc(self) -> np.ndarray:
+        return self._query_start_loc.copy()
+
+    @functools.cached_property
+    def _query_start_loc(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum([r.num_tokens for r in self.requests], dtype=np.int64)]).astype(np.int64)
 
     def positions(self) -> np.ndarray:
+        return self._positions.copy()
+
+    @functools.cached_property
+    def _positions(self) -> np.ndarray:
         parts = [np.arange(r.context_len, r.seq_len, dtype=np.int64) for r in self.requests]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def token_request(self) -> np.ndarray:
+        return self._token_request.copy()
+
+    @functools.cached_property
+    def _token_request(self) -> np.ndarray:
         return np.repeat(np.arange(self.num_reqs, dtype=np.int64), [r.num_tokens for r in self.requests])
 
     @property
@@ -190,6 +210,10 @@ class Scenario:
 
     def replay_mask(self) -> np.ndarray:
         """bool [num_tokens]: scheduled tokens at replayed positions (PAD in the prefix-cacheable groups)."""
+        return self._replay_mask.copy()
+
+    @functools.cached_property
+    def _replay_mask(self) -> np.ndarray:
         return self.batch.replay_mask(self.replay_window)
 
     def to_dict(self) -> dict[str, Any]:
@@ -238,9 +262,17 @@ class Scenario:
             raise ConfigError("scenario", f"unexpected or missing field ({e})") from None
 
     def canonical_json(self) -> str:
+        return self._canonical_json
+
+    @functools.cached_property
+    def _canonical_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     def fingerprint(self) -> str:
+        return self._fingerprint
+
+    @functools.cached_property
+    def _fingerprint(self) -> str:
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:16]
 
     def replace(self, **changes) -> "Scenario":

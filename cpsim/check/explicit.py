@@ -35,15 +35,15 @@ class GivenBatch(Batch):
         reqs = tuple(Request(int(pos[a:b].min()) if b > a else 0, int(b - a), "given")
                      for a, b in zip(qsl[:-1].tolist(), qsl[1:].tolist()))
         out = cls(reqs, tuple(int(i) for i in rb.idx_mapping), int(rb.num_tokens_padded))
-        object.__setattr__(out, "_positions", np.ascontiguousarray(pos, dtype=np.int64))
-        object.__setattr__(out, "_requests", np.repeat(np.arange(len(reqs), dtype=np.int64), np.diff(qsl)))
+        object.__setattr__(out, "_given_positions", np.ascontiguousarray(pos, dtype=np.int64))
+        object.__setattr__(out, "_given_requests", np.repeat(np.arange(len(reqs), dtype=np.int64), np.diff(qsl)))
         return out
 
     def positions(self) -> np.ndarray:
-        return self._positions
+        return self._given_positions
 
     def token_request(self) -> np.ndarray:
-        return self._requests
+        return self._given_requests
 
 
 class TableBlocks:

@@ -39,7 +39,8 @@ class Knobs:
 
 @dataclass
 class RankOutput:
-    """One rank's result for one path. ``slots`` is [groups, buffer entries] int64."""
+    """One rank's result for one path. ``slots`` is [groups, buffer entries] int64 (on the host once
+    ``run_path`` has read the rank's buffers back)."""
 
     slots: torch.Tensor
     enabled: list[bool]       # the path produced a mapping for this group
@@ -92,7 +93,6 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
             out = runners[name](scenario, allocs, rank, torch.device(device), knobs)
         if out is not None:  # the runtime's replay pass, after the slot-mapping kernels (cpsim's or the user's)
             replay.pad(scenario, out.slots, torch.device(device), knobs, getattr(kernel, "replay", None))
-    if out is not None:
-        out.slots = out.slots.contiguous()  # rows were views into guarded storage
-        out.guard = watch.guards()
+    if out is not None:  # rows were views into guarded storage: read back once, slots and guards
+        out.slots, out.guard = watch.read_back(out.slots)
     return out

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from cpsim.layout import GUARD, POISON, table_guard_id
@@ -61,22 +62,28 @@ def table(entries, num_blocks: int, block_size: int, entry_size: int, device) ->
     stride), so a load past a row's width reaches the next row: a real request's blocks
     (caught as wrong slots by dense-local / matches-reference) or, past the last used
     row, guard ids that ``row-bounds`` names. Filled on ``device`` and written entry by entry:
-    the table is mostly null and can be millions of entries wide.
+    the table is mostly null and can be millions of entries wide. Four device operations: the
+    fill, the used rows' nulls, one upload of the entries, their scatter.
     """
+    from cpsim.paths._inputs import upload
+
     guard_id = table_guard_id(num_blocks, block_size, entry_size)
     rows, width = entries.shape
     full = torch.full((rows + 2 * WIDTH, width), guard_id, dtype=torch.int32, device=device)
     view = full[WIDTH:WIDTH + rows]
-    if entries.rows:
-        view[torch.tensor(entries.rows, dtype=torch.int64, device=device)] = 0
+    used = entries.rows
+    if used and used == list(range(used[0], used[-1] + 1)):
+        view[used[0]:used[-1] + 1] = 0
+    elif used:
+        view[upload([np.asarray(used, dtype=np.int64)], device)[0]] = 0
     if entries.ids.size:
-        flat = full.view(-1)[WIDTH * width:]
-        flat[torch.from_numpy(entries.index).to(device)] = torch.from_numpy(entries.ids).to(device)
+        index, ids = upload([entries.index, entries.ids], device)
+        full.view(-1)[WIDTH * width:][index] = ids
     return view
 
 
 class Watch:
-    """Collects the guard entries of every buffer allocated while it is open."""
+    """Collects every buffer allocated while it is open, to read them back once after the launches."""
 
     def __init__(self, num_groups: int):
         self.num_groups = num_groups
@@ -93,16 +100,30 @@ class Watch:
         global _watched
         _watched = self._outer
 
-    def guards(self) -> torch.Tensor:
-        """[groups, 2 * WIDTH] int64: the entries before (first WIDTH) and after each group's rows.
-
-        Where several buffers serve one group, an overwritten entry of any of them wins.
-        """
-        out = torch.full((self.num_groups, 2 * WIDTH), GUARD, dtype=torch.int64)
+    def read_back(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``slots`` on the host, contiguous; [groups, 2 * WIDTH] int64 guard entries) after one copy
+        per watched buffer (on an accelerator, a rank run's only read-back when its slots are a view
+        of one). The guards are the entries before (first WIDTH) and after each group's rows; where
+        several buffers serve one group, an overwritten entry of any of them wins."""
+        out = np.full((self.num_groups, 2 * WIDTH), GUARD, dtype=np.int64)
+        host_slots = None
         for full, groups in self.buffers:
-            frame = torch.cat([full[:, :WIDTH], full[:, -WIDTH:]], 1).cpu().to(torch.int64)
+            host = full.cpu()
+            if host_slots is None and _views(slots, full):
+                host_slots = host.as_strided(slots.shape, slots.stride(), slots.storage_offset() - full.storage_offset())
+            h = host.numpy()
+            frame = np.concatenate([h[:, :WIDTH], h[:, -WIDTH:]], 1).astype(np.int64)
             for row, gi in enumerate(groups):
                 if 0 <= gi < self.num_groups:
                     hit = frame[row] != GUARD
                     out[gi][hit] = frame[row][hit]
-        return out
+        if host_slots is None:
+            host_slots = slots.cpu()
+        return host_slots.contiguous(), torch.from_numpy(out)
+
+
+def _views(t: torch.Tensor, full: torch.Tensor) -> bool:
+    """``t`` is a view into ``full``'s memory (same storage, same dtype), and ``full`` is contiguous."""
+    return (t.dtype == full.dtype and t.device == full.device and full.is_contiguous()
+            and t.untyped_storage().data_ptr() == full.untyped_storage().data_ptr()
+            and t.storage_offset() >= full.storage_offset())

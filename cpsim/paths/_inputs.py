@@ -1,13 +1,47 @@
-"""Batch tensors every path hands its kernels."""
+"""Batch tensors every path hands its kernels, and the one-copy upload of small host arrays."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from cpsim import kernels
 from cpsim.scenario import Scenario
+
+_ALIGN = 16  # bytes: every array starts 16-aligned, as Triton specialises pointers on it (and as torch allocates)
+
+
+def upload(arrays: list[np.ndarray], device) -> list[torch.Tensor]:
+    """``arrays`` on ``device`` as views into one fresh buffer, copied in a single transfer.
+
+    On an accelerator every small ``torch.tensor(..., device=...)`` is a copy of its own, and a rank
+    run hands its kernels a dozen of them; on CPU the buffer is fresh too, so a kernel that writes
+    into its inputs cannot reach the caller's arrays.
+    """
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    offsets, size = [], 0
+    for a in arrays:
+        offsets.append(size)
+        size += -(-a.nbytes // _ALIGN) * _ALIGN
+    host = np.empty(max(size, _ALIGN), dtype=np.uint8)
+    for a, o in zip(arrays, offsets):
+        host[o:o + a.nbytes] = a.reshape(-1).view(np.uint8)
+    buf = torch.from_numpy(host).to(device)
+    typed: dict[np.dtype, torch.Tensor] = {}  # the whole buffer seen as each dtype: one view per dtype
+    out = []
+    for a, o in zip(arrays, offsets):
+        if a.dtype not in typed:
+            typed[a.dtype] = buf.view(_TORCH[a.dtype])
+        start = o // a.itemsize
+        view = typed[a.dtype][start:start + a.size]
+        out.append(view if a.ndim == 1 else view.view(a.shape))
+    return out
+
+
+_TORCH = {np.dtype(np.int64): torch.int64, np.dtype(np.int32): torch.int32, np.dtype(bool): torch.bool,
+          np.dtype(np.uint8): torch.uint8}
 
 
 @dataclass
@@ -18,20 +52,40 @@ class BatchTensors:
     num_scheduled: int
 
 
-def batch_tensors(s: Scenario, device: torch.device) -> BatchTensors:
+def batch_arrays(s: Scenario, clamp: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(query_start_loc int32, capped at ``clamp`` when given; positions int64 zero-padded to the padded
+    token count), on the host."""
     b = s.batch
-    padded = max(b.num_tokens_padded, b.num_tokens)
-    positions = torch.zeros(padded, dtype=torch.int64)
-    positions[: b.num_tokens] = torch.from_numpy(b.positions())
-    qsl = torch.from_numpy(b.query_start_loc()).to(torch.int32)
-    return BatchTensors(qsl.to(device), positions.to(device), padded, b.num_tokens)
+    positions = np.zeros(max(b.num_tokens_padded, b.num_tokens), dtype=np.int64)
+    positions[: b.num_tokens] = b.positions()
+    qsl = b.query_start_loc()
+    if clamp is not None:
+        qsl = np.minimum(qsl, clamp)  # a short buffer drops tokens; the capacity invariant reports it
+    return qsl.astype(np.int32), positions
+
+
+def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: int | None = None
+                  ) -> BatchTensors | tuple:
+    """The batch's tensors on ``device`` (``query_start_loc`` capped at ``clamp``, the slot buffer's
+    entries, when given); with ``extra`` host arrays, also those, uploaded in the same copy (returns
+    ``(BatchTensors, [tensors])`` then)."""
+    qsl, positions = batch_arrays(s, clamp)
+    up = upload([qsl, positions, *extra], device)
+    bt = BatchTensors(up[0], up[1], positions.size, s.batch.num_tokens)
+    return (bt, up[2:]) if extra else bt
+
+
+_prepared: dict[str, object] = {}
 
 
 def prepare_triton(device: torch.device):
-    if device.type == "cpu":
-        kernels.use_interpreter()
-    triton = kernels.import_triton()
-    if device.type == "cpu":
-        from cpsim.kernels import _interp
-        _interp.install()
-    return triton
+    """Triton for ``device`` (the interpreter on CPU), imported and patched once per process."""
+    if device.type not in _prepared:
+        if device.type == "cpu":
+            kernels.use_interpreter()
+        triton = kernels.import_triton()
+        if device.type == "cpu":
+            from cpsim.kernels import _interp
+            _interp.install()
+        _prepared[device.type] = triton
+    return _prepared[device.type]

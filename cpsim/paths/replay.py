@@ -12,6 +12,7 @@ by guards), with cpsim's kernel or the user's (``--kernel-replay``).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cpsim import kernels
@@ -49,10 +50,12 @@ def pad(s: Scenario, slots: torch.Tensor, device: torch.device, knobs: Knobs = K
         return
     groups = cacheable_groups(s, knobs)
     prepare_triton(device)
-    bt = batch_tensors(s, device)
     T = slots.shape[1]
-    qsl = bt.query_start_loc.clamp(max=T)  # a short buffer drops tokens; capacity reports it
-    starts = replay_starts(s, device)
+    # a short buffer drops tokens; capacity reports it
+    bt, (starts, group_ids) = batch_tensors(s, device, np.asarray([r.replay_start for r in s.batch.requests],
+                                                                   dtype=np.int32),
+                                            np.asarray(groups, dtype=np.int32), clamp=T)
+    qsl = bt.query_start_loc
     names = ",".join(s.groups[gi].name for gi in groups)
     _guard.launch(f"replay-pad({names})" if kernel is None else f"replay-pad[{kernel.spec}]({names})")
     if kernel is not None:
@@ -61,7 +64,7 @@ def pad(s: Scenario, slots: torch.Tensor, device: torch.device, knobs: Knobs = K
         return
     from cpsim.kernels.replay_pad import _pad_replayed_slots_kernel
     _pad_replayed_slots_kernel[(s.batch.num_reqs,)](
-        slots, slots.stride(0), torch.tensor(groups, dtype=torch.int32, device=device), qsl, bt.positions,
+        slots, slots.stride(0), group_ids, qsl, bt.positions,
         starts, s.replay_window, PAD_SLOT_ID, NUM_GROUPS=len(groups), BLOCK=BLOCK,
         FAULT=knobs.kernel_fault & kernels.REPLAY_FAULTS,
     )

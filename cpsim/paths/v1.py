@@ -6,13 +6,14 @@ Mamba groups have no slot mapping in v1 and are skipped.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cpsim import kernels, layout
 from cpsim.allocator import Allocation, table_entries
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile
-from cpsim.paths._inputs import batch_tensors, prepare_triton
+from cpsim.paths._inputs import batch_tensors, prepare_triton, upload
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024
@@ -66,10 +67,10 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
     prepare_triton(device)
     from cpsim.kernels.triton_v1 import _compute_slot_mapping_kernel
 
-    bt = batch_tensors(s, device)
+    T = buffer_size(s, knobs)
+    bt = batch_tensors(s, device, clamp=T)  # a short buffer drops tokens; capacity reports it
     out = _poisoned(s, knobs, device)
-    T = out.shape[1]
-    qsl = bt.query_start_loc.clamp(max=T)  # a short buffer drops tokens; capacity reports it
+    qsl = bt.query_start_loc
     enabled = []
     for gi, g in enumerate(s.groups):
         if not g.slot_mapped:
@@ -102,8 +103,8 @@ def mask_padding(s: Scenario, out: torch.Tensor) -> None:
     """is_padding tokens get PAD after the launch: the v1 kernels (vllm-ascend ``BlockTable``)
     have no is_padding input, so the runner's mask is applied on the host, in every group."""
     if s.batch.has_padding:
-        idx = torch.from_numpy(s.batch.padding_mask().nonzero()[0]).to(out.device)
-        out[:, idx[idx < out.shape[1]]] = PAD_SLOT_ID
+        idx = np.flatnonzero(s.batch.padding_mask())
+        out[:, upload([idx[idx < out.shape[1]]], out.device)[0]] = PAD_SLOT_ID
 
 
 def draft_positions(s: Scenario) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,9 +153,9 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
     prepare_triton(device)
     from cpsim.kernels.triton_v1 import _compute_slot_mapping_fused_kernel
 
-    bt = batch_tensors(s, device)
+    T = buffer_size(s, knobs)
+    bt = batch_tensors(s, device, clamp=T)
     out = _poisoned(s, knobs, device)
-    T = out.shape[1]
     groups = [(gi, g) for gi, g in enumerate(s.groups) if g.slot_mapped]
     if groups:
         tables = [_tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
@@ -163,7 +164,7 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
         strides = torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device)
         sizes = torch.tensor([g.b for _, g in groups], dtype=torch.int32, device=device)
         circ = torch.tensor([int(g.circular) for _, g in groups], dtype=torch.int32, device=device)
-        qsl = bt.query_start_loc.clamp(max=T)
+        qsl = bt.query_start_loc
         if knobs.kernel_design == "tile":
             _tile.launch_v1_fused(s, min(bt.num_tokens, T), qsl, bt.positions, ptrs, strides, sizes, circ, view,
                                   knobs.kernel_fault)

@@ -15,6 +15,7 @@ the single-launch behaviour under test. Mamba groups get PAD: through
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cpsim import kernels, layout
@@ -61,51 +62,69 @@ def kernel_table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, devic
     return _guard.table(entries, g.num_blocks, g.block_size, g.b, device)
 
 
-def num_blocks(s: Scenario, allocs: list[Allocation], tables, device) -> torch.Tensor:
-    """int32 [groups, max_num_reqs]: live kernel blocks per (group, row); 0 for groups without slots."""
-    out = torch.zeros((len(s.groups), s.limits.max_num_reqs), dtype=torch.int32)
+def num_blocks_array(s: Scenario, allocs: list[Allocation], widths: list[int]) -> np.ndarray:
+    """int32 [groups, max_num_reqs]: live kernel blocks per (group, row), at most the table's width
+    ``widths[group]``; 0 for groups without slots."""
+    out = np.zeros((len(s.groups), s.limits.max_num_reqs), dtype=np.int32)
     for gi, (g, a) in enumerate(zip(s.groups, allocs)):
         if not g.slot_mapped:
             continue
         for i, row in enumerate(s.batch.rows_v2()):
             if row >= 0 and i < len(a.blocks):
-                out[gi, row] = min(len(a.blocks[i]) * g.bpk, tables[gi].shape[1])
-    return out.to(device)
+                out[gi, row] = min(len(a.blocks[i]) * g.bpk, widths[gi])
+    return out
+
+
+def num_blocks(s: Scenario, allocs: list[Allocation], tables, device) -> torch.Tensor:
+    """``num_blocks_array`` of ``tables`` on ``device``."""
+    return torch.from_numpy(num_blocks_array(s, allocs, [t.shape[1] for t in tables])).to(device)
+
+
+def padding_array(s: Scenario, num_tokens: int) -> np.ndarray:
+    """bool [num_tokens (padded)]: the batch's is_padding input, on the host."""
+    flags = np.zeros(num_tokens, dtype=bool)
+    mask = s.batch.padding_mask()[:num_tokens]
+    flags[: mask.size] = mask
+    return flags
 
 
 def padding_flags(s: Scenario, num_tokens: int, device) -> torch.Tensor:
     """bool [num_tokens (padded)]: the batch's is_padding input."""
-    flags = torch.zeros(num_tokens, dtype=torch.bool)
-    mask = torch.from_numpy(s.batch.padding_mask())
-    flags[: mask.numel()] = mask[:num_tokens]
-    return flags.to(device)
+    return torch.from_numpy(padding_array(s, num_tokens)).to(device)
+
+
+def _i32(values) -> np.ndarray:
+    return np.asarray(list(values), dtype=np.int32)
+
+
+def _ptrs(tables) -> tuple[np.ndarray, np.ndarray]:
+    """int64 (data pointers, row strides) of ``tables``: the per-group table arguments of one launch."""
+    return (np.asarray([t.data_ptr() for t in tables], dtype=np.int64),
+            np.asarray([t.stride(0) for t in tables], dtype=np.int64))
 
 
 def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:
     from cpsim.kernels.mrv2 import _compute_slot_mappings_kernel
 
-    bt = batch_tensors(s, device)
     T = knobs.buffer_size or s.limits.slot_buffer_size
     out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
     tables = [kernel_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)]
-    nb = num_blocks(s, allocs, tables, device)
-
-    def i32(values):
-        return torch.tensor(list(values), dtype=torch.int32, device=device)
-
     # virtual-block-uses-kernel-block: the kernel is handed b where it needs the physical B.
     sizes = [g.b if knobs.virtual_from_kernel_block else g.block_size for g in s.groups]
-    circular = i32(int(g.circular) for g in s.groups) if any(g.circular for g in s.groups) else None
+    circular = any(g.circular for g in s.groups)
+    padded = max(s.batch.num_tokens_padded, s.batch.num_tokens)
+    bt, (rows, ptrs, strides, nb, block_sizes, kernel_sizes, cp_sizes, circ, flags) = batch_tensors(
+        s, device, _i32(s.batch.rows_v2()), *_ptrs(tables), num_blocks_array(s, allocs, [t.shape[1] for t in tables]),
+        _i32(sizes), _i32(g.b for g in s.groups), _i32(g.world(s.cp) for g in s.groups),
+        _i32(int(g.circular) for g in s.groups), padding_array(s, padded), clamp=T)
     _guard.launch(",".join(g.name for g in s.groups))
     _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
-        T, i32(s.batch.rows_v2()), bt.query_start_loc.clamp(max=T), bt.positions,
-        torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device),
-        torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device),
-        nb, nb.stride(0), i32(sizes), i32(g.b for g in s.groups), i32(g.world(s.cp) for g in s.groups),
+        T, rows, bt.query_start_loc, bt.positions, ptrs, strides,
+        nb, nb.stride(0), block_sizes, kernel_sizes, cp_sizes,
         out, out.stride(0), rank,
         CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
-        is_padding=padding_flags(s, bt.positions.numel(), device) if s.batch.has_padding else None,
-        is_circular=circular, num_tokens_padded=min(bt.num_tokens, T), FAULT=knobs.kernel_fault,
+        is_padding=flags if s.batch.has_padding else None,
+        is_circular=circ if circular else None, num_tokens_padded=min(bt.num_tokens, T), FAULT=knobs.kernel_fault,
     )
     return RankOutput(out, [True] * len(s.groups), [t.shape[1] for t in tables], [g.b for g in s.groups])
 
@@ -116,30 +135,23 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
         return run_mrv2(s, allocs, rank, device, knobs)
     from cpsim.kernels.triton_v2 import _compute_slot_mappings_kernel
 
-    bt = batch_tensors(s, device)
     T = knobs.buffer_size or s.limits.slot_buffer_size
     out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
     tables, entry = zip(*(_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)))
-
-    def i32(values):
-        return torch.tensor(values, dtype=torch.int32, device=device)
-
-    rows = s.batch.rows_v2()
-    args = (min(bt.num_tokens, T), T, i32(rows), bt.query_start_loc.clamp(max=T), bt.positions,
-            torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device),
-            torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device),
-            i32(list(entry)), out, out.stride(0), rank)
+    bt, (rows, ptrs, strides, entry_t, enabled, cp_sizes, circular) = batch_tensors(
+        s, device, _i32(s.batch.rows_v2()), *_ptrs(tables), _i32(entry),
+        _i32(int(g.slot_mapped) for g in s.groups), _i32(g.world(s.cp) for g in s.groups),
+        _i32(int(g.circular) for g in s.groups), clamp=T)
+    args = (min(bt.num_tokens, T), T, rows, bt.query_start_loc, bt.positions, ptrs, strides, entry_t,
+            out, out.stride(0), rank)
     if knobs.kernel_design == "tile":
-        _tile.launch_v2(s, args, i32([int(g.slot_mapped) for g in s.groups]), i32([g.world(s.cp) for g in s.groups]),
-                        i32([int(g.circular) for g in s.groups]), out, knobs.kernel_fault)
+        _tile.launch_v2(s, args, enabled, cp_sizes, circular, out, knobs.kernel_fault)
         return RankOutput(out, [True] * len(s.groups), [t.shape[1] for t in tables], list(entry))
     _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
         *args,
         CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
         BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(entry)),
-        slot_mapping_enabled=i32([int(g.slot_mapped) for g in s.groups]),
-        group_cp_sizes=i32([g.world(s.cp) for g in s.groups]),
-        is_circular=i32([int(g.circular) for g in s.groups]),
+        slot_mapping_enabled=enabled, group_cp_sizes=cp_sizes, is_circular=circular,
         FAULT=knobs.kernel_fault, POS_INT32=v1.pos_int32(s),
     )
     widths = [t.shape[1] for t in tables]
