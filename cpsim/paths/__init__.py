@@ -71,6 +71,17 @@ def first_failure(failures: list[KernelFailure]) -> KernelFailure:
     return dataclasses.replace(first, message=f"{first.message}; also failed on {also}")
 
 
+def staging(s, allocs: dict, device, kernel=None):
+    """A context in which the ranks ``allocs`` names (rank -> allocations) share their preparation
+    (``cpsim.paths._stage``) - for cpsim's built-in kernels only; a no-op for a user's kernel."""
+    import contextlib
+
+    from cpsim.paths import _stage
+    if kernel is not None and not getattr(kernel, "builtin", False):
+        return contextlib.nullcontext()
+    return _stage.staged(s, allocs, device)
+
+
 def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str = "cpu",
              knobs: Knobs = Knobs(), kernel=None) -> RankOutput | None:
     """Run one path for one rank; None when the path does not apply to the scenario.
@@ -85,7 +96,10 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
-    from cpsim.paths import _guard, replay
+    from cpsim.paths import _guard, _stage, replay
+    stage = _stage.current()
+    if stage is not None:
+        stage.begin(rank if stage.s is scenario and rank in stage.allocs else None)
     with _guard.Watch(len(scenario.groups)) as watch:
         if kernel is not None and not kernel.builtin:
             out = kernel.run(name, scenario, allocs, rank, torch.device(device), knobs)

@@ -45,10 +45,16 @@ def buffer(groups: Iterable[int], entries: int, dtype: torch.dtype, device, fill
     The view's row stride is ``entries + 2 * WIDTH``; kernels that take a stride get it
     from the view, so row ``i``'s overrun lands in its own guard.
     """
+    from cpsim.paths import _stage
     groups = list(groups)
-    full = torch.full((len(groups), entries + 2 * WIDTH), GUARD, dtype=dtype, device=device)
-    view = full[:, WIDTH:WIDTH + entries]
-    view.fill_(fill)
+    stage = _stage.current()
+    if stage is not None and stage.rank is not None and stage.device == torch.device(device):
+        full = stage.buffer(groups, entries, dtype, fill, WIDTH)
+        view = full[:, WIDTH:WIDTH + entries]
+    else:
+        full = torch.full((len(groups), entries + 2 * WIDTH), GUARD, dtype=dtype, device=device)
+        view = full[:, WIDTH:WIDTH + entries]
+        view.fill_(fill)
     if _watched is not None:
         _watched.append((full, groups))
     return view
@@ -82,6 +88,20 @@ def table(entries, num_blocks: int, block_size: int, entry_size: int, device) ->
     return view
 
 
+def table_of(gi: int, alloc, rows: list[int], num_rows: int, width: int, bpk: int, num_blocks: int,
+             block_size: int, entry_size: int, device) -> torch.Tensor:
+    """``table`` of ``allocator.table_entries(alloc, rows, num_rows, width, bpk)`` (group ``gi``);
+    inside a stage (``cpsim.paths._stage``) the tables of all staged ranks are built at once."""
+    from cpsim.paths import _stage
+    stage = _stage.current()
+    if stage is not None and stage.device == torch.device(device):
+        staged = stage.table(gi, alloc, rows, num_rows, width, bpk, num_blocks, block_size, entry_size, WIDTH)
+        if staged is not None:
+            return staged
+    from cpsim.allocator import table_entries
+    return table(table_entries(alloc, rows, num_rows, width, bpk), num_blocks, block_size, entry_size, device)
+
+
 class Watch:
     """Collects every buffer allocated while it is open, to read them back once after the launches."""
 
@@ -110,7 +130,9 @@ class Watch:
         for full, groups in self.buffers:
             host = full.cpu()
             if host_slots is None and _views(slots, full):
-                host_slots = host.as_strided(slots.shape, slots.stride(), slots.storage_offset() - full.storage_offset())
+                # as_strided's offset counts from the storage's start: on CPU ``host`` is ``full`` itself
+                host_slots = host.as_strided(slots.shape, slots.stride(),
+                                             host.storage_offset() + slots.storage_offset() - full.storage_offset())
             h = host.numpy()
             frame = np.concatenate([h[:, :WIDTH], h[:, -WIDTH:]], 1).astype(np.int64)
             for row, gi in enumerate(groups):

@@ -69,6 +69,11 @@ def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: 
     """The batch's tensors on ``device`` (``query_start_loc`` capped at ``clamp``, the slot buffer's
     entries, when given); with ``extra`` host arrays, also those, uploaded in the same copy (returns
     ``(BatchTensors, [tensors])`` then)."""
+    from cpsim.paths import _stage
+    stage = _stage.current()
+    if stage is not None and stage.s is s and stage.device == torch.device(device):
+        bt = stage.batch(clamp)  # uploaded once for every staged rank
+        return (bt, upload(list(extra), device)) if extra else bt
     qsl, positions = batch_arrays(s, clamp)
     up = upload([qsl, positions, *extra], device)
     bt = BatchTensors(up[0], up[1], positions.size, s.batch.num_tokens)

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from cpsim import kernels, layout
-from cpsim.allocator import Allocation, table_entries
+from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile
 from cpsim.paths._inputs import batch_tensors, prepare_triton, upload
@@ -43,8 +43,13 @@ def buffer_size(s: Scenario, knobs: Knobs) -> int:
 
 def _tables(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
     rows = list(range(s.batch.num_reqs))
-    entries = table_entries(alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs), g.bpk)
-    return _guard.table(entries, g.num_blocks, g.block_size, g.b, device)
+    return _guard.table_of(group_index(s, g), alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs), g.bpk,
+                           g.num_blocks, g.block_size, g.b, device)
+
+
+def group_index(s: Scenario, g: KVGroup) -> int:
+    """Which of the scenario's groups ``g`` is (by identity: two groups may be equal)."""
+    return next(i for i, x in enumerate(s.groups) if x is g)
 
 
 def _sizes(s: Scenario, g: KVGroup, knobs: Knobs) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from cpsim import kernels, layout
-from cpsim.allocator import Allocation, table_entries
+from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile, v1
 from cpsim.paths._inputs import batch_tensors, prepare_triton
@@ -42,11 +42,12 @@ def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> 
     """(table, slots per entry). The kernel-block fault hands over kernel-block entries."""
     rows = list(s.batch.rows_v2())
     width = table_width(s, g, knobs)
+    gi = v1.group_index(s, g)
     if knobs.virtual_from_kernel_block and g.bpk > 1:
-        entries = table_entries(alloc, rows, s.limits.max_num_reqs, width, g.bpk)
-        return _guard.table(entries, g.num_blocks, g.block_size, g.b, device), g.b
-    entries = table_entries(alloc, rows, s.limits.max_num_reqs, width)
-    return _guard.table(entries, g.num_blocks, g.block_size, g.block_size, device), g.block_size
+        return _guard.table_of(gi, alloc, rows, s.limits.max_num_reqs, width, g.bpk, g.num_blocks, g.block_size, g.b,
+                               device), g.b
+    return _guard.table_of(gi, alloc, rows, s.limits.max_num_reqs, width, 1, g.num_blocks, g.block_size,
+                           g.block_size, device), g.block_size
 
 
 def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
@@ -58,8 +59,8 @@ def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
 def kernel_table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
     """MRV2 staging: physical id q becomes kernel blocks q*BPK .. q*BPK+BPK-1."""
     rows = list(s.batch.rows_v2())
-    entries = table_entries(alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs), g.bpk)
-    return _guard.table(entries, g.num_blocks, g.block_size, g.b, device)
+    return _guard.table_of(v1.group_index(s, g), alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs), g.bpk,
+                           g.num_blocks, g.block_size, g.b, device)
 
 
 def num_blocks_array(s: Scenario, allocs: list[Allocation], widths: list[int]) -> np.ndarray:

@@ -28,6 +28,7 @@ still become failures; crashes and hangs are not caught) - for debugging only.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
@@ -124,6 +125,7 @@ class Worker:
         self.conn = None
         self.device: str | None = None
         self.in_process: set[int] = set()  # id() of kernels the worker could not reload
+        self.loaded: int | None = None  # the scenario the child holds (``run_paths`` sends it once per scenario)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
@@ -139,6 +141,7 @@ class Worker:
         self.proc.start()
         there.close()
         self.conn, self.device = here, device
+        self.loaded = None
         try:
             self.conn.send(("prepare", device, torch.get_num_threads()))
         except OSError:
@@ -312,7 +315,7 @@ def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], ker
     todo = {w: [(p, chunks[k]) for p in paths if chunks[k]] for k, w in enumerate(workers)}
     outs: dict[str, dict[int, RankOutput | None]] = {p: {} for p in paths}
     fails: dict[str, list[KernelFailure]] = {p: [] for p in paths}
-    state = (s, allocs, device, knobs, kernels, outs, fails, on_rank)
+    state = (s, allocs, device, knobs, kernels, outs, fails, on_rank, next(_tokens))
     for w in workers:
         _next_task(w, todo[w], state)
     live = {w for w in workers if w in _busy}
@@ -341,6 +344,8 @@ def _first_failure(fails: list[KernelFailure], without_output: list[int]) -> Ker
     return first
 
 
+_tokens = itertools.count()  # one per run_paths call: names the scenario a worker holds
+
 # worker -> [path, ranks left to answer, deadline]
 _busy: dict[Worker, list] = {}
 
@@ -348,7 +353,7 @@ _busy: dict[Worker, list] = {}
 def _next_task(w: Worker, queue: list, state) -> None:
     """Send ``w`` its next chunk (a kernel the child cannot reload runs here, unprotected)."""
     import time
-    s, allocs, device, knobs, kernels, outs, fails, on_rank = state
+    s, allocs, device, knobs, kernels, outs, fails, on_rank, token = state
     while queue:
         path, ranks = queue.pop(0)
         kernel = kernels.get(path)
@@ -358,8 +363,10 @@ def _next_task(w: Worker, queue: list, state) -> None:
         if w.ensure(device):
             w.ready()
         try:
-            w.conn.send(("run_ranks", path, s, [allocs[r] for r in ranks], ranks, device, [knobs[r] for r in ranks],
-                         _record(kernel)))
+            if w.loaded != token:  # the scenario and this worker's allocations travel once, not once per path
+                w.conn.send(("load", token, s, {r: allocs[r] for r in ranks}))
+                w.loaded = token
+            w.conn.send(("run_ranks", path, token, ranks, device, [knobs[r] for r in ranks], _record(kernel)))
         except (EOFError, OSError):
             pass  # the next receive sees the dead child and names it
         _busy[w] = [path, list(ranks), time.monotonic() + _config.timeout_s]
@@ -369,7 +376,7 @@ def _next_task(w: Worker, queue: list, state) -> None:
 def _collect(live: set, todo: dict, state) -> None:
     import time
     from multiprocessing.connection import wait
-    s, allocs, device, knobs, kernels, outs, fails, on_rank = state
+    s, allocs, device, knobs, kernels, outs, fails, on_rank, _ = state
     timeout = max(0.0, min(_busy[w][2] for w in live) - time.monotonic())
     ready = wait([w.conn for w in live], timeout)
     for w in list(live):
@@ -413,18 +420,20 @@ def _sequential(path: str, s, allocs, device, knobs, kernel, on_rank, ranks, out
                 fails: list | None = None) -> list | KernelFailure:
     """Ranks run here in turn, stopping at the first that fails. With ``outs`` / ``fails`` given,
     fills them (a chunk of ``run_paths``); else returns the path's result."""
+    from cpsim.paths import staging
     got: dict = {} if outs is None else outs
-    for r in ranks:
-        try:
-            got[r] = _in_process(path, s, allocs[r], r, device, knobs[r], kernel)
-        except KernelFailed as e:
-            if fails is not None:
-                fails.append(e.failure)
+    with staging(s, {r: allocs[r] for r in ranks}, device, kernel):
+        for r in ranks:
+            try:
+                got[r] = _in_process(path, s, allocs[r], r, device, knobs[r], kernel)
+            except KernelFailed as e:
+                if fails is not None:
+                    fails.append(e.failure)
+                    return e.failure
+                e.failure.not_run = list(range(r + 1, s.cp.world))
                 return e.failure
-            e.failure.not_run = list(range(r + 1, s.cp.world))
-            return e.failure
-        if on_rank is not None:
-            on_rank(path, r)
+            if on_rank is not None:
+                on_rank(path, r)
     return [got[r] for r in ranks]
 
 

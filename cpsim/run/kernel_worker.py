@@ -70,6 +70,7 @@ def serve(conn, parent_pid: int | None = None) -> None:
     if parent_pid is not None:
         _die_with(parent_pid)
     kernels: dict = {}
+    loaded: tuple = (None, None, {})  # (token, scenario, rank -> allocations): the scenario in hand
     while True:
         try:
             msg = conn.recv()
@@ -79,20 +80,31 @@ def serve(conn, parent_pid: int | None = None) -> None:
             conn.send(_prepare(*msg[1:]))
         elif msg[0] == "run":
             conn.send(_run(kernels, *msg[1:]))
+        elif msg[0] == "load":
+            loaded = msg[1:]
         elif msg[0] == "run_ranks":
-            _run_ranks(conn, kernels, *msg[1:])
+            _run_ranks(conn, kernels, loaded, *msg[1:])
 
 
-def _run_ranks(conn, kernels: dict, path: str, s, allocs: list, ranks: list[int], device: str, knobs: list,
-               record: dict | None) -> None:
-    """Every listed rank of one path, in order, a reply per rank; stops after the first rank
-    that does not complete, as the in-process loop would. One message per path instead of one
-    per rank: the scenario is pickled once and the parent is not woken in between."""
-    for a, rank, kn in zip(allocs, ranks, knobs):
-        reply = _run(kernels, path, s, a, rank, device, kn, record)
-        conn.send(reply)
-        if reply[0] != "ok":
-            return
+def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks: list[int], device: str,
+               knobs: list, record: dict | None) -> None:
+    """Every listed rank of one path of the loaded scenario, in order, a reply per rank; stops after
+    the first rank that does not complete, as the in-process loop would. One message per path, and
+    the scenario itself once per scenario (``load``): the parent is not woken in between."""
+    from cpsim.paths import staging
+    have, s, allocs = loaded
+    if have != token:  # cannot happen while the parent sends "load" first; a reply names it if it does
+        conn.send(("raised", "RuntimeError", f"kernel worker holds scenario {have}, asked for {token}", "*"))
+        return
+    with staging(s, {r: allocs[r] for r in ranks}, device, None if record is None else _USER):
+        for rank, kn in zip(ranks, knobs):
+            reply = _run(kernels, path, s, allocs[rank], rank, device, kn, record)
+            conn.send(reply)
+            if reply[0] != "ok":
+                return
+
+
+_USER = object()  # stands for a user's kernel: its rank runs are not staged
 
 
 def _prepare(device: str, threads: int | None = None) -> tuple:

@@ -1,0 +1,140 @@
+"""One path's inputs for several ranks, prepared together.
+
+The virtual world runs the ranks of a path one after another in one process. Each rank's
+kernels read the same batch tensors and tables of the same shapes (filled from its own
+allocation), and write an output buffer of the same shape. On an accelerator every
+preparation step is a device operation costing more host time than the kernel itself, so
+inside a stage they are done once for all the staged ranks: the batch tensors are uploaded
+once, the output buffers of all ranks are one allocation, and a table is filled for every
+rank in four operations. Each rank still gets tensors of its own (views into the shared
+allocations, laid out exactly as a rank run alone would lay them out, guard rows and
+entries included), its own launches, and its own read-back.
+
+A stage is opened around a path's ranks only for cpsim's built-in kernels
+(``cpsim.run.isolation``): those never write their inputs. A user's kernel gets fresh
+inputs per rank run, so whatever it does to them stays within that run.
+
+Module state, like ``_guard``'s watch: one rank runs at a time in a process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from cpsim.allocator import table_entries
+from cpsim.layout import GUARD, table_guard_id
+
+TABLE_BYTES = 256 << 20  # tables of all staged ranks bigger than this are built per rank run, as without a stage
+ALIGN = 256  # bytes: each rank's block starts as a fresh allocation would (Triton specialises on pointer alignment)
+
+
+def _blocks(ranks: int, shape: tuple[int, int], fill: int, dtype, device) -> tuple[torch.Tensor, int]:
+    """([ranks, per] filled with ``fill``, per): one allocation holding a ``shape`` block for each rank,
+    each block starting ``ALIGN``-aligned."""
+    item = torch.empty((), dtype=dtype).element_size()
+    step = ALIGN // item
+    per = -(-(shape[0] * shape[1]) // step) * step
+    return torch.full((ranks, per), fill, dtype=dtype, device=device), per
+
+
+def _block(full: torch.Tensor, k: int, shape: tuple[int, int]) -> torch.Tensor:
+    return full[k, :shape[0] * shape[1]].view(shape)
+
+
+class Stage:
+    def __init__(self, s, allocs: dict[int, list], device):
+        self.s = s
+        self.allocs = allocs                  # rank -> that rank's allocations, per group
+        self.device = torch.device(device)
+        self.ranks = sorted(allocs)
+        self.rank: int | None = None          # the rank whose run is in progress
+        self._buffers = 0                     # buffers the rank run in progress has asked for
+        self._cache: dict = {}
+
+    def begin(self, rank: int) -> None:
+        self.rank, self._buffers = rank, 0
+
+    def batch(self, clamp):
+        from cpsim.paths._inputs import BatchTensors, batch_arrays, upload
+        key = ("batch", clamp)
+        if key not in self._cache:
+            qsl, positions = batch_arrays(self.s, clamp)
+            up = upload([qsl, positions], self.device)
+            self._cache[key] = BatchTensors(up[0], up[1], positions.size, self.s.batch.num_tokens)
+        return self._cache[key]
+
+    def buffer(self, groups: list[int], entries: int, dtype, fill: int, width: int) -> torch.Tensor:
+        """This rank's [len(groups), entries + 2 * width] block of one allocation for all staged ranks."""
+        self._buffers += 1
+        shape = (len(groups), entries + 2 * width)
+        key = ("buffer", self._buffers, tuple(groups), entries, dtype, fill)
+        if key not in self._cache:
+            full, per = _blocks(len(self.ranks), shape, GUARD, dtype, self.device)
+            rows = full[:, :shape[0] * shape[1]].view(len(self.ranks), *shape)
+            rows[:, :, width:width + entries].fill_(fill)
+            self._cache[key] = full
+        return _block(self._cache[key], self.ranks.index(self.rank), shape)
+
+    def table(self, gi: int, alloc, rows: list[int], num_rows: int, width: int, bpk: int, num_blocks: int,
+              block_size: int, entry_size: int, guard_rows: int) -> torch.Tensor | None:
+        """This rank's guarded table (``cpsim.paths._guard.table``), or None when it is not staged
+        (too big for all ranks at once, or ``alloc`` is not this rank's)."""
+        if self.rank is None or self.allocs[self.rank][gi] is not alloc:
+            return None
+        cols = max(width, 1) * bpk
+        height = num_rows + 2 * guard_rows
+        if len(self.ranks) * height * cols * 4 > TABLE_BYTES:
+            return None
+        key = ("table", gi, tuple(rows), num_rows, width, bpk, num_blocks, block_size, entry_size)
+        if key not in self._cache:
+            self._cache[key] = self._tables(gi, rows, num_rows, width, bpk, table_guard_id(
+                num_blocks, block_size, entry_size), height, cols, guard_rows)
+        table = _block(self._cache[key], self.ranks.index(self.rank), (height, cols))
+        return table[guard_rows:guard_rows + num_rows]
+
+    def _tables(self, gi, rows, num_rows, width, bpk, guard_id, height, cols, guard_rows) -> torch.Tensor:
+        """[ranks, per]: each staged rank's guarded table, a [height, cols] block (``_block``)."""
+        from cpsim.paths._inputs import upload
+        full, per = _blocks(len(self.ranks), (height, cols), guard_id, torch.int32, self.device)
+        entries: dict[int, object] = {}  # replicas share one allocation object: its entries once
+        index, ids = [], []
+        for k, r in enumerate(self.ranks):
+            a = self.allocs[r][gi]
+            if id(a) not in entries:
+                entries[id(a)] = table_entries(a, rows, num_rows, width, bpk)
+            e = entries[id(a)]
+            index.append(e.index + k * per + guard_rows * cols)
+            ids.append(e.ids)
+        used = next(iter(entries.values())).rows if entries else []
+        tables = full[:, :height * cols].view(len(self.ranks), height, cols)
+        if used and used == list(range(used[0], used[-1] + 1)):
+            tables[:, guard_rows + used[0]:guard_rows + used[-1] + 1] = 0
+        elif used:
+            tables[:, upload([np.asarray(used, dtype=np.int64) + guard_rows], self.device)[0]] = 0
+        flat_index, flat_ids = np.concatenate(index), np.concatenate(ids)
+        if flat_ids.size:
+            i, v = upload([flat_index, flat_ids], self.device)
+            full.view(-1)[i] = v
+        return full
+
+
+_current: Stage | None = None
+
+
+def current() -> Stage | None:
+    return _current
+
+
+@contextlib.contextmanager
+def staged(s, allocs: dict[int, list], device) -> Iterator[Stage]:
+    """A stage for the ranks ``allocs`` names, for as long as the block runs."""
+    global _current
+    outer, _current = _current, Stage(s, allocs, device)
+    try:
+        yield _current
+    finally:
+        _current = outer

@@ -1,0 +1,97 @@
+"""A staged world (``cpsim.paths._stage``: the ranks of a path prepared together) hands every rank
+exactly what a rank run alone would: same slots, guard entries, widths and entry sizes, with and
+without the catalogue's faults, and when its tables are too big to stage."""
+
+import random
+
+import pytest
+import torch
+
+from cpsim import faults
+from cpsim.allocator import allocate_world
+from cpsim.fuzz import explore, space
+from cpsim.paths import PATHS, Knobs, _stage, run_path, staging
+
+
+def _fuzz_scenarios(n: int):
+    rng, recent, out = random.Random(7), {}, []
+    for i in range(n):
+        d = space.RandomDraw(rng, explore.prefix(rng, recent))
+        out.append(space.build(d))
+        recent[i % explore.RECENT] = d.choices
+    return out
+
+
+def _same_world(s, knobs: Knobs = Knobs(), paths=PATHS) -> int:
+    allocs = allocate_world(s)
+    ranks = range(s.cp.world)
+    compared = 0
+    for path in paths:
+        alone = [run_path(path, s, allocs[r], r, "cpu", knobs) for r in ranks]
+        with staging(s, {r: allocs[r] for r in ranks}, "cpu"):
+            together = [run_path(path, s, allocs[r], r, "cpu", knobs) for r in ranks]
+        for r, (a, b) in enumerate(zip(alone, together)):
+            assert (a is None) == (b is None)
+            if a is None:
+                continue
+            where = f"{path} rank {r} of {s.to_dict()}"
+            assert torch.equal(a.slots, b.slots), where
+            assert torch.equal(a.guard, b.guard), where
+            assert (a.enabled, a.widths, a.entry_sizes) == (b.enabled, b.widths, b.entry_sizes), where
+            compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_staged_ranks_get_what_a_rank_run_alone_gets(chunk):
+    scenarios = _fuzz_scenarios(48)[chunk::4]
+    assert sum(_same_world(s) for s in scenarios) >= len(scenarios) * 3
+
+
+@pytest.mark.parametrize("name", faults.names())
+def test_staged_ranks_keep_the_faults_outputs(name):
+    f = faults.get(name, "fault")
+    s = f.trigger()
+    assert _same_world(s, f.knobs_for(s), paths=f.paths or PATHS) > 0
+
+
+def test_tables_too_big_to_stage_are_built_per_rank(monkeypatch):
+    s = next(x for x in _fuzz_scenarios(48) if x.cp.world > 1)
+    built = []
+    real = _stage.Stage._tables
+    monkeypatch.setattr(_stage.Stage, "_tables", lambda self, *a: built.append(a) or real(self, *a))
+    _same_world(s, paths=["v1"])
+    assert built  # staged at the default bound
+    built.clear()
+    monkeypatch.setattr(_stage, "TABLE_BYTES", 0)
+    assert _same_world(s, paths=["v1"]) == s.cp.world
+    assert not built  # every table built per rank run, outputs unchanged
+
+
+def test_a_users_kernel_is_not_staged():
+    class UserKernel:
+        builtin = False
+
+    s = _fuzz_scenarios(1)[0]
+    with staging(s, {0: allocate_world(s)[0]}, "cpu", UserKernel()):
+        assert _stage.current() is None
+    with staging(s, {0: allocate_world(s)[0]}, "cpu"):
+        assert _stage.current() is not None
+    assert _stage.current() is None
+
+
+def test_staged_tensors_are_aligned_as_fresh_ones():
+    """Triton specialises a kernel on its pointers' 16-byte alignment: a staged rank's table and output
+    rows must be as aligned as a fresh allocation's, or the device compiles extra variants."""
+    from cpsim.paths import _guard, v1
+
+    for s in [x for x in _fuzz_scenarios(48) if x.cp.world > 2][:6]:
+        allocs = allocate_world(s)
+        with staging(s, {r: allocs[r] for r in range(s.cp.world)}, "cpu") as stage:
+            for r in range(s.cp.world):
+                stage.begin(r)
+                out = _guard.buffer(range(len(s.groups)), s.limits.slot_buffer_size + 3, torch.int64, "cpu")
+                assert out.data_ptr() % 16 == 0
+                for gi, g in enumerate(s.groups):
+                    t = v1._tables(s, g, allocs[r][gi], Knobs(), "cpu")
+                    assert t.data_ptr() % 16 == 0, (r, gi, t.shape)
