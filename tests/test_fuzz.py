@@ -374,3 +374,26 @@ def test_hypothesis_explorer_still_finds_and_shrinks(tmp_path):
 def test_explore_rejects_an_unknown_explorer():
     with pytest.raises(ConfigError, match="--explore"):
         fz.search(fz.FuzzConfig(explore="grid", max_examples=1, database=None))
+
+
+def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(tmp_path, monkeypatch):
+    """With kernel isolation (the default) the next scenario's kernels run in the worker while the
+    last one is checked; in-process nothing runs ahead. Either way a seed visits the same scenarios,
+    in the same order, with the same verdicts."""
+    from cpsim.run import isolation
+
+    def visited(process: bool) -> tuple[list[str], list, int]:
+        seen: list[str] = []
+        real_visit, real_ahead, started = fz._Searcher.visit, isolation.ahead, []
+        monkeypatch.setattr(fz._Searcher, "visit", lambda me, s, then=None: seen.append(s.fingerprint())
+                            or real_visit(me, s, then))
+        monkeypatch.setattr(isolation, "ahead", lambda *a: started.append(real_ahead(*a)) or started[-1])
+        monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=process))
+        r = fz.fuzz(fz.FuzzConfig(max_examples=40, seed=5, database=None, out=tmp_path / str(process),
+                                  inject="stale-tail"))
+        monkeypatch.undo()
+        return seen, [f.signature for f in r.findings], sum(started)
+
+    worker, inproc = visited(True), visited(False)
+    assert worker[0][:40] == inproc[0][:40] and worker[1] == inproc[1] and worker[1]
+    assert worker[2] >= 30 and inproc[2] == 0

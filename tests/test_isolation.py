@@ -220,7 +220,7 @@ def test_run_paths_config_error_leaves_no_stale_worker(monkeypatch):
     monkeypatch.setattr(isolation.Worker, "answer", lambda *a: (_ for _ in ()).throw(ConfigError("f", "r")))
     with pytest.raises(ConfigError):
         isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
-    assert not isolation._busy and all(not w.alive() for w in isolation._pool[:2])
+    assert isolation._ahead is None and all(not w.alive() for w in isolation._pool[:2])
     monkeypatch.undo()
     again = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     for p in ("v1", "v2"):
@@ -254,3 +254,67 @@ def test_bad_kernel_workers_value_is_exit_2(capsys, value, monkeypatch):
     text = capsys.readouterr()
     assert code == 2 and "Traceback" not in text.out + text.err
     assert "CPSIM_KERNEL_WORKERS: must be a positive integer" in text.out + text.err
+
+
+def _world(s):
+    from cpsim.allocator import allocate_world
+    from cpsim.paths import Knobs
+    return allocate_world(s), [Knobs()] * s.cp.world
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for p in a:
+        assert isinstance(a[p], list) and isinstance(b[p], list)
+        assert all(torch.equal(x.slots, y.slots) and torch.equal(x.guard, y.guard) for x, y in zip(a[p], b[p]))
+
+
+def test_runs_started_ahead_are_collected_not_run_again():
+    """``ahead`` (fuzz starts the next scenario while it checks the last) hands ``run_paths`` the
+    very results a plain call gives, without running the ranks a second time."""
+    from cpsim import scenario as sc
+    from cpsim.run import isolation
+    s = sc.preset("mtp", dcp=2)
+    allocs, knobs = _world(s)
+    plain = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    before = next(isolation._tokens)
+    assert isolation.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    assert not isolation.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, {})  # one scenario ahead at most
+    _same(isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {}), plain)
+    assert next(isolation._tokens) == before + 2  # the rank runs were started once, by ahead
+    assert isolation._ahead is None and isolation._stash is None
+
+
+def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
+    """Another scenario needing the workers first (fuzz classifying a failure) collects the runs
+    started ahead and keeps them for the call they were started for."""
+    from cpsim import scenario as sc
+    from cpsim.run import isolation
+    s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
+    (a1, k1), (a2, k2) = _world(s1), _world(s2)
+    plain1 = isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
+    plain2 = isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
+    assert isolation.ahead(s1, ["v1", "v2"], a1, "cpu", k1, {})
+    _same(isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)
+    before = next(isolation._tokens)
+    _same(isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
+    assert next(isolation._tokens) == before + 1 and isolation._stash is None
+
+
+def test_a_worker_crashing_with_later_paths_queued_names_the_rank_and_runs_the_rest(monkeypatch):
+    """Every path's chunk is sent at once: when the child dies on v1, v2's chunk (queued behind it)
+    goes to a fresh child, and the failure names the rank that crashed."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")  # both ranks in one child: rank 1 is left unrun
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.plugin.kernel_under_test import load
+    from cpsim.run import isolation
+    s = sc.preset("mtp", dcp=2)
+    allocs, knobs = _world(s)
+    plain = isolation.run_paths(s, ["v2"], allocs, "cpu", knobs, {})
+    kernels = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
+    assert isolation.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
+    got = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
+    assert isinstance(got["v1"], KernelFailure) and got["v1"].kind == "crashed" and got["v1"].rank == 0
+    assert got["v1"].not_run == [1]
+    _same({"v2": got["v2"]}, plain)

@@ -123,17 +123,22 @@ class Outcome:
 
 
 def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: str = "cpu",
-             kernels: dict | None = None) -> Outcome:
+             kernels: dict | None = None, allocs: list | None = None,
+             then: Callable[[], None] | None = None) -> Outcome:
     """Run the virtual world and the coordinator; an exception is an outcome too.
 
-    ``kernels`` maps a path to the user's kernel (``cpsim.plugin.kernel_under_test``) replacing the built-in one."""
+    ``kernels`` maps a path to the user's kernel (``cpsim.plugin.kernel_under_test``) replacing the
+    built-in one; ``allocs`` is ``allocate_world(s)`` when the caller has it; ``then`` is called once
+    the kernels are done, before the checks (fuzz starts the next scenario's kernels there)."""
     from cpsim.allocator import allocate_world
     from cpsim.run.world import run_virtual
 
     knobs = knobs_for_scenario(knobs, s)
     try:
-        allocs = allocate_world(s)
+        allocs = allocs if allocs is not None else allocate_world(s)
         gathered = run_virtual(s, paths, knobs, device=device, kernels=kernels, allocs=allocs)
+        if then is not None:
+            then()
         verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
     except ConfigError:
         raise
@@ -488,9 +493,25 @@ class _Searcher:
         self.done: set[str] = set()                 # signatures Hypothesis has shrunk and reported
         self.classify_runs = 0
         self.shrink_until: float | None = None
+        self._ahead: dict[int, tuple] = {}           # id(scenario) -> (scenario, its allocations): started ahead
 
-    def run(self, s: sc.Scenario) -> Outcome:
-        return evaluate(s, self.cfg.paths, self.knobs, self.cfg.device, self.cfg.kernels)
+    def run(self, s: sc.Scenario, then: Callable[[], None] | None = None) -> Outcome:
+        allocs = self._ahead.pop(id(s))[1] if id(s) in self._ahead else None
+        return evaluate(s, self.cfg.paths, self.knobs, self.cfg.device, self.cfg.kernels, allocs, then)
+
+    def ahead(self, s: sc.Scenario) -> None:
+        """Start ``s``'s kernels in the kernel workers now; its ``visit`` collects them (``isolation.ahead``)."""
+        from cpsim.allocator import allocate_world
+        from cpsim.run import isolation
+        from cpsim.run.world import knobs_for
+        try:
+            knobs = knobs_for_scenario(self.knobs, s)
+            allocs = allocate_world(s)
+        except Exception:  # noqa: BLE001  (its visit meets the same error and records it)
+            return
+        self._ahead = {id(s): (s, allocs)}
+        isolation.ahead(s, self.cfg.paths, allocs, self.cfg.device, [knobs_for(r, knobs, None) for r in range(s.cp.world)],
+                        self.cfg.kernels or {})
 
     def classify(self, s: sc.Scenario, out: Outcome) -> dict[str, str]:
         """{signature: dimension} of a failing outcome. The dimensions present are removed one at
@@ -519,9 +540,10 @@ class _Searcher:
         return {signature_text(p, group_kind(s, g), signature_invariants(invs), d): d
                 for (p, g, d), invs in by.items()}
 
-    def visit(self, s: sc.Scenario) -> dict[str, str] | None:
+    def visit(self, s: sc.Scenario, then: Callable[[], None] | None = None) -> dict[str, str] | None:
         """{signature: dimension} of ``s`` ({} when it passes), run once per fingerprint; None when
-        the shrink budget is spent and ``s`` is new (it then counts as passing)."""
+        the shrink budget is spent and ``s`` is new (it then counts as passing). ``then``: as for
+        ``evaluate`` (called only when ``s`` is run)."""
         fp = s.fingerprint()
         if fp not in self.seen:
             if self.shrink_until is not None and time.monotonic() > self.shrink_until:
@@ -530,7 +552,7 @@ class _Searcher:
                 self.prog.phase = "shrink (budget spent)"
                 return None
             self.prog.examples += 1
-            out = self.run(s)
+            out = self.run(s, then)
             sigs = self.classify(s, out) if out.failed else {}
             self.seen[fp] = sigs
             if sigs:

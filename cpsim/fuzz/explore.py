@@ -102,23 +102,40 @@ def explore(me: "fz._Searcher") -> None:
 
     recent: dict[int, list[int]] = {}
     redraws = since_shrink = 0
+    drawn = None  # the next (draw, scenario), drawn while the last one's kernels were being checked
+
+    def draw():
+        d = space.RandomDraw(rng, prefix(rng, recent))
+        return d, space.build(d, cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
+
+    def start_next(current: str) -> None:
+        # Called between a scenario's kernels and its checks: the next scenario's kernels run in the
+        # kernel worker meanwhile. Drawn here in every mode (in-process too), so a seed draws the same
+        # scenarios whether or not the kernels run ahead.
+        nonlocal drawn
+        if deadline is None and me.prog.examples >= cfg.max_examples:
+            return
+        drawn = draw()
+        fp = drawn[1].fingerprint()
+        if fp not in me.seen and fp != current:
+            me.ahead(drawn[1])
+
     while redraws < MAX_REDRAWS:
         if deadline is None and me.prog.examples >= cfg.max_examples:
             break
         if deadline is not None and time.monotonic() >= deadline:
             break
         me.prog.phase = "search"
-        d = space.RandomDraw(rng, prefix(rng, recent))
-        s = space.build(d, cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
+        (d, s), drawn = drawn or draw(), None
         if s.fingerprint() in me.seen:
             redraws += 1
             continue
         redraws = 0
         since_shrink += 1
-        sigs = me.visit(s) or {}
+        recent[since_shrink % RECENT] = d.choices
+        sigs = me.visit(s, lambda fp=s.fingerprint(): start_next(fp)) or {}
         for x in sigs:
             seeds.setdefault(x, encode(d.choices))
-        recent[since_shrink % RECENT] = d.choices
         if cfg.stop_after_first and me.reported():
             break
         if since_shrink >= SHRINK_EVERY:

@@ -297,12 +297,72 @@ def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], ker
     In isolation each path's ranks are cut into one contiguous chunk per worker and each chunk
     goes to its worker in one message; on CPU two workers share every path, so both cores stay
     busy whatever the paths' costs. A worker may have run ranks past the first failing one;
-    their outputs are dropped, so the result is the one a single process would give."""
+    their outputs are dropped, so the result is the one a single process would give. Rank runs
+    ``ahead`` started for this very call are collected instead of being run again."""
     device = str(device)
     world = s.cp.world
     from cpsim import capture
     if not _config.process or capture.active() is not None:
         return {p: _sequential(p, s, allocs, device, knobs, kernels.get(p), on_rank, range(world)) for p in paths}
+    global _stash
+    _settle()
+    if _stash is not None and _stash[0].matches(s, paths, device, knobs, kernels):
+        results, _stash = _stash[1], None
+        return results
+    return _finish(_start(s, paths, allocs, device, knobs, kernels, on_rank))
+
+
+def ahead(s, paths: list[str], allocs: list, device, knobs: list[Knobs], kernels: dict) -> bool:
+    """Start the rank runs of a ``run_paths`` call the caller will make next, and return at once, so
+    the workers run them while the caller works on something else (fuzz checks the previous
+    scenario meanwhile). Any other use of the workers first waits for them and keeps their results.
+    False (nothing started) in-process, under a capture, or with runs already started ahead."""
+    global _ahead
+    from cpsim import capture
+    if not _config.process or capture.active() is not None or _ahead is not None:
+        return False
+    _ahead = _start(s, paths, allocs, str(device), knobs, kernels, None)
+    return True
+
+
+_ahead: "_Run | None" = None                 # started by ``ahead``, not collected yet
+_stash: "tuple[_Run, dict] | None" = None    # collected early (another run needed the workers), not asked for yet
+
+
+def _settle() -> None:
+    """Collect the runs started ahead before the workers are used for anything else."""
+    global _ahead, _stash
+    if _ahead is not None:
+        run, _ahead = _ahead, None
+        _stash = (run, _finish(run))
+
+
+@dataclass
+class _Run:
+    """One ``run_paths`` call's rank runs: what was sent to which worker, and what came back."""
+
+    s: object
+    paths: list
+    allocs: list
+    device: str
+    knobs: list
+    kernels: dict
+    on_rank: Callable[[str, int], None] | None
+    token: int
+    workers: list
+    outs: dict
+    fails: dict
+    queues: dict     # worker -> [[path, ranks not yet answered], ...], in the order sent
+    deadline: dict   # worker -> when its next reply is due
+
+    def matches(self, s, paths, device, knobs, kernels) -> bool:
+        return (self.s is s and self.paths == list(paths) and self.device == str(device)
+                and self.knobs == list(knobs) and self.kernels.keys() == kernels.keys()
+                and all(self.kernels[p] is kernels[p] for p in kernels))
+
+
+def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
+    world = s.cp.world
     n = min(pool_size(device), world)
     while len(_pool) < n:
         _pool.append(Worker())
@@ -312,27 +372,39 @@ def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], ker
         w.ready()
     size = -(-world // n)
     chunks = [list(range(k * size, min(world, (k + 1) * size))) for k in range(n)]
-    todo = {w: [(p, chunks[k]) for p in paths if chunks[k]] for k, w in enumerate(workers)}
-    outs: dict[str, dict[int, RankOutput | None]] = {p: {} for p in paths}
-    fails: dict[str, list[KernelFailure]] = {p: [] for p in paths}
-    state = (s, allocs, device, knobs, kernels, outs, fails, on_rank, next(_tokens))
-    for w in workers:
-        _next_task(w, todo[w], state)
-    live = {w for w in workers if w in _busy}
+    run = _Run(s, list(paths), allocs, device, list(knobs), kernels, on_rank, next(_tokens), workers,
+               {p: {} for p in paths}, {p: [] for p in paths}, {w: [] for w in workers}, {})
+    try:
+        for k, w in enumerate(workers):
+            _send(run, w, [(p, chunks[k]) for p in paths if chunks[k]])
+    except BaseException:
+        _stop_busy(run)
+        raise
+    return run
+
+
+def _finish(run: _Run) -> dict[str, list | KernelFailure]:
+    live = {w for w in run.workers if run.queues[w]}
     try:
         while live:
-            _collect(live, todo, state)
+            _collect(run, live)
     finally:
-        for w in list(_busy):  # an error (a ConfigError) left a child mid-run: its replies are stale
-            w.stop()
-            _busy.pop(w, None)
+        _stop_busy(run)
     results: dict[str, list | KernelFailure] = {}
-    for p in paths:
-        if fails[p]:
-            results[p] = _first_failure(fails[p], [r for r in range(world) if r not in outs[p]])
+    world = run.s.cp.world
+    for p in run.paths:
+        if run.fails[p]:
+            results[p] = _first_failure(run.fails[p], [r for r in range(world) if r not in run.outs[p]])
         else:
-            results[p] = [outs[p][r] for r in range(world)]
+            results[p] = [run.outs[p][r] for r in range(world)]
     return results
+
+
+def _stop_busy(run: _Run) -> None:
+    for w, queue in run.queues.items():
+        if queue:  # an error (a ConfigError) left a child mid-run: its replies are stale
+            w.stop()
+            queue.clear()
 
 
 def _first_failure(fails: list[KernelFailure], without_output: list[int]) -> KernelFailure:
@@ -344,75 +416,78 @@ def _first_failure(fails: list[KernelFailure], without_output: list[int]) -> Ker
     return first
 
 
-_tokens = itertools.count()  # one per run_paths call: names the scenario a worker holds
-
-# worker -> [path, ranks left to answer, deadline]
-_busy: dict[Worker, list] = {}
+_tokens = itertools.count()  # one per run: names the scenario a worker holds
 
 
-def _next_task(w: Worker, queue: list, state) -> None:
-    """Send ``w`` its next chunk (a kernel the child cannot reload runs here, unprotected)."""
+def _send(run: _Run, w: Worker, tasks: list) -> None:
+    """Send ``w`` every task (path, ranks) at once, behind those it has (a kernel the child cannot
+    reload runs here, unprotected). The child answers them in order, a reply per rank."""
     import time
-    s, allocs, device, knobs, kernels, outs, fails, on_rank, token = state
-    while queue:
-        path, ranks = queue.pop(0)
-        kernel = kernels.get(path)
+    for path, ranks in tasks:
+        kernel = run.kernels.get(path)
         if kernel is not None and id(kernel) in w.in_process:
-            _sequential(path, s, allocs, device, knobs, kernel, on_rank, ranks, outs[path], fails[path])
+            _sequential(path, run.s, run.allocs, run.device, run.knobs, kernel, run.on_rank, ranks,
+                        run.outs[path], run.fails[path])
             continue
-        if w.ensure(device):
+        if w.ensure(run.device):
             w.ready()
         try:
-            if w.loaded != token:  # the scenario and this worker's allocations travel once, not once per path
-                w.conn.send(("load", token, s, {r: allocs[r] for r in ranks}))
-                w.loaded = token
-            w.conn.send(("run_ranks", path, token, ranks, device, [knobs[r] for r in ranks], _record(kernel)))
+            if w.loaded != run.token:  # the scenario and this worker's allocations travel once, not once per path
+                w.conn.send(("load", run.token, run.s, {r: run.allocs[r] for r in ranks}))
+                w.loaded = run.token
+            w.conn.send(("run_ranks", path, run.token, ranks, run.device, [run.knobs[r] for r in ranks],
+                         _record(kernel)))
         except (EOFError, OSError):
             pass  # the next receive sees the dead child and names it
-        _busy[w] = [path, list(ranks), time.monotonic() + _config.timeout_s]
-        return
+        if not run.queues[w]:
+            run.deadline[w] = time.monotonic() + _config.timeout_s
+        run.queues[w].append([path, list(ranks)])
 
 
-def _collect(live: set, todo: dict, state) -> None:
+def _collect(run: _Run, live: set) -> None:
     import time
     from multiprocessing.connection import wait
-    s, allocs, device, knobs, kernels, outs, fails, on_rank, _ = state
-    timeout = max(0.0, min(_busy[w][2] for w in live) - time.monotonic())
+    timeout = max(0.0, min(run.deadline[w] for w in live) - time.monotonic())
     ready = wait([w.conn for w in live], timeout)
     for w in list(live):
-        path, ranks, deadline = _busy[w]
-        kernel = kernels.get(path)
+        queue = run.queues[w]
+        path, ranks = queue[0]
+        kernel = run.kernels.get(path)
         rank = ranks[0]
         if w.conn in ready:
             reply = w._recv(0)
-        elif time.monotonic() >= deadline:
+        elif time.monotonic() >= run.deadline[w]:
             reply = ("timeout",)
         else:
             continue
-        if reply[0] in ("timeout", "dead"):
-            fails[path].append(w.lost(reply, path, rank, kernel, _config.timeout_s).failure)
+        lost = reply[0] in ("timeout", "dead")
+        if lost:
+            run.fails[path].append(w.lost(reply, path, rank, kernel, _config.timeout_s).failure)
             ranks.clear()
         else:
             try:
                 out = w.answer(reply, path, rank, kernel)
             except KernelFailed as e:
-                fails[path].append(e.failure)
+                run.fails[path].append(e.failure)
                 ranks.clear()
             else:
                 if out is _UNLOADABLE:  # the child stopped this chunk; its ranks run here from this one on
-                    _sequential(path, s, allocs, device, knobs, kernel, on_rank, list(ranks), outs[path], fails[path])
+                    _sequential(path, run.s, run.allocs, run.device, run.knobs, kernel, run.on_rank, list(ranks),
+                                run.outs[path], run.fails[path])
                     ranks.clear()
                 else:
-                    outs[path][rank] = out
+                    run.outs[path][rank] = out
                     ranks.pop(0)
-                    if on_rank is not None:
-                        on_rank(path, rank)
-                    _busy[w][2] = time.monotonic() + _config.timeout_s
-        if ranks:
-            continue
-        del _busy[w]
-        _next_task(w, todo[w], state)
-        if w not in _busy:
+                    if run.on_rank is not None:
+                        run.on_rank(path, rank)
+        run.deadline[w] = time.monotonic() + _config.timeout_s
+        if not ranks:
+            queue.pop(0)
+            if lost and queue:  # the child died with the later paths' chunks: a fresh one gets them
+                rest = [(p, list(r)) for p, r in queue]
+                queue.clear()
+                _send(run, w, rest)
+        if not queue:
             live.discard(w)
 
 
@@ -445,6 +520,7 @@ def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), ke
     # A capture records the launches of this process: the worker's would go unrecorded.
     if not _config.process or (kernel is None and not builtin_in_worker) or capture.active() is not None:
         return _in_process(path, s, allocs, rank, device, knobs, kernel)
+    _settle()  # the worker answers in order: runs started ahead first
     return _worker.run(path, s, allocs, rank, device, knobs, kernel, _config.timeout_s)
 
 
