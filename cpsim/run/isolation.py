@@ -14,8 +14,10 @@ run costs a torch import each time (seconds on a busy CPU). The forkserver start
 clean, preloads torch and cpsim once, and forks the worker from that warm state;
 the worker stays up for the whole command (fuzz reuses it across scenarios) and
 is only replaced after a crash or a timeout. The virtual world (``run_paths``) cuts each
-path's ranks into one contiguous chunk per worker, sent in one message; on CPU it keeps
-two workers, so both cores run kernels (``CPSIM_KERNEL_WORKERS``). Triton is imported inside the worker
+path's ranks into one contiguous chunk per worker, one message per chunk, all sent at once
+behind the scenario itself (sent once); on CPU it keeps two workers, so both cores run kernels
+(``CPSIM_KERNEL_WORKERS``). ``ahead`` starts a scenario's rank runs before they are asked for:
+fuzz checks one scenario while the worker runs the next. Triton is imported inside the worker
 after ``TRITON_INTERPRET=1`` is set (``cpsim.paths._inputs.prepare_triton``).
 Cost: docs/BENCHMARKS.md.
 
