@@ -137,12 +137,17 @@ def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: s
     try:
         allocs = allocs if allocs is not None else allocate_world(s)
         gathered = run_virtual(s, paths, knobs, device=device, kernels=kernels, allocs=allocs)
-        if then is not None:
-            then()
-        verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
     except ConfigError:
         raise
     except Exception as e:  # a crash in a path is a finding, shrunk like any other
+        return Outcome([], f"{type(e).__name__}: {e}"[:2000])
+    if then is not None:  # outside the try: nothing it does is this scenario's outcome
+        then()
+    try:
+        verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001  (as above)
         return Outcome([], f"{type(e).__name__}: {e}"[:2000])
     return Outcome(verdicts, gathered=gathered)
 
