@@ -57,9 +57,12 @@ def test_staged_ranks_keep_the_faults_outputs(name):
 
 def test_tables_too_big_to_stage_are_built_per_rank(monkeypatch):
     s = next(x for x in _fuzz_scenarios(48) if x.cp.world > 1)
-    built = []
-    real = _stage.Stage._tables
-    monkeypatch.setattr(_stage.Stage, "_tables", lambda self, *a: built.append(a) or real(self, *a))
+    from cpsim.paths import _guard
+
+    built = []  # tables built for several ranks at once
+    real = _guard.tables
+    monkeypatch.setattr(_guard, "tables", lambda entries, *a: (len(entries) > 1 and built.append(a))
+                        or real(entries, *a))
     _same_world(s, paths=["v1"])
     assert built  # staged at the default bound
     built.clear()
@@ -69,11 +72,8 @@ def test_tables_too_big_to_stage_are_built_per_rank(monkeypatch):
 
 
 def test_a_users_kernel_is_not_staged():
-    class UserKernel:
-        builtin = False
-
     s = _fuzz_scenarios(1)[0]
-    with staging(s, {0: allocate_world(s)[0]}, "cpu", UserKernel()):
+    with staging(s, {0: allocate_world(s)[0]}, "cpu", builtin=False):
         assert _stage.current() is None
     with staging(s, {0: allocate_world(s)[0]}, "cpu"):
         assert _stage.current() is not None

@@ -26,14 +26,18 @@ def group_index(s: Scenario, g: KVGroup, positions):
 def stacked_blocks(allocs: Sequence[Allocation]) -> tuple[np.ndarray, np.ndarray]:
     """([ranks, num_reqs, width] block ids, 0 past each request's blocks; [ranks] each rank's own width).
 
-    A rank's own width bounds its table indices: an index past it reads the null block, even where a
-    wider rank pads the stack."""
-    widths = np.array([max([len(b) for b in a.blocks] + [1]) for a in allocs], dtype=np.int64)
-    reqs = max((len(a.blocks) for a in allocs), default=0)
-    out = np.zeros((len(allocs), reqs, int(widths.max()) if len(widths) else 1), dtype=np.int64)
-    for r, a in enumerate(allocs):
-        for i, b in enumerate(a.blocks):
-            out[r, i, :len(b)] = b
+    Each rank's ``padded()`` table, stacked: a rank's own width bounds its table indices, so an index
+    past it reads the null block even where a wider rank pads the stack."""
+    own: dict[int, np.ndarray] = {}  # replicas share one allocation object
+    for a in allocs:
+        if id(a) not in own:
+            own[id(a)] = a.padded().numpy()
+    mats = [own[id(a)] for a in allocs]
+    widths = np.array([m.shape[1] for m in mats], dtype=np.int64)
+    out = np.zeros((len(mats), max((m.shape[0] for m in mats), default=0), int(widths.max(initial=1))),
+                   dtype=np.int64)
+    for r, m in enumerate(mats):
+        out[r, :m.shape[0], :m.shape[1]] = m
     return out, widths
 
 

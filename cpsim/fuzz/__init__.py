@@ -508,15 +508,14 @@ class _Searcher:
         """Start ``s``'s kernels in the kernel workers now; its ``visit`` collects them (``isolation.ahead``)."""
         from cpsim.allocator import allocate_world
         from cpsim.run import isolation
-        from cpsim.run.world import knobs_for
+        from cpsim.run.world import rank_knobs
         try:
             knobs = knobs_for_scenario(self.knobs, s)
             allocs = allocate_world(s)
         except Exception:  # noqa: BLE001  (its visit meets the same error and records it)
             return
         self._ahead = {id(s): (s, allocs)}
-        isolation.ahead(s, self.cfg.paths, allocs, self.cfg.device, [knobs_for(r, knobs, None) for r in range(s.cp.world)],
-                        self.cfg.kernels or {})
+        isolation.ahead(s, self.cfg.paths, allocs, self.cfg.device, rank_knobs(s, knobs), self.cfg.kernels or {})
 
     def classify(self, s: sc.Scenario, out: Outcome) -> dict[str, str]:
         """{signature: dimension} of a failing outcome. The dimensions present are removed one at

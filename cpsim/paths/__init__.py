@@ -71,15 +71,14 @@ def first_failure(failures: list[KernelFailure]) -> KernelFailure:
     return dataclasses.replace(first, message=f"{first.message}; also failed on {also}")
 
 
-def staging(s, allocs: dict, device, kernel=None):
+def staging(s, allocs: dict, device, builtin: bool = True):
     """A context in which the ranks ``allocs`` names (rank -> allocations) share their preparation
-    (``cpsim.paths._stage``) - for cpsim's built-in kernels only; a no-op for a user's kernel."""
+    (``cpsim.paths._stage``) - only where every kernel is cpsim's (``builtin``); a no-op when any
+    is the user's, the slot-mapping kernel or the replay kernel beside a built-in one."""
     import contextlib
 
     from cpsim.paths import _stage
-    if kernel is not None and not getattr(kernel, "builtin", False):
-        return contextlib.nullcontext()
-    return _stage.staged(s, allocs, device)
+    return _stage.staged(s, allocs, device) if builtin else contextlib.nullcontext()
 
 
 def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str = "cpu",

@@ -68,24 +68,50 @@ def table(entries, num_blocks: int, block_size: int, entry_size: int, device) ->
     stride), so a load past a row's width reaches the next row: a real request's blocks
     (caught as wrong slots by dense-local / matches-reference) or, past the last used
     row, guard ids that ``row-bounds`` names. Filled on ``device`` and written entry by entry:
-    the table is mostly null and can be millions of entries wide. Four device operations: the
-    fill, the used rows' nulls, one upload of the entries, their scatter.
+    the table is mostly null and can be millions of entries wide.
     """
+    rows, width = entries.shape
+    return block(tables([entries], num_blocks, block_size, entry_size, device), 0, (rows + 2 * WIDTH, width)
+                 )[WIDTH:WIDTH + rows]
+
+
+def tables(entries: list, num_blocks: int, block_size: int, entry_size: int, device, align: int = 1
+           ) -> torch.Tensor:
+    """[len(entries), per]: one guarded table (``table``) per item of ``entries`` (all of one shape),
+    each a [rows + 2 * WIDTH, width] block (``block``) starting ``align`` bytes aligned. Four device
+    operations whatever their number: the fill, the used rows' nulls, one upload of the entries, their
+    scatter."""
     from cpsim.paths._inputs import upload
 
-    guard_id = table_guard_id(num_blocks, block_size, entry_size)
-    rows, width = entries.shape
-    full = torch.full((rows + 2 * WIDTH, width), guard_id, dtype=torch.int32, device=device)
-    view = full[WIDTH:WIDTH + rows]
-    used = entries.rows
+    rows, width = entries[0].shape
+    height = rows + 2 * WIDTH
+    full, per = blocks(len(entries), (height, width), table_guard_id(num_blocks, block_size, entry_size),
+                       torch.int32, device, align)
+    grid = full[:, :height * width].view(len(entries), height, width)
+    used = entries[0].rows  # the same rows in every item: they depend on the batch, not the allocation
     if used and used == list(range(used[0], used[-1] + 1)):
-        view[used[0]:used[-1] + 1] = 0
+        grid[:, WIDTH + used[0]:WIDTH + used[-1] + 1] = 0
     elif used:
-        view[upload([np.asarray(used, dtype=np.int64)], device)[0]] = 0
-    if entries.ids.size:
-        index, ids = upload([entries.index, entries.ids], device)
-        full.view(-1)[WIDTH * width:][index] = ids
-    return view
+        grid[:, upload([np.asarray(used, dtype=np.int64) + WIDTH], device)[0]] = 0
+    index = np.concatenate([e.index + k * per + WIDTH * width for k, e in enumerate(entries)])
+    ids = np.concatenate([e.ids for e in entries])
+    if ids.size:
+        i, v = upload([index, ids], device)
+        full.view(-1)[i] = v
+    return full
+
+
+def blocks(count: int, shape: tuple[int, int], fill: int, dtype, device, align: int = 1
+           ) -> tuple[torch.Tensor, int]:
+    """([count, per] filled with ``fill``, per): one allocation holding ``count`` blocks of ``shape``
+    (``block`` reads one), each starting ``align`` bytes aligned."""
+    step = max(align // torch.empty((), dtype=dtype).element_size(), 1)
+    per = -(-(shape[0] * shape[1]) // step) * step
+    return torch.full((count, per), fill, dtype=dtype, device=device), per
+
+
+def block(full: torch.Tensor, k: int, shape: tuple[int, int]) -> torch.Tensor:
+    return full[k, :shape[0] * shape[1]].view(shape)
 
 
 def table_of(gi: int, alloc, rows: list[int], num_rows: int, width: int, bpk: int, num_blocks: int,
@@ -95,7 +121,7 @@ def table_of(gi: int, alloc, rows: list[int], num_rows: int, width: int, bpk: in
     from cpsim.paths import _stage
     stage = _stage.current()
     if stage is not None and stage.device == torch.device(device):
-        staged = stage.table(gi, alloc, rows, num_rows, width, bpk, num_blocks, block_size, entry_size, WIDTH)
+        staged = stage.table(gi, alloc, rows, num_rows, width, bpk, num_blocks, block_size, entry_size)
         if staged is not None:
             return staged
     from cpsim.allocator import table_entries

@@ -22,27 +22,14 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-import numpy as np
 import torch
 
 from cpsim.allocator import table_entries
-from cpsim.layout import GUARD, table_guard_id
+from cpsim.layout import GUARD
+from cpsim.paths import _guard
 
 TABLE_BYTES = 256 << 20  # tables of all staged ranks bigger than this are built per rank run, as without a stage
 ALIGN = 256  # bytes: each rank's block starts as a fresh allocation would (Triton specialises on pointer alignment)
-
-
-def _blocks(ranks: int, shape: tuple[int, int], fill: int, dtype, device) -> tuple[torch.Tensor, int]:
-    """([ranks, per] filled with ``fill``, per): one allocation holding a ``shape`` block for each rank,
-    each block starting ``ALIGN``-aligned."""
-    item = torch.empty((), dtype=dtype).element_size()
-    step = ALIGN // item
-    per = -(-(shape[0] * shape[1]) // step) * step
-    return torch.full((ranks, per), fill, dtype=dtype, device=device), per
-
-
-def _block(full: torch.Tensor, k: int, shape: tuple[int, int]) -> torch.Tensor:
-    return full[k, :shape[0] * shape[1]].view(shape)
 
 
 class Stage:
@@ -73,53 +60,32 @@ class Stage:
         shape = (len(groups), entries + 2 * width)
         key = ("buffer", self._buffers, tuple(groups), entries, dtype, fill)
         if key not in self._cache:
-            full, per = _blocks(len(self.ranks), shape, GUARD, dtype, self.device)
-            rows = full[:, :shape[0] * shape[1]].view(len(self.ranks), *shape)
-            rows[:, :, width:width + entries].fill_(fill)
+            full, _ = _guard.blocks(len(self.ranks), shape, GUARD, dtype, self.device, ALIGN)
+            full[:, :shape[0] * shape[1]].view(len(self.ranks), *shape)[:, :, width:width + entries].fill_(fill)
             self._cache[key] = full
-        return _block(self._cache[key], self.ranks.index(self.rank), shape)
+        return _guard.block(self._cache[key], self.ranks.index(self.rank), shape)
 
     def table(self, gi: int, alloc, rows: list[int], num_rows: int, width: int, bpk: int, num_blocks: int,
-              block_size: int, entry_size: int, guard_rows: int) -> torch.Tensor | None:
+              block_size: int, entry_size: int) -> torch.Tensor | None:
         """This rank's guarded table (``cpsim.paths._guard.table``), or None when it is not staged
         (too big for all ranks at once, or ``alloc`` is not this rank's)."""
         if self.rank is None or self.allocs[self.rank][gi] is not alloc:
             return None
         cols = max(width, 1) * bpk
-        height = num_rows + 2 * guard_rows
+        height = num_rows + 2 * _guard.WIDTH
         if len(self.ranks) * height * cols * 4 > TABLE_BYTES:
             return None
         key = ("table", gi, tuple(rows), num_rows, width, bpk, num_blocks, block_size, entry_size)
         if key not in self._cache:
-            self._cache[key] = self._tables(gi, rows, num_rows, width, bpk, table_guard_id(
-                num_blocks, block_size, entry_size), height, cols, guard_rows)
-        table = _block(self._cache[key], self.ranks.index(self.rank), (height, cols))
-        return table[guard_rows:guard_rows + num_rows]
-
-    def _tables(self, gi, rows, num_rows, width, bpk, guard_id, height, cols, guard_rows) -> torch.Tensor:
-        """[ranks, per]: each staged rank's guarded table, a [height, cols] block (``_block``)."""
-        from cpsim.paths._inputs import upload
-        full, per = _blocks(len(self.ranks), (height, cols), guard_id, torch.int32, self.device)
-        entries: dict[int, object] = {}  # replicas share one allocation object: its entries once
-        index, ids = [], []
-        for k, r in enumerate(self.ranks):
-            a = self.allocs[r][gi]
-            if id(a) not in entries:
-                entries[id(a)] = table_entries(a, rows, num_rows, width, bpk)
-            e = entries[id(a)]
-            index.append(e.index + k * per + guard_rows * cols)
-            ids.append(e.ids)
-        used = next(iter(entries.values())).rows if entries else []
-        tables = full[:, :height * cols].view(len(self.ranks), height, cols)
-        if used and used == list(range(used[0], used[-1] + 1)):
-            tables[:, guard_rows + used[0]:guard_rows + used[-1] + 1] = 0
-        elif used:
-            tables[:, upload([np.asarray(used, dtype=np.int64) + guard_rows], self.device)[0]] = 0
-        flat_index, flat_ids = np.concatenate(index), np.concatenate(ids)
-        if flat_ids.size:
-            i, v = upload([flat_index, flat_ids], self.device)
-            full.view(-1)[i] = v
-        return full
+            entries: dict[int, object] = {}  # replicas share one allocation object: its entries once
+            for r in self.ranks:
+                a = self.allocs[r][gi]
+                if id(a) not in entries:
+                    entries[id(a)] = table_entries(a, rows, num_rows, width, bpk)
+            self._cache[key] = _guard.tables([entries[id(self.allocs[r][gi])] for r in self.ranks], num_blocks,
+                                             block_size, entry_size, self.device, ALIGN)
+        table = _guard.block(self._cache[key], self.ranks.index(self.rank), (height, cols))
+        return table[_guard.WIDTH:_guard.WIDTH + num_rows]
 
 
 _current: Stage | None = None

@@ -499,7 +499,7 @@ def _sequential(path: str, s, allocs, device, knobs, kernel, on_rank, ranks, out
     fills them (a chunk of ``run_paths``); else returns the path's result."""
     from cpsim.paths import staging
     got: dict = {} if outs is None else outs
-    with staging(s, {r: allocs[r] for r in ranks}, device, kernel):
+    with staging(s, {r: allocs[r] for r in ranks}, device, builtin=kernel is None):
         for r in ranks:
             try:
                 got[r] = _in_process(path, s, allocs[r], r, device, knobs[r], kernel)

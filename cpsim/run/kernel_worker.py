@@ -96,15 +96,13 @@ def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks:
     if have != token:  # cannot happen while the parent sends "load" first; a reply names it if it does
         conn.send(("raised", "RuntimeError", f"kernel worker holds scenario {have}, asked for {token}", "*"))
         return
-    with staging(s, {r: allocs[r] for r in ranks}, device, None if record is None else _USER):
+    with staging(s, {r: allocs[r] for r in ranks}, device, builtin=record is None):
         for rank, kn in zip(ranks, knobs):
             reply = _run(kernels, path, s, allocs[rank], rank, device, kn, record)
             conn.send(reply)
             if reply[0] != "ok":
                 return
 
-
-_USER = object()  # stands for a user's kernel: its rank runs are not staged
 
 
 def _prepare(device: str, threads: int | None = None) -> tuple:

@@ -53,6 +53,11 @@ def knobs_for(rank: int, knobs: Knobs, inject_rank: int | None) -> Knobs:
     return knobs if inject_rank is None or inject_rank == rank else Knobs(kernel_design=knobs.kernel_design)
 
 
+def rank_knobs(s: Scenario, knobs: Knobs, inject_rank: int | None = None) -> list[Knobs]:
+    """Each rank's knobs (``knobs_for``), in rank order."""
+    return [knobs_for(r, knobs, inject_rank) for r in range(s.cp.world)]
+
+
 def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_rank: int | None = None,
                 device: str = "cpu", kernels: dict | None = None,
                 on_rank: Callable[[str, int], None] | None = None,
@@ -67,7 +72,7 @@ def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_ra
     from cpsim.run.isolation import run_paths
     if allocs is None:
         allocs = allocate_world(s)
-    per_rank = [knobs_for(r, knobs, inject_rank) for r in range(s.cp.world)]
+    per_rank = rank_knobs(s, knobs, inject_rank)
     results = run_paths(s, paths, allocs, device, per_rank, kernels or {}, on_rank)
     gathered: dict[str, Gathered] = {}
     for path in paths:
