@@ -220,7 +220,7 @@ def test_run_paths_config_error_leaves_no_stale_worker(monkeypatch):
     monkeypatch.setattr(isolation.Worker, "answer", lambda *a: (_ for _ in ()).throw(ConfigError("f", "r")))
     with pytest.raises(ConfigError):
         isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
-    assert isolation._ahead is None and all(not w.alive() for w in isolation._pool[:2])
+    assert not isolation._inflight and all(not w.alive() for w in isolation._pool[:2])
     monkeypatch.undo()
     again = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     for p in ("v1", "v2"):
@@ -279,10 +279,9 @@ def test_runs_started_ahead_are_collected_not_run_again():
     plain = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     before = next(isolation._tokens)
     assert isolation.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, {})
-    assert not isolation.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, {})  # one scenario ahead at most
     _same(isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {}), plain)
     assert next(isolation._tokens) == before + 2  # the rank runs were started once, by ahead
-    assert isolation._ahead is None and isolation._stash is None
+    assert not isolation._inflight and not isolation._kept
 
 
 def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
@@ -298,7 +297,7 @@ def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
     _same(isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)
     before = next(isolation._tokens)
     _same(isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
-    assert next(isolation._tokens) == before + 1 and isolation._stash is None
+    assert next(isolation._tokens) == before + 1 and not isolation._kept
 
 
 def test_a_worker_crashing_with_later_paths_queued_names_the_rank_and_runs_the_rest(monkeypatch):
@@ -318,3 +317,74 @@ def test_a_worker_crashing_with_later_paths_queued_names_the_rank_and_runs_the_r
     assert isinstance(got["v1"], KernelFailure) and got["v1"].kind == "crashed" and got["v1"].rank == 0
     assert got["v1"].not_run == [1]
     _same({"v2": got["v2"]}, plain)
+
+
+def test_two_scenarios_in_flight_come_back_in_any_order_each_run_once(monkeypatch):
+    """``DEPTH`` scenarios may be queued in the workers at once; each call gets its own results
+    (equal to a plain call's), whichever is asked for first, and nothing runs twice."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    from cpsim import scenario as sc
+    from cpsim.run import isolation
+    s1, s2, s3 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4), sc.preset("mtp", dcp=1)
+    (a1, k1), (a2, k2), (a3, k3) = _world(s1), _world(s2), _world(s3)
+    plain1 = isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
+    plain2 = isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
+    before = next(isolation._tokens)
+    assert isolation.ahead(s1, ["v1", "v2"], a1, "cpu", k1, {})
+    assert isolation.ahead(s2, ["v1", "v2"], a2, "cpu", k2, {})
+    assert isolation.DEPTH == 2 and not isolation.ahead(s3, ["v1", "v2"], a3, "cpu", k3, {})
+    _same(isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)  # the later one first
+    assert len(isolation._kept) == 1 and not isolation._inflight
+    _same(isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
+    assert next(isolation._tokens) == before + 3 and not isolation._kept
+
+
+def test_a_crash_in_the_first_scenario_in_flight_resends_the_second_to_a_fresh_worker(monkeypatch):
+    """The child dies on the first queued scenario, taking the second one's messages with it: the
+    failure names the first scenario's rank, and the second runs in a fresh child, unharmed."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.plugin.kernel_under_test import load
+    from cpsim.run import isolation
+    s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
+    (a1, k1), (a2, k2) = _world(s1), _world(s2)
+    plain2 = isolation.run_paths(s2, ["v1"], a2, "cpu", k2, {})
+    crash = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
+    assert isolation.ahead(s1, ["v1"], a1, "cpu", k1, crash)
+    assert isolation.ahead(s2, ["v1"], a2, "cpu", k2, {})
+    got1 = isolation.run_paths(s1, ["v1"], a1, "cpu", k1, crash)
+    assert isinstance(got1["v1"], KernelFailure) and got1["v1"].kind == "crashed" and got1["v1"].rank == 0
+    assert got1["v1"].not_run == [1]
+    _same(isolation.run_paths(s2, ["v1"], a2, "cpu", k2, {}), plain2)
+
+
+def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_path):
+    """The child dies on the second queued scenario, perhaps while the first is still being collected:
+    the first keeps its results, and the crash is named on the second's rank, as it happened (a
+    flaky kernel: run again, it would raise instead)."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    flaky = tmp_path / "flaky.py"
+    flaky.write_text(f"import os, signal\n\ndef segfault_once(positions):\n"
+                     f"    if os.path.exists({str(tmp_path / 'crashed')!r}):\n        raise ValueError('second call')\n"
+                     f"    open({str(tmp_path / 'crashed')!r}, 'w').close()\n    os.kill(os.getpid(), signal.SIGSEGV)\n")
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.plugin.kernel_under_test import load
+    from cpsim.run import isolation
+    s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
+    (a1, k1), (a2, k2) = _world(s1), _world(s2)
+    plain1 = isolation.run_paths(s1, ["v1"], a1, "cpu", k1, {})
+    crash = {"v1": load(f"{flaky}:segfault_once", "v1")}
+    assert isolation.ahead(s1, ["v1"], a1, "cpu", k1, {})
+    assert isolation.ahead(s2, ["v1"], a2, "cpu", k2, crash)
+    _same(isolation.run_paths(s1, ["v1"], a1, "cpu", k1, {}), plain1)
+    import time
+    end = time.monotonic() + 60
+    while isolation._pool[0].proc.is_alive() and time.monotonic() < end:  # dead before it is asked for
+        time.sleep(0.05)
+    before = next(isolation._tokens)
+    got2 = isolation.run_paths(s2, ["v1"], a2, "cpu", k2, crash)
+    assert isinstance(got2["v1"], KernelFailure) and got2["v1"].kind == "crashed" and got2["v1"].rank == 0
+    assert got2["v1"].not_run == [1, 2, 3]
+    assert next(isolation._tokens) == before + 1  # collected, not started again

@@ -124,25 +124,31 @@ class Outcome:
 
 def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: str = "cpu",
              kernels: dict | None = None, allocs: list | None = None,
-             then: Callable[[], None] | None = None) -> Outcome:
+             meanwhile: Callable[[], None] | None = None) -> Outcome:
     """Run the virtual world and the coordinator; an exception is an outcome too.
 
     ``kernels`` maps a path to the user's kernel (``cpsim.plugin.kernel_under_test``) replacing the
-    built-in one; ``allocs`` is ``allocate_world(s)`` when the caller has it; ``then`` is called once
-    the kernels are done, before the checks (fuzz starts the next scenario's kernels there)."""
+    built-in one; ``allocs`` is ``allocate_world(s)`` when the caller has it; ``meanwhile`` is called
+    once, before the kernels' results are awaited (fuzz draws the next scenario there and queues its
+    kernels behind these)."""
     from cpsim.allocator import allocate_world
     from cpsim.run.world import run_virtual
 
     knobs = knobs_for_scenario(knobs, s)
     try:
         allocs = allocs if allocs is not None else allocate_world(s)
+    except ConfigError:
+        raise
+    except Exception as e:  # a crash in a path is a finding, shrunk like any other
+        return Outcome([], f"{type(e).__name__}: {e}"[:2000])
+    if meanwhile is not None:  # outside the try: nothing it does is this scenario's outcome
+        meanwhile()
+    try:
         gathered = run_virtual(s, paths, knobs, device=device, kernels=kernels, allocs=allocs)
     except ConfigError:
         raise
     except Exception as e:  # a crash in a path is a finding, shrunk like any other
         return Outcome([], f"{type(e).__name__}: {e}"[:2000])
-    if then is not None:  # outside the try: nothing it does is this scenario's outcome
-        then()
     try:
         verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
     except ConfigError:
@@ -500,9 +506,11 @@ class _Searcher:
         self.shrink_until: float | None = None
         self._ahead: dict[int, tuple] = {}           # id(scenario) -> (scenario, its allocations): started ahead
 
-    def run(self, s: sc.Scenario, then: Callable[[], None] | None = None) -> Outcome:
+    def run(self, s: sc.Scenario, meanwhile: Callable[[], None] | None = None) -> Outcome:
+        if meanwhile is not None and id(s) not in self._ahead:
+            self.ahead(s)  # its own kernels first: what ``meanwhile`` starts queues behind them
         allocs = self._ahead.pop(id(s))[1] if id(s) in self._ahead else None
-        return evaluate(s, self.cfg.paths, self.knobs, self.cfg.device, self.cfg.kernels, allocs, then)
+        return evaluate(s, self.cfg.paths, self.knobs, self.cfg.device, self.cfg.kernels, allocs, meanwhile)
 
     def ahead(self, s: sc.Scenario) -> None:
         """Start ``s``'s kernels in the kernel workers now; its ``visit`` collects them (``isolation.ahead``)."""
@@ -514,7 +522,9 @@ class _Searcher:
             allocs = allocate_world(s)
         except Exception:  # noqa: BLE001  (its visit meets the same error and records it)
             return
-        self._ahead = {id(s): (s, allocs)}
+        self._ahead[id(s)] = (s, allocs)
+        for old in list(self._ahead)[:-isolation.DEPTH]:  # drawn, never visited (a duplicate): forgotten
+            del self._ahead[old]
         isolation.ahead(s, self.cfg.paths, allocs, self.cfg.device, rank_knobs(s, knobs), self.cfg.kernels or {})
 
     def classify(self, s: sc.Scenario, out: Outcome) -> dict[str, str]:
@@ -544,9 +554,9 @@ class _Searcher:
         return {signature_text(p, group_kind(s, g), signature_invariants(invs), d): d
                 for (p, g, d), invs in by.items()}
 
-    def visit(self, s: sc.Scenario, then: Callable[[], None] | None = None) -> dict[str, str] | None:
+    def visit(self, s: sc.Scenario, meanwhile: Callable[[], None] | None = None) -> dict[str, str] | None:
         """{signature: dimension} of ``s`` ({} when it passes), run once per fingerprint; None when
-        the shrink budget is spent and ``s`` is new (it then counts as passing). ``then``: as for
+        the shrink budget is spent and ``s`` is new (it then counts as passing). ``meanwhile``: as for
         ``evaluate`` (called only when ``s`` is run)."""
         fp = s.fingerprint()
         if fp not in self.seen:
@@ -556,7 +566,7 @@ class _Searcher:
                 self.prog.phase = "shrink (budget spent)"
                 return None
             self.prog.examples += 1
-            out = self.run(s, then)
+            out = self.run(s, meanwhile)
             sigs = self.classify(s, out) if out.failed else {}
             self.seen[fp] = sigs
             if sigs:

@@ -102,16 +102,17 @@ def explore(me: "fz._Searcher") -> None:
 
     recent: dict[int, list[int]] = {}
     redraws = since_shrink = 0
-    drawn = None  # the next (draw, scenario), drawn while the last one's kernels were being checked
+    drawn = None  # the next (draw, scenario), drawn while the last one's kernels were running
 
     def draw():
         d = space.RandomDraw(rng, prefix(rng, recent))
         return d, space.build(d, cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
 
     def start_next(current: str) -> None:
-        # Called between a scenario's kernels and its checks: the next scenario's kernels run in the
-        # kernel worker meanwhile. Drawn here in every mode (in-process too), so a seed draws the same
-        # scenarios whether or not the kernels run ahead.
+        # Called while a scenario's kernels run in the kernel worker: the next scenario is drawn and
+        # its kernels queued behind them, so the worker goes on to it while this one is checked.
+        # Drawn here in every mode (in-process too), so a seed draws the same scenarios whether or
+        # not the kernels run ahead.
         nonlocal drawn
         if deadline is None and me.prog.examples >= cfg.max_examples:
             return

@@ -16,8 +16,9 @@ the worker stays up for the whole command (fuzz reuses it across scenarios) and
 is only replaced after a crash or a timeout. The virtual world (``run_paths``) cuts each
 path's ranks into one contiguous chunk per worker, one message per chunk, all sent at once
 behind the scenario itself (sent once); on CPU it keeps two workers, so both cores run kernels
-(``CPSIM_KERNEL_WORKERS``). ``ahead`` starts a scenario's rank runs before they are asked for:
-fuzz checks one scenario while the worker runs the next. Triton is imported inside the worker
+(``CPSIM_KERNEL_WORKERS``). ``ahead`` starts a scenario's rank runs before they are asked for,
+up to two scenarios queued at once: fuzz checks one scenario and draws the next while the worker
+runs the one in between, so neither side waits for the other. Triton is imported inside the worker
 after ``TRITON_INTERPRET=1`` is set (``cpsim.paths._inputs.prepare_triton``).
 Cost: docs/BENCHMARKS.md.
 
@@ -30,11 +31,12 @@ still become failures; crashes and hangs are not caught) - for debugging only.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import multiprocessing
 import os
 import signal
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -128,6 +130,7 @@ class Worker:
         self.device: str | None = None
         self.in_process: set[int] = set()  # id() of kernels the worker could not reload
         self.loaded: int | None = None  # the scenario the child holds (``run_paths`` sends it once per scenario)
+        self.generation = 0             # children started so far: a run sent to an earlier one must be sent again
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.is_alive()
@@ -144,6 +147,7 @@ class Worker:
         there.close()
         self.conn, self.device = here, device
         self.loaded = None
+        self.generation += 1
         try:
             self.conn.send(("prepare", device, torch.get_num_threads()))
         except OSError:
@@ -306,37 +310,61 @@ def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], ker
     from cpsim import capture
     if not _config.process or capture.active() is not None:
         return {p: _sequential(p, s, allocs, device, knobs, kernels.get(p), on_rank, range(world)) for p in paths}
-    global _stash
-    _settle()
-    if _stash is not None and _stash[0].matches(s, paths, device, knobs, kernels):
-        results, _stash = _stash[1], None
-        return results
+    got = _take(s, paths, device, knobs, kernels)
+    if got is not None:
+        return got
     return _finish(_start(s, paths, allocs, device, knobs, kernels, on_rank))
 
 
+DEPTH = 2  # scenarios whose rank runs may be in flight at once: one running, one queued behind it
+
+
 def ahead(s, paths: list[str], allocs: list, device, knobs: list[Knobs], kernels: dict) -> bool:
-    """Start the rank runs of a ``run_paths`` call the caller will make next, and return at once, so
-    the workers run them while the caller works on something else (fuzz checks the previous
-    scenario meanwhile). Any other use of the workers first waits for them and keeps their results.
-    False (nothing started) in-process, under a capture, or with runs already started ahead."""
-    global _ahead
+    """Start the rank runs of a ``run_paths`` call the caller will make later, and return at once, so
+    the workers run them while the caller works on something else (fuzz checks one scenario and
+    draws the next meanwhile). Up to ``DEPTH`` scenarios are in flight, each queued in the workers
+    behind the one before, so a worker never waits for the caller between two of them. Any other
+    use of the workers first waits for them and keeps their results. False (nothing started)
+    in-process, under a capture, or with ``DEPTH`` scenarios already in flight."""
     from cpsim import capture
-    if not _config.process or capture.active() is not None or _ahead is not None:
+    if not _config.process or capture.active() is not None or len(_inflight) >= DEPTH:
         return False
-    _ahead = _start(s, paths, allocs, str(device), knobs, kernels, None)
+    _inflight.append(_start(s, paths, allocs, str(device), knobs, kernels, None))
     return True
 
 
-_ahead: "_Run | None" = None                 # started by ``ahead``, not collected yet
-_stash: "tuple[_Run, dict] | None" = None    # collected early (another run needed the workers), not asked for yet
+_inflight: "collections.deque[_Run]" = collections.deque()  # started by ``ahead``, oldest first, not collected
+_kept: "list[tuple[_Run, dict]]" = []  # collected early (another run needed the workers), not asked for yet
+
+
+def _take(s, paths, device: str, knobs, kernels) -> dict | None:
+    """The results of runs started ahead for this very call, or None; on the way every run started
+    before it is collected and kept, so the workers are free for whatever comes next."""
+    for i, (run, results) in enumerate(_kept):
+        if run.matches(s, paths, device, knobs, kernels):
+            del _kept[i]
+            return results
+    while _inflight:
+        run = _inflight[0]
+        try:
+            results = _finish(run)
+        finally:
+            _inflight.popleft()
+        if run.matches(s, paths, device, knobs, kernels):
+            return results
+        _kept.append((run, results))
+        del _kept[:-DEPTH]  # results nobody asked for in time are dropped
+    return None
 
 
 def _settle() -> None:
     """Collect the runs started ahead before the workers are used for anything else."""
-    global _ahead, _stash
-    if _ahead is not None:
-        run, _ahead = _ahead, None
-        _stash = (run, _finish(run))
+    while _inflight:
+        try:
+            _kept.append((_inflight[0], _finish(_inflight[0])))
+        finally:
+            _inflight.popleft()
+        del _kept[:-DEPTH]
 
 
 @dataclass
@@ -356,6 +384,7 @@ class _Run:
     fails: dict
     queues: dict     # worker -> [[path, ranks not yet answered], ...], in the order sent
     deadline: dict   # worker -> when its next reply is due
+    sent_to: dict = field(default_factory=dict)  # worker -> its generation the queue was sent to (None: unsent)
 
     def matches(self, s, paths, device, knobs, kernels) -> bool:
         return (self.s is s and self.paths == list(paths) and self.device == str(device)
@@ -369,16 +398,25 @@ def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
     while len(_pool) < n:
         _pool.append(Worker())
     workers = _pool[:n]
-    spawned = [w for w in workers if w.ensure(device)]
-    for w in spawned:
-        w.ready()
+    # With runs in flight a worker's replies to them are still due: it is neither restarted nor
+    # waited for here; a dead one gets this run's chunks when the run is collected (``_finish``).
+    busy = bool(_inflight)
+    if not busy:
+        spawned = [w for w in workers if w.ensure(device)]
+        for w in spawned:
+            w.ready()
     size = -(-world // n)
     chunks = [list(range(k * size, min(world, (k + 1) * size))) for k in range(n)]
     run = _Run(s, list(paths), allocs, device, list(knobs), kernels, on_rank, next(_tokens), workers,
                {p: {} for p in paths}, {p: [] for p in paths}, {w: [] for w in workers}, {})
     try:
         for k, w in enumerate(workers):
-            _send(run, w, [(p, chunks[k]) for p in paths if chunks[k]])
+            tasks = [(p, chunks[k]) for p in paths if chunks[k]]
+            if busy and not (w.alive() and w.device == device):
+                run.queues[w].extend([p, list(r)] for p, r in tasks)
+                run.sent_to[w] = None
+            else:
+                _send(run, w, tasks)
     except BaseException:
         _stop_busy(run)
         raise
@@ -386,6 +424,18 @@ def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
 
 
 def _finish(run: _Run) -> dict[str, list | KernelFailure]:
+    import time
+    for w in run.workers:  # every run sent before this one has been collected: its replies come next
+        if not run.queues[w]:
+            continue
+        # Never sent, or sent to a child since stopped or replaced (it died on, or was stopped during, an
+        # earlier run, before reading this one's messages): sent again. A child that died on this run's
+        # own ranks is still connected; its replies and its death are read below as usual.
+        if run.sent_to.get(w) != w.generation or w.conn is None:
+            tasks = [(p, list(r)) for p, r in run.queues[w]]
+            run.queues[w].clear()
+            _send(run, w, tasks)
+        run.deadline[w] = time.monotonic() + _config.timeout_s
     live = {w for w in run.workers if run.queues[w]}
     try:
         while live:
@@ -433,6 +483,7 @@ def _send(run: _Run, w: Worker, tasks: list) -> None:
             continue
         if w.ensure(run.device):
             w.ready()
+        run.sent_to[w] = w.generation
         try:
             if w.loaded != run.token:  # the scenario and this worker's allocations travel once, not once per path
                 w.conn.send(("load", run.token, run.s, {r: run.allocs[r] for r in ranks}))
