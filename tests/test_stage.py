@@ -22,14 +22,15 @@ def _fuzz_scenarios(n: int):
     return out
 
 
-def _same_world(s, knobs: Knobs = Knobs(), paths=PATHS) -> int:
+def _same_world(s, knobs: Knobs | list[Knobs] = Knobs(), paths=PATHS) -> int:
     allocs = allocate_world(s)
     ranks = range(s.cp.world)
+    per_rank = knobs if isinstance(knobs, list) else [knobs] * s.cp.world
     compared = 0
     for path in paths:
-        alone = [run_path(path, s, allocs[r], r, "cpu", knobs) for r in ranks]
+        alone = [run_path(path, s, allocs[r], r, "cpu", per_rank[r]) for r in ranks]
         with staging(s, {r: allocs[r] for r in ranks}, "cpu"):
-            together = [run_path(path, s, allocs[r], r, "cpu", knobs) for r in ranks]
+            together = [run_path(path, s, allocs[r], r, "cpu", per_rank[r]) for r in ranks]
         for r, (a, b) in enumerate(zip(alone, together)):
             assert (a is None) == (b is None)
             if a is None:
@@ -53,6 +54,18 @@ def test_staged_ranks_keep_the_faults_outputs(name):
     f = faults.get(name, "fault")
     s = f.trigger()
     assert _same_world(s, f.knobs_for(s), paths=f.paths or PATHS) > 0
+
+
+@pytest.mark.parametrize("name", faults.names())
+def test_a_fault_on_one_rank_stays_on_that_rank_when_staged(name):
+    """``--inject-rank``: the staged ranks' knobs differ; what they share must not carry one rank's
+    fault to another."""
+    from cpsim.run.world import rank_knobs
+    f = faults.get(name, "fault")
+    s = f.trigger()
+    if s.cp.world < 2:
+        pytest.skip("its trigger has one rank")
+    assert _same_world(s, rank_knobs(s, f.knobs_for(s), s.cp.world - 1), paths=f.paths or PATHS) > 0
 
 
 def test_tables_too_big_to_stage_are_built_per_rank(monkeypatch):

@@ -64,20 +64,38 @@ def batch_arrays(s: Scenario, clamp: int | None = None) -> tuple[np.ndarray, np.
     return qsl.astype(np.int32), positions
 
 
-def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: int | None = None
-                  ) -> BatchTensors | tuple:
+def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: int | None = None,
+                  shared: tuple | None = None) -> BatchTensors | tuple:
     """The batch's tensors on ``device`` (``query_start_loc`` capped at ``clamp``, the slot buffer's
     entries, when given); with ``extra`` host arrays, also those, uploaded in the same copy (returns
-    ``(BatchTensors, [tensors])`` then)."""
+    ``(BatchTensors, [tensors])`` then).
+
+    ``shared``: ``(key, make)``, where ``make()`` gives host arrays that depend on the scenario and
+    on ``key`` alone, not on the rank; their tensors come first in the list, before ``extra``'s.
+    Inside a stage they are uploaded once for all staged ranks; outside, in the same copy."""
     from cpsim.paths import _stage
     stage = _stage.current()
     if stage is not None and stage.s is s and stage.device == torch.device(device):
         bt = stage.batch(clamp)  # uploaded once for every staged rank
-        return (bt, upload(list(extra), device)) if extra else bt
+        if not extra and shared is None:
+            return bt
+        common = stage.shared(shared[0], shared[1]) if shared is not None else []
+        return bt, [*common, *(upload(list(extra), device) if extra else [])]
     qsl, positions = batch_arrays(s, clamp)
-    up = upload([qsl, positions, *extra], device)
+    common = list(shared[1]()) if shared is not None else []
+    up = upload([qsl, positions, *common, *extra], device)
     bt = BatchTensors(up[0], up[1], positions.size, s.batch.num_tokens)
-    return (bt, up[2:]) if extra else bt
+    return (bt, up[2:]) if extra or shared is not None else bt
+
+
+def shared_upload(s: Scenario, device, key, make) -> list[torch.Tensor]:
+    """``make()``'s host arrays on ``device``: uploaded once per stage when ``s``'s ranks are staged
+    (they must depend on the scenario and ``key`` alone), else now."""
+    from cpsim.paths import _stage
+    stage = _stage.current()
+    if stage is not None and stage.s is s and stage.device == torch.device(device):
+        return stage.shared(key, make)
+    return upload(list(make()), device)
 
 
 _prepared: dict[str, object] = {}

@@ -54,6 +54,15 @@ class Stage:
             self._cache[key] = BatchTensors(up[0], up[1], positions.size, self.s.batch.num_tokens)
         return self._cache[key]
 
+    def shared(self, key, make) -> list[torch.Tensor]:
+        """``make()``'s arrays, uploaded the first time ``key`` is asked for. The tensors are shared by
+        the staged ranks: only cpsim's kernels, which never write their inputs, see them."""
+        from cpsim.paths._inputs import upload
+        key = ("shared", key)
+        if key not in self._cache:
+            self._cache[key] = upload(list(make()), self.device)
+        return self._cache[key]
+
     def buffer(self, groups: list[int], entries: int, dtype, fill: int, width: int) -> torch.Tensor:
         """This rank's [len(groups), entries + 2 * width] block of one allocation for all staged ranks."""
         self._buffers += 1

@@ -52,9 +52,9 @@ def pad(s: Scenario, slots: torch.Tensor, device: torch.device, knobs: Knobs = K
     prepare_triton(device)
     T = slots.shape[1]
     # a short buffer drops tokens; capacity reports it
-    bt, (starts, group_ids) = batch_tensors(s, device, np.asarray([r.replay_start for r in s.batch.requests],
-                                                                   dtype=np.int32),
-                                            np.asarray(groups, dtype=np.int32), clamp=T)
+    common = (("replay", tuple(groups), T), lambda: [
+        np.asarray([r.replay_start for r in s.batch.requests], dtype=np.int32), np.asarray(groups, dtype=np.int32)])
+    bt, (starts, group_ids) = batch_tensors(s, device, clamp=T, shared=common)
     qsl = bt.query_start_loc
     names = ",".join(s.groups[gi].name for gi in groups)
     _guard.launch(f"replay-pad({names})" if kernel is None else f"replay-pad[{kernel.spec}]({names})")

@@ -13,7 +13,7 @@ from cpsim import kernels, layout
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile
-from cpsim.paths._inputs import batch_tensors, prepare_triton, upload
+from cpsim.paths._inputs import batch_tensors, prepare_triton, shared_upload
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024
@@ -108,8 +108,10 @@ def mask_padding(s: Scenario, out: torch.Tensor) -> None:
     """is_padding tokens get PAD after the launch: the v1 kernels (vllm-ascend ``BlockTable``)
     have no is_padding input, so the runner's mask is applied on the host, in every group."""
     if s.batch.has_padding:
-        idx = np.flatnonzero(s.batch.padding_mask())
-        out[:, upload([idx[idx < out.shape[1]]], out.device)[0]] = PAD_SLOT_ID
+        def index() -> list[np.ndarray]:
+            idx = np.flatnonzero(s.batch.padding_mask())
+            return [idx[idx < out.shape[1]]]
+        out[:, shared_upload(s, out.device, ("padding", out.shape[1]), index)[0]] = PAD_SLOT_ID
 
 
 def draft_positions(s: Scenario) -> tuple[torch.Tensor, torch.Tensor]:

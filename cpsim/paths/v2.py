@@ -114,10 +114,12 @@ def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, device: torch.dev
     sizes = [g.b if knobs.virtual_from_kernel_block else g.block_size for g in s.groups]
     circular = any(g.circular for g in s.groups)
     padded = max(s.batch.num_tokens_padded, s.batch.num_tokens)
-    bt, (rows, ptrs, strides, nb, block_sizes, kernel_sizes, cp_sizes, circ, flags) = batch_tensors(
-        s, device, _i32(s.batch.rows_v2()), *_ptrs(tables), num_blocks_array(s, allocs, [t.shape[1] for t in tables]),
-        _i32(sizes), _i32(g.b for g in s.groups), _i32(g.world(s.cp) for g in s.groups),
-        _i32(int(g.circular) for g in s.groups), padding_array(s, padded), clamp=T)
+    common = (("mrv2", T, knobs), lambda: [  # the same on every rank
+        _i32(s.batch.rows_v2()), _i32(sizes), _i32(g.b for g in s.groups), _i32(g.world(s.cp) for g in s.groups),
+        _i32(int(g.circular) for g in s.groups), padding_array(s, padded)])
+    bt, (rows, block_sizes, kernel_sizes, cp_sizes, circ, flags, ptrs, strides, nb) = batch_tensors(
+        s, device, *_ptrs(tables), num_blocks_array(s, allocs, [t.shape[1] for t in tables]), clamp=T,
+        shared=common)
     _guard.launch(",".join(g.name for g in s.groups))
     _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
         T, rows, bt.query_start_loc, bt.positions, ptrs, strides,
@@ -139,10 +141,11 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
     T = knobs.buffer_size or s.limits.slot_buffer_size
     out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
     tables, entry = zip(*(_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)))
-    bt, (rows, ptrs, strides, entry_t, enabled, cp_sizes, circular) = batch_tensors(
-        s, device, _i32(s.batch.rows_v2()), *_ptrs(tables), _i32(entry),
-        _i32(int(g.slot_mapped) for g in s.groups), _i32(g.world(s.cp) for g in s.groups),
-        _i32(int(g.circular) for g in s.groups), clamp=T)
+    common = (("v2", T, knobs), lambda: [  # the same on every rank
+        _i32(s.batch.rows_v2()), _i32(entry), _i32(int(g.slot_mapped) for g in s.groups),
+        _i32(g.world(s.cp) for g in s.groups), _i32(int(g.circular) for g in s.groups)])
+    bt, (rows, entry_t, enabled, cp_sizes, circular, ptrs, strides) = batch_tensors(
+        s, device, *_ptrs(tables), clamp=T, shared=common)
     args = (min(bt.num_tokens, T), T, rows, bt.query_start_loc, bt.positions, ptrs, strides, entry_t,
             out, out.stride(0), rank)
     if knobs.kernel_design == "tile":
