@@ -201,7 +201,9 @@ def bench_device_passes(examples: int, device: str, passes: int, profile: str | 
         c, w = time.process_time() - c, time.perf_counter() - w
         variants = None if isolation.current().process else kernel_variants()
         row = {"workload": f"fuzz default space, 1 job, {device}, pass {k + 1} of {passes}", "explore": explore,
-               "isolation_worker": isolation.current().process, "examples": r.examples, "wall_per_s": r.examples / w,
+               "isolation_worker": isolation.current().process,
+               "kernel_workers": isolation.pool_size(device) if isolation.current().process else 0,
+               "examples": r.examples, "wall_per_s": r.examples / w,
                "cpu_per_s_this_process": r.examples / c, "kernel_variants_in_memory": variants,
                "profiled": prof is not None}
         out.append(row)

@@ -388,3 +388,71 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
     assert isinstance(got2["v1"], KernelFailure) and got2["v1"].kind == "crashed" and got2["v1"].rank == 0
     assert got2["v1"].not_run == [1, 2, 3]
     assert next(isolation._tokens) == before + 1  # collected, not started again
+
+
+def _lose_first_batch(monkeypatch):
+    """The parent sees the child die before it answers the first batched chunk (as when a kernel
+    crashed it mid-chunk); every later reply is read as usual."""
+    from cpsim.run import isolation
+    real, lost = isolation.Worker._recv, []
+
+    def recv(self, timeout):
+        reply = real(self, timeout)
+        if reply[0] == "batch" and not lost:
+            lost.append(reply)
+            return ("dead",)
+        return reply
+    monkeypatch.setattr(isolation.Worker, "_recv", recv)
+    return lost
+
+
+def test_a_lost_batched_chunk_runs_again_rank_by_rank_and_the_loss_is_reported(monkeypatch):
+    """cpsim's own kernels answer a chunk in one message. When the child is lost before it answers,
+    nobody knows which rank did it: the ranks run again one reply each, and when every one completes
+    the loss is still reported, on the chunk, never dropped."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.run import isolation
+    s = sc.preset("mtp", dcp=2)
+    allocs, knobs = _world(s)
+    lost = _lose_first_batch(monkeypatch)
+    got = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    assert lost, "the chunk was not batched"
+    f = got["v1"]
+    assert isinstance(f, KernelFailure) and f.kind == "exited"
+    assert "on one of ranks 0-1" in f.message and "run again one rank at a time, every one completed" in f.message
+    assert isinstance(got["v2"], list) and got["v2"][1] is not None  # the chunk queued behind it ran in a fresh child
+
+
+def test_a_lost_batched_chunk_that_fails_again_names_the_rank(monkeypatch):
+    """Run again rank by rank, the chunk fails on rank 1: that failure, with its rank, is the path's."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.run import isolation
+    s = sc.preset("mtp", dcp=2)
+    allocs, knobs = _world(s)
+    _lose_first_batch(monkeypatch)
+    real = isolation.Worker.answer
+
+    def answer(self, reply, path, rank, kernel):
+        if reply[0] == "ok" and path == "v1" and rank == 1:
+            raise isolation._fail("crashed", "crashed with SIGSEGV", path, rank, kernel)
+        return real(self, reply, path, rank, kernel)
+    monkeypatch.setattr(isolation.Worker, "answer", answer)
+    got = isolation.run_paths(s, ["v1"], allocs, "cpu", knobs, {})
+    f = got["v1"]
+    assert isinstance(f, KernelFailure) and f.rank == 1 and f.kind == "crashed"
+    assert "on rank 1" in f.message and "every one completed" not in f.message
+
+
+@pytest.mark.parametrize("dcp", [1, 2, 4])
+def test_batched_replies_equal_an_in_process_run(dcp, monkeypatch):
+    from cpsim import scenario as sc
+    from cpsim.run import isolation
+    s = sc.preset("mtp", dcp=dcp)
+    allocs, knobs = _world(s)
+    batched = isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
+    monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=False))
+    _same(batched, isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))

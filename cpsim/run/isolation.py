@@ -18,7 +18,10 @@ path's ranks into one contiguous chunk per worker, one message per chunk, all se
 behind the scenario itself (sent once); on CPU it keeps two workers, so both cores run kernels
 (``CPSIM_KERNEL_WORKERS``). ``ahead`` starts a scenario's rank runs before they are asked for,
 up to two scenarios queued at once: fuzz checks one scenario and draws the next while the worker
-runs the one in between, so neither side waits for the other. Triton is imported inside the worker
+runs the one in between, so neither side waits for the other. A chunk of cpsim's own kernels is
+answered in one message; should the child be lost before it answers, the chunk's ranks run again
+in a fresh child, one reply each, which pins the crash or hang on its rank (a loss that does not
+recur is still reported, on the chunk). A user's kernel is always answered rank by rank. Triton is imported inside the worker
 after ``TRITON_INTERPRET=1`` is set (``cpsim.paths._inputs.prepare_triton``).
 Cost: docs/BENCHMARKS.md.
 
@@ -385,6 +388,7 @@ class _Run:
     queues: dict     # worker -> [[path, ranks not yet answered], ...], in the order sent
     deadline: dict   # worker -> when its next reply is due
     sent_to: dict = field(default_factory=dict)  # worker -> its generation the queue was sent to (None: unsent)
+    retried: dict = field(default_factory=dict)  # path -> (failure, ranks): a batched chunk lost, run again
 
     def matches(self, s, paths, device, knobs, kernels) -> bool:
         return (self.s is s and self.paths == list(paths) and self.device == str(device)
@@ -394,26 +398,30 @@ class _Run:
 
 def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
     world = s.cp.world
-    n = min(pool_size(device), world)
-    while len(_pool) < n:
+    size = pool_size(device)
+    while len(_pool) < size:
         _pool.append(Worker())
-    workers = _pool[:n]
     # With runs in flight a worker's replies to them are still due: it is neither restarted nor
     # waited for here; a dead one gets this run's chunks when the run is collected (``_finish``).
     busy = bool(_inflight)
     if not busy:
-        spawned = [w for w in workers if w.ensure(device)]
+        spawned = [w for w in _pool[:size] if w.ensure(device)]
         for w in spawned:
             w.ready()
-    size = -(-world // n)
-    chunks = [list(range(k * size, min(world, (k + 1) * size))) for k in range(n)]
-    run = _Run(s, list(paths), allocs, device, list(knobs), kernels, on_rank, next(_tokens), workers,
+    token = next(_tokens)
+    n = min(size, world)
+    # Each run starts at another worker, so that runs queued one behind the other with fewer ranks
+    # than workers (CP 1, say) still go to different workers.
+    workers = [_pool[(token + k) % size] for k in range(n)]
+    per = -(-world // n)
+    chunks = [list(range(k * per, min(world, (k + 1) * per))) for k in range(n)]
+    run = _Run(s, list(paths), allocs, device, list(knobs), kernels, on_rank, token, workers,
                {p: {} for p in paths}, {p: [] for p in paths}, {w: [] for w in workers}, {})
     try:
         for k, w in enumerate(workers):
             tasks = [(p, chunks[k]) for p in paths if chunks[k]]
             if busy and not (w.alive() and w.device == device):
-                run.queues[w].extend([p, list(r)] for p, r in tasks)
+                run.queues[w].extend([p, list(r), _batched(kernels.get(p))] for p, r in tasks)
                 run.sent_to[w] = None
             else:
                 _send(run, w, tasks)
@@ -424,7 +432,6 @@ def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
 
 
 def _finish(run: _Run) -> dict[str, list | KernelFailure]:
-    import time
     for w in run.workers:  # every run sent before this one has been collected: its replies come next
         if not run.queues[w]:
             continue
@@ -432,16 +439,19 @@ def _finish(run: _Run) -> dict[str, list | KernelFailure]:
         # earlier run, before reading this one's messages): sent again. A child that died on this run's
         # own ranks is still connected; its replies and its death are read below as usual.
         if run.sent_to.get(w) != w.generation or w.conn is None:
-            tasks = [(p, list(r)) for p, r in run.queues[w]]
+            tasks = [(p, list(r), not batched) for p, r, batched in run.queues[w]]
             run.queues[w].clear()
             _send(run, w, tasks)
-        run.deadline[w] = time.monotonic() + _config.timeout_s
+        _due(run, w)
     live = {w for w in run.workers if run.queues[w]}
     try:
         while live:
             _collect(run, live)
     finally:
         _stop_busy(run)
+    for p, (failure, ranks) in run.retried.items():
+        if not run.fails[p]:  # run again rank by rank, every one completed: the loss stands, on the chunk
+            run.fails[p].append(replace(failure, message=_not_reproduced(failure, ranks)))
     results: dict[str, list | KernelFailure] = {}
     world = run.s.cp.world
     for p in run.paths:
@@ -450,6 +460,12 @@ def _finish(run: _Run) -> dict[str, list | KernelFailure]:
         else:
             results[p] = [run.outs[p][r] for r in range(world)]
     return results
+
+
+def _not_reproduced(failure: KernelFailure, ranks: list[int]) -> str:
+    where = f"on rank {ranks[0]}" if len(ranks) == 1 else f"on one of ranks {ranks[0]}-{ranks[-1]}"
+    return (failure.message.replace(f"on rank {ranks[0]}", where, 1)
+            + "; run again one rank at a time, every one completed")
 
 
 def _stop_busy(run: _Run) -> None:
@@ -472,10 +488,11 @@ _tokens = itertools.count()  # one per run: names the scenario a worker holds
 
 
 def _send(run: _Run, w: Worker, tasks: list) -> None:
-    """Send ``w`` every task (path, ranks) at once, behind those it has (a kernel the child cannot
-    reload runs here, unprotected). The child answers them in order, a reply per rank."""
-    import time
-    for path, ranks in tasks:
+    """Send ``w`` every task (path, ranks[, one_by_one]) at once, behind those it has (a kernel the
+    child cannot reload runs here, unprotected). The child answers them in order: a reply per rank,
+    or, for cpsim's own kernels, one reply per task (``_batched``)."""
+    for task in tasks:
+        path, ranks, one_by_one = task if len(task) == 3 else (*task, False)
         kernel = run.kernels.get(path)
         if kernel is not None and id(kernel) in w.in_process:
             _sequential(path, run.s, run.allocs, run.device, run.knobs, kernel, run.on_rank, ranks,
@@ -484,17 +501,32 @@ def _send(run: _Run, w: Worker, tasks: list) -> None:
         if w.ensure(run.device):
             w.ready()
         run.sent_to[w] = w.generation
+        batched = _batched(kernel) and not one_by_one
         try:
             if w.loaded != run.token:  # the scenario and this worker's allocations travel once, not once per path
                 w.conn.send(("load", run.token, run.s, {r: run.allocs[r] for r in ranks}))
                 w.loaded = run.token
             w.conn.send(("run_ranks", path, run.token, ranks, run.device, [run.knobs[r] for r in ranks],
-                         _record(kernel)))
+                         _record(kernel), batched))
         except (EOFError, OSError):
             pass  # the next receive sees the dead child and names it
-        if not run.queues[w]:
-            run.deadline[w] = time.monotonic() + _config.timeout_s
-        run.queues[w].append([path, list(ranks)])
+        run.queues[w].append([path, list(ranks), batched])
+        if len(run.queues[w]) == 1:
+            _due(run, w)
+
+
+def _batched(kernel) -> bool:
+    """Whether a chunk's replies come back as one message. Only for cpsim's own kernels, which do
+    not attack the worker: a chunk lost without its reply is run again rank by rank (``_collect``),
+    which is what pins a crash or a hang on a rank. A user's kernel always answers rank by rank."""
+    return kernel is None
+
+
+def _due(run: _Run, w: Worker) -> None:
+    """The deadline of ``w``'s next reply: one rank run's bound, or a batched chunk's ranks' bounds."""
+    import time
+    path, ranks, batched = run.queues[w][0]
+    run.deadline[w] = time.monotonic() + _config.timeout_s * (len(ranks) if batched else 1)
 
 
 def _collect(run: _Run, live: set) -> None:
@@ -504,9 +536,8 @@ def _collect(run: _Run, live: set) -> None:
     ready = wait([w.conn for w in live], timeout)
     for w in list(live):
         queue = run.queues[w]
-        path, ranks = queue[0]
+        path, ranks, batched = queue[0]
         kernel = run.kernels.get(path)
-        rank = ranks[0]
         if w.conn in ready:
             reply = w._recv(0)
         elif time.monotonic() >= run.deadline[w]:
@@ -514,34 +545,53 @@ def _collect(run: _Run, live: set) -> None:
         else:
             continue
         lost = reply[0] in ("timeout", "dead")
+        if lost and batched:
+            # Which rank of the chunk crashed or hung is unknown: a fresh child runs its ranks again,
+            # one reply each, and names it. Should they all complete, the loss is still reported.
+            failure = w.lost(reply, path, ranks[0], kernel, _config.timeout_s * len(ranks)).failure
+            run.retried[path] = (failure, list(ranks))
+            rest = [(path, list(ranks), True)] + [(p, list(r), not b) for p, r, b in queue[1:]]
+            queue.clear()
+            _send(run, w, rest)
+            continue
         if lost:
-            run.fails[path].append(w.lost(reply, path, rank, kernel, _config.timeout_s).failure)
+            run.fails[path].append(w.lost(reply, path, ranks[0], kernel, _config.timeout_s).failure)
             ranks.clear()
         else:
-            try:
-                out = w.answer(reply, path, rank, kernel)
-            except KernelFailed as e:
-                run.fails[path].append(e.failure)
-                ranks.clear()
-            else:
-                if out is _UNLOADABLE:  # the child stopped this chunk; its ranks run here from this one on
-                    _sequential(path, run.s, run.allocs, run.device, run.knobs, kernel, run.on_rank, list(ranks),
-                                run.outs[path], run.fails[path])
-                    ranks.clear()
-                else:
-                    run.outs[path][rank] = out
-                    ranks.pop(0)
-                    if run.on_rank is not None:
-                        run.on_rank(path, rank)
-        run.deadline[w] = time.monotonic() + _config.timeout_s
+            for one in (reply[1] if reply[0] == "batch" else [reply]):
+                if not _answered(run, w, path, ranks, kernel, one):
+                    break
         if not ranks:
             queue.pop(0)
             if lost and queue:  # the child died with the later paths' chunks: a fresh one gets them
-                rest = [(p, list(r)) for p, r in queue]
+                rest = [(p, list(r), not b) for p, r, b in queue]
                 queue.clear()
                 _send(run, w, rest)
-        if not queue:
+        if queue:
+            _due(run, w)
+        else:
             live.discard(w)
+
+
+def _answered(run: _Run, w: Worker, path: str, ranks: list, kernel, reply) -> bool:
+    """Take one rank's reply (the first of ``ranks``); False when the chunk stops there."""
+    rank = ranks[0]
+    try:
+        out = w.answer(reply, path, rank, kernel)
+    except KernelFailed as e:
+        run.fails[path].append(e.failure)
+        ranks.clear()
+        return False
+    if out is _UNLOADABLE:  # the child stopped this chunk; its ranks run here from this one on
+        _sequential(path, run.s, run.allocs, run.device, run.knobs, kernel, run.on_rank, list(ranks),
+                    run.outs[path], run.fails[path])
+        ranks.clear()
+        return False
+    run.outs[path][rank] = out
+    ranks.pop(0)
+    if run.on_rank is not None:
+        run.on_rank(path, rank)
+    return True
 
 
 def _sequential(path: str, s, allocs, device, knobs, kernel, on_rank, ranks, outs: dict | None = None,

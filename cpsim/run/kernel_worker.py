@@ -87,21 +87,28 @@ def serve(conn, parent_pid: int | None = None) -> None:
 
 
 def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks: list[int], device: str,
-               knobs: list, record: dict | None) -> None:
-    """Every listed rank of one path of the loaded scenario, in order, a reply per rank; stops after
-    the first rank that does not complete, as the in-process loop would. One message per path, and
-    the scenario itself once per scenario (``load``): the parent is not woken in between."""
+               knobs: list, record: dict | None, batch: bool = False) -> None:
+    """Every listed rank of one path of the loaded scenario, in order, a reply per rank (``batch``:
+    all of them in one ("batch", replies) message at the end); stops after the first rank that does
+    not complete, as the in-process loop would. One message per path, and the scenario itself once
+    per scenario (``load``): the parent is not woken in between."""
     from cpsim.paths import staging
     have, s, allocs = loaded
     if have != token:  # cannot happen while the parent sends "load" first; a reply names it if it does
         conn.send(("raised", "RuntimeError", f"kernel worker holds scenario {have}, asked for {token}", "*"))
         return
+    replies = []
     with staging(s, {r: allocs[r] for r in ranks}, device, builtin=record is None):
         for rank, kn in zip(ranks, knobs):
             reply = _run(kernels, path, s, allocs[rank], rank, device, kn, record)
-            conn.send(reply)
+            if batch:
+                replies.append(reply)
+            else:
+                conn.send(reply)
             if reply[0] != "ok":
-                return
+                break
+    if batch:
+        conn.send(("batch", replies))
 
 
 
