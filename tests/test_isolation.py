@@ -257,6 +257,8 @@ def test_bad_kernel_workers_value_is_exit_2(capsys, value, monkeypatch):
 
 
 def _world(s):
+    from cpsim.run import isolation
+    isolation.forget_ahead()  # nothing an earlier test started ahead is left in flight or kept
     from cpsim.allocator import allocate_world
     from cpsim.paths import Knobs
     return allocate_world(s), [Knobs()] * s.cp.world
@@ -390,9 +392,9 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
     assert next(isolation._tokens) == before + 1  # collected, not started again
 
 
-def _lose_first_batch(monkeypatch):
+def _lose_first_batch(monkeypatch, instead=("dead",)):
     """The parent sees the child die before it answers the first batched chunk (as when a kernel
-    crashed it mid-chunk); every later reply is read as usual."""
+    crashed it mid-chunk), or gets ``instead``; every later reply is read as usual."""
     from cpsim.run import isolation
     real, lost = isolation.Worker._recv, []
 
@@ -400,7 +402,7 @@ def _lose_first_batch(monkeypatch):
         reply = real(self, timeout)
         if reply[0] == "batch" and not lost:
             lost.append(reply)
-            return ("dead",)
+            return instead
         return reply
     monkeypatch.setattr(isolation.Worker, "_recv", recv)
     return lost
@@ -456,3 +458,22 @@ def test_batched_replies_equal_an_in_process_run(dcp, monkeypatch):
     batched = isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
     monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=False))
     _same(batched, isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
+
+
+def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(monkeypatch):
+    """A batched chunk's outputs are read back together, after all its launches: an asynchronous device
+    fault surfaces there, unattributed ("lost"). The ranks run again one by one; when every one completes,
+    the fault is still reported, with its text, on the chunk."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.run import isolation
+    s = sc.preset("mtp", dcp=2)
+    allocs, knobs = _world(s)
+    _lose_first_batch(monkeypatch, ("lost", "AcceleratorError", "CUDA error: an illegal memory access was encountered"))
+    got = isolation.run_paths(s, ["v1"], allocs, "cpu", knobs, {})
+    f = got["v1"]
+    assert isinstance(f, KernelFailure) and f.kind == "raised"
+    assert f.message.startswith("kernel raised AcceleratorError: CUDA error: an illegal memory access was encountered "
+                                "when the outputs were read back on one of ranks 0-1")
+    assert f.message.endswith("every one completed")

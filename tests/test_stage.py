@@ -22,15 +22,18 @@ def _fuzz_scenarios(n: int):
     return out
 
 
-def _same_world(s, knobs: Knobs | list[Knobs] = Knobs(), paths=PATHS) -> int:
+def _same_world(s, knobs: Knobs | list[Knobs] = Knobs(), paths=PATHS, defer: bool = False) -> int:
     allocs = allocate_world(s)
     ranks = range(s.cp.world)
     per_rank = knobs if isinstance(knobs, list) else [knobs] * s.cp.world
     compared = 0
     for path in paths:
         alone = [run_path(path, s, allocs[r], r, "cpu", per_rank[r]) for r in ranks]
-        with staging(s, {r: allocs[r] for r in ranks}, "cpu"):
+        with staging(s, {r: allocs[r] for r in ranks}, "cpu", defer=defer) as stage:
             together = [run_path(path, s, allocs[r], r, "cpu", per_rank[r]) for r in ranks]
+            if defer:
+                assert all(o is None or o.guard is None for o in together)  # not read back yet
+                stage.settle()
         for r, (a, b) in enumerate(zip(alone, together)):
             assert (a is None) == (b is None)
             if a is None:
@@ -43,17 +46,19 @@ def _same_world(s, knobs: Knobs | list[Knobs] = Knobs(), paths=PATHS) -> int:
     return compared
 
 
+@pytest.mark.parametrize("defer", [False, True], ids=["read-back-per-rank", "read-back-together"])
 @pytest.mark.parametrize("chunk", range(4))
-def test_staged_ranks_get_what_a_rank_run_alone_gets(chunk):
+def test_staged_ranks_get_what_a_rank_run_alone_gets(chunk, defer):
     scenarios = _fuzz_scenarios(48)[chunk::4]
-    assert sum(_same_world(s) for s in scenarios) >= len(scenarios) * 3
+    assert sum(_same_world(s, defer=defer) for s in scenarios) >= len(scenarios) * 3
 
 
+@pytest.mark.parametrize("defer", [False, True], ids=["read-back-per-rank", "read-back-together"])
 @pytest.mark.parametrize("name", faults.names())
-def test_staged_ranks_keep_the_faults_outputs(name):
+def test_staged_ranks_keep_the_faults_outputs(name, defer):
     f = faults.get(name, "fault")
     s = f.trigger()
-    assert _same_world(s, f.knobs_for(s), paths=f.paths or PATHS) > 0
+    assert _same_world(s, f.knobs_for(s), paths=f.paths or PATHS, defer=defer) > 0
 
 
 @pytest.mark.parametrize("name", faults.names())

@@ -683,7 +683,11 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
     me = _Searcher(cfg, on_progress)
     if cfg.explorer() == "random":
         from cpsim.fuzz.explore import explore
-        explore(me)
+        from cpsim.run import isolation
+        try:
+            explore(me)
+        finally:
+            isolation.forget_ahead()  # a scenario drawn ahead and never visited: its results go
         return finish(cfg, me)
     strategy, db = strategy_of(cfg), database_of(cfg)
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None

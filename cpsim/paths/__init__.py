@@ -71,14 +71,15 @@ def first_failure(failures: list[KernelFailure]) -> KernelFailure:
     return dataclasses.replace(first, message=f"{first.message}; also failed on {also}")
 
 
-def staging(s, allocs: dict, device, builtin: bool = True):
+def staging(s, allocs: dict, device, builtin: bool = True, defer: bool = False):
     """A context in which the ranks ``allocs`` names (rank -> allocations) share their preparation
-    (``cpsim.paths._stage``) - only where every kernel is cpsim's (``builtin``); a no-op when any
-    is the user's, the slot-mapping kernel or the replay kernel beside a built-in one."""
+    (``cpsim.paths._stage``) - only where every kernel is cpsim's (``builtin``); a no-op (None) when
+    any is the user's, the slot-mapping kernel or the replay kernel beside a built-in one. ``defer``:
+    the ranks' outputs are read back together by the stage's ``settle``."""
     import contextlib
 
     from cpsim.paths import _stage
-    return _stage.staged(s, allocs, device) if builtin else contextlib.nullcontext()
+    return _stage.staged(s, allocs, device, defer) if builtin else contextlib.nullcontext()
 
 
 def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str = "cpu",
@@ -106,6 +107,6 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
             out = runners[name](scenario, allocs, rank, torch.device(device), knobs)
         if out is not None:  # the runtime's replay pass, after the slot-mapping kernels (cpsim's or the user's)
             replay.pad(scenario, out.slots, torch.device(device), knobs, getattr(kernel, "replay", None))
-    if out is not None:  # rows were views into guarded storage: read back once, slots and guards
-        out.slots, out.guard = watch.read_back(out.slots)
+    if out is not None and not (stage is not None and stage.s is scenario and stage.later(watch, out)):
+        out.slots, out.guard = watch.read_back(out.slots)  # rows are views into guarded storage: one copy
     return out

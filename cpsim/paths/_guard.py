@@ -146,15 +146,16 @@ class Watch:
         global _watched
         _watched = self._outer
 
-    def read_back(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def read_back(self, slots: torch.Tensor, copy=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(``slots`` on the host, contiguous; [groups, 2 * WIDTH] int64 guard entries) after one copy
         per watched buffer (on an accelerator, a rank run's only read-back when its slots are a view
-        of one). The guards are the entries before (first WIDTH) and after each group's rows; where
-        several buffers serve one group, an overwritten entry of any of them wins."""
+        of one; ``copy`` maps a buffer to its host copy, when a stage has copied it already). The guards are
+        the entries before (first WIDTH) and after each group's rows; where several buffers serve one
+        group, an overwritten entry of any of them wins."""
         out = np.full((self.num_groups, 2 * WIDTH), GUARD, dtype=np.int64)
         host_slots = None
         for full, groups in self.buffers:
-            host = full.cpu()
+            host = full.cpu() if copy is None else copy(full)
             if host_slots is None and _views(slots, full):
                 # as_strided's offset counts from the storage's start: on CPU ``host`` is ``full`` itself
                 host_slots = host.as_strided(slots.shape, slots.stride(),

@@ -33,14 +33,40 @@ ALIGN = 256  # bytes: each rank's block starts as a fresh allocation would (Trit
 
 
 class Stage:
-    def __init__(self, s, allocs: dict[int, list], device):
+    def __init__(self, s, allocs: dict[int, list], device, defer: bool = False):
         self.s = s
         self.allocs = allocs                  # rank -> that rank's allocations, per group
         self.device = torch.device(device)
         self.ranks = sorted(allocs)
         self.rank: int | None = None          # the rank whose run is in progress
+        self.defer = defer                    # read the staged ranks' outputs back together (``settle``)
         self._buffers = 0                     # buffers the rank run in progress has asked for
         self._cache: dict = {}
+        self._pending: list = []              # (watch, output) of rank runs not read back yet
+
+    def later(self, watch, out) -> bool:
+        """Keep a staged rank run's output to be read back by ``settle``; False when it must be read
+        back now (reading back is not deferred, or the run is not one of the staged ranks)."""
+        if not self.defer or self.rank is None:
+            return False
+        self._pending.append((watch, out))
+        return True
+
+    def settle(self) -> None:
+        """Read back every deferred output, one copy per shared allocation (the slots and guard
+        entries of all staged ranks at once), as ``_guard.Watch.read_back`` would one rank's. A fault
+        of any rank's kernel surfaces here, unattributed: the caller runs the ranks again one by one."""
+        copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def host(t: torch.Tensor) -> torch.Tensor:
+            base = t if t._base is None else t._base
+            if id(base) not in copies:
+                copies[id(base)] = (base, base.cpu())
+            b, h = copies[id(base)]
+            return h.as_strided(t.shape, t.stride(), h.storage_offset() + t.storage_offset() - b.storage_offset())
+        pending, self._pending = self._pending, []
+        for watch, out in pending:
+            out.slots, out.guard = watch.read_back(out.slots, host)
 
     def begin(self, rank: int) -> None:
         self.rank, self._buffers = rank, 0
@@ -105,10 +131,11 @@ def current() -> Stage | None:
 
 
 @contextlib.contextmanager
-def staged(s, allocs: dict[int, list], device) -> Iterator[Stage]:
-    """A stage for the ranks ``allocs`` names, for as long as the block runs."""
+def staged(s, allocs: dict[int, list], device, defer: bool = False) -> Iterator[Stage]:
+    """A stage for the ranks ``allocs`` names, for as long as the block runs; with ``defer`` their
+    outputs are read back together, by ``Stage.settle``, which the block must call."""
     global _current
-    outer, _current = _current, Stage(s, allocs, device)
+    outer, _current = _current, Stage(s, allocs, device, defer)
     try:
         yield _current
     finally:

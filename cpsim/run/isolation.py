@@ -21,8 +21,9 @@ up to two scenarios queued at once: fuzz checks one scenario and draws the next 
 runs the one in between, so neither side waits for the other. A chunk of cpsim's own kernels is
 answered in one message; should the child be lost before it answers, the chunk's ranks run again
 in a fresh child, one reply each, which pins the crash or hang on its rank (a loss that does not
-recur is still reported, on the chunk). A user's kernel is always answered rank by rank. Triton is imported inside the worker
-after ``TRITON_INTERPRET=1`` is set (``cpsim.paths._inputs.prepare_triton``).
+recur is still reported, on the chunk). A user's kernel is always answered rank by rank.
+Triton is imported inside the worker after ``TRITON_INTERPRET=1`` is set
+(``cpsim.paths._inputs.prepare_triton``).
 Cost: docs/BENCHMARKS.md.
 
 Under torchrun (``run_rank_checked``) only the user's kernels go to a worker: the
@@ -203,7 +204,12 @@ class Worker:
         return self._recv(timeout)
 
     def lost(self, reply, path: str, rank: int, kernel, timeout: float) -> KernelFailed:
-        """The failure for a child that timed out or died on ``rank``; the child is gone after it."""
+        """The failure for a child that timed out or died on ``rank``, or lost a batched chunk (a fault
+        surfaced when its outputs were read back); the child is gone after it."""
+        if reply[0] == "lost":
+            self.stop()
+            return _fail("raised", f"raised {reply[1]}" + (f": {reply[2]}" if reply[2] else "")
+                         + " when the outputs were read back", path, rank, kernel)
         if reply[0] == "timeout":
             self.stop()
             return _fail("timeout", f"exceeded {timeout:g} s (worker killed)", path, rank, kernel)
@@ -370,6 +376,12 @@ def _settle() -> None:
         del _kept[:-DEPTH]
 
 
+def forget_ahead() -> None:
+    """Wait for the runs in flight and drop every result nobody asked for (the end of a search)."""
+    _settle()
+    _kept.clear()
+
+
 @dataclass
 class _Run:
     """One ``run_paths`` call's rank runs: what was sent to which worker, and what came back."""
@@ -385,7 +397,7 @@ class _Run:
     workers: list
     outs: dict
     fails: dict
-    queues: dict     # worker -> [[path, ranks not yet answered], ...], in the order sent
+    queues: dict     # worker -> [[path, ranks not yet answered, batched], ...], in the order sent
     deadline: dict   # worker -> when its next reply is due
     sent_to: dict = field(default_factory=dict)  # worker -> its generation the queue was sent to (None: unsent)
     retried: dict = field(default_factory=dict)  # path -> (failure, ranks): a batched chunk lost, run again
@@ -544,7 +556,7 @@ def _collect(run: _Run, live: set) -> None:
             reply = ("timeout",)
         else:
             continue
-        lost = reply[0] in ("timeout", "dead")
+        lost = reply[0] in ("timeout", "dead", "lost")
         if lost and batched:
             # Which rank of the chunk crashed or hung is unknown: a fresh child runs its ranks again,
             # one reply each, and names it. Should they all complete, the loss is still reported.

@@ -98,17 +98,23 @@ def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks:
         conn.send(("raised", "RuntimeError", f"kernel worker holds scenario {have}, asked for {token}", "*"))
         return
     replies = []
-    with staging(s, {r: allocs[r] for r in ranks}, device, builtin=record is None):
+    with staging(s, {r: allocs[r] for r in ranks}, device, builtin=record is None, defer=batch) as stage:
         for rank, kn in zip(ranks, knobs):
-            reply = _run(kernels, path, s, allocs[rank], rank, device, kn, record)
+            reply = _run(kernels, path, s, allocs[rank], rank, device, kn, record, packed=not batch)
             if batch:
                 replies.append(reply)
             else:
                 conn.send(reply)
             if reply[0] != "ok":
                 break
+        if batch and stage is not None:
+            try:
+                stage.settle()  # every rank's outputs at once; a device fault of any of them surfaces here
+            except Exception as e:  # noqa: BLE001  (the parent runs the ranks again one by one to name the rank)
+                conn.send(("lost", type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+                return
     if batch:
-        conn.send(("batch", replies))
+        conn.send(("batch", [(r[0], pack(r[1]), *r[2:]) if r[0] == "ok" else r for r in replies]))
 
 
 
@@ -128,7 +134,9 @@ def _prepare(device: str, threads: int | None = None) -> tuple:
     return ("ok",)
 
 
-def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, record: dict | None) -> tuple:
+def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, record: dict | None,
+         packed: bool = True) -> tuple:
+    """One rank run's reply; ``packed``: its output as plain data (else the ``RankOutput`` itself)."""
     try:
         k = _kernel(kernels, path, record, device)
     except ConfigError as e:
@@ -141,4 +149,4 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
         return ("exit", repr(e.code), _guard.launching())
     except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
         return ("raised", type(e).__name__, str(e).splitlines()[0] if str(e) else "", _guard.launching())
-    return ("ok", pack(out), list(k.notes) if k is not None else [])
+    return ("ok", pack(out) if packed else out, list(k.notes) if k is not None else [])
