@@ -385,8 +385,8 @@ def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(t
     def visited(process: bool) -> tuple[list[str], list, int]:
         seen: list[str] = []
         real_visit, real_ahead, started = fz._Searcher.visit, isolation.ahead, []
-        monkeypatch.setattr(fz._Searcher, "visit", lambda me, s, then=None: seen.append(s.fingerprint())
-                            or real_visit(me, s, then))
+        monkeypatch.setattr(fz._Searcher, "visit", lambda me, s, meanwhile=None: seen.append(s.fingerprint())
+                            or real_visit(me, s, meanwhile))
         monkeypatch.setattr(isolation, "ahead", lambda *a: started.append(real_ahead(*a)) or started[-1])
         monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=process))
         r = fz.fuzz(fz.FuzzConfig(max_examples=40, seed=5, database=None, out=tmp_path / str(process),
