@@ -5,7 +5,12 @@ three passes, the last one reported).
 
     PYTHONPATH=$PWD python3 scripts/probe_cuda_host.py      # on the GPU machine, TRITON_INTERPRET unset
 """
-import os, sys, time, json, functools, collections
+import collections
+import functools
+import json
+import os
+import time
+
 import numpy as np
 import torch
 
@@ -22,7 +27,9 @@ def per_call(fn, n=2000):
     torch.cuda.synchronize()
     return (time.perf_counter() - t) / n * 1e6
 
-import triton, triton.language as tl
+import triton
+import triton.language as tl
+
 
 @triton.jit
 def k(a, b, c, d, e, f, g, h, out, n, s, X: tl.constexpr, Y: tl.constexpr, Z: tl.constexpr):
@@ -34,6 +41,7 @@ args = [torch.zeros(16, dtype=torch.int32, device=dev) for _ in range(8)]
 small = torch.zeros((2, 4096), dtype=torch.int64, device=dev)
 host8 = [np.arange(40, dtype=np.int32) for _ in range(8)]
 from cpsim.paths._inputs import upload
+
 idx = torch.arange(0, 100, dtype=torch.int64, device=dev)
 pinned = torch.empty(8192, dtype=torch.int64, pin_memory=True)
 res["triton_launch_12args_us"] = per_call(lambda: k[(4,)](*args, out, 5, 7, X=1, Y=2, Z=3))
@@ -52,8 +60,10 @@ print(json.dumps(res, indent=1), flush=True)
 os.environ["CPSIM_KERNEL_ISOLATION"] = "0"
 import tempfile
 from pathlib import Path
+
 from cpsim import fuzz as fz
 from cpsim.run import isolation
+
 isolation.configure(process=False)
 T = collections.defaultdict(float)
 C = collections.Counter()
@@ -70,16 +80,25 @@ def wrap(mod, name, label=None):
             T[label] += time.perf_counter() - t
             C[label] += 1
     setattr(owner, name, w)
-import cpsim.paths as P, cpsim.paths._guard as G, cpsim.paths._stage as S, cpsim.paths._inputs as In
-import cpsim.paths.v1 as V1, cpsim.paths.v2 as V2, cpsim.paths.replay as R
-import cpsim.check.coordinator as CO, cpsim.fuzz.space as SP, cpsim.allocator as AL, cpsim.run.world as W
+import cpsim.allocator as AL
+import cpsim.check.coordinator as CO
 import cpsim.fuzz as FZ
+import cpsim.fuzz.space as SP
+import cpsim.paths._guard as G
+import cpsim.paths._inputs as In
+import cpsim.paths._stage as S
+import cpsim.paths.replay as R
+import cpsim.paths.v1 as V1
+import cpsim.paths.v2 as V2
+import cpsim.run.world as W
+
 wrap(S.Stage, "table"); wrap(S.Stage, "batch"); wrap(S.Stage, "buffer")
 wrap(G.Watch, "read_back"); wrap(G, "tables"); wrap(In, "upload")
 wrap(V1, "mask_padding"); wrap(R, "pad"); wrap(V1, "run"); wrap(V2, "run"); wrap(V2, "run_mrv2")
 wrap(CO, "check"); wrap(SP, "build"); wrap(AL, "allocate_world"); wrap(W, "stack"); wrap(W, "run_virtual")
 wrap(FZ, "evaluate")
 import triton.runtime.jit as J
+
 wrap(J.JITFunction, "run", "triton.run")
 # modules bound names at import: rebind
 V1._guard = G; V2._guard = G

@@ -64,6 +64,14 @@ def batch_arrays(s: Scenario, clamp: int | None = None) -> tuple[np.ndarray, np.
     return qsl.astype(np.int32), positions
 
 
+def upload_batch(s: Scenario, device, clamp: int | None = None, *extra: np.ndarray
+                 ) -> tuple[BatchTensors, list[torch.Tensor]]:
+    """(the batch's tensors, ``extra``'s tensors), all in one copy."""
+    qsl, positions = batch_arrays(s, clamp)
+    up = upload([qsl, positions, *extra], device)
+    return BatchTensors(up[0], up[1], positions.size, s.batch.num_tokens), up[2:]
+
+
 def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: int | None = None,
                   shared: tuple | None = None) -> BatchTensors | tuple:
     """The batch's tensors on ``device`` (``query_start_loc`` capped at ``clamp``, the slot buffer's
@@ -79,13 +87,10 @@ def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: 
         bt = stage.batch(clamp)  # uploaded once for every staged rank
         if not extra and shared is None:
             return bt
-        common = stage.shared(shared[0], shared[1]) if shared is not None else []
+        common = stage.shared(*shared) if shared is not None else []
         return bt, [*common, *(upload(list(extra), device) if extra else [])]
-    qsl, positions = batch_arrays(s, clamp)
-    common = list(shared[1]()) if shared is not None else []
-    up = upload([qsl, positions, *common, *extra], device)
-    bt = BatchTensors(up[0], up[1], positions.size, s.batch.num_tokens)
-    return (bt, up[2:]) if extra or shared is not None else bt
+    bt, rest = upload_batch(s, device, clamp, *(shared[1]() if shared is not None else []), *extra)
+    return (bt, rest) if extra or shared is not None else bt
 
 
 def shared_upload(s: Scenario, device, key, make) -> list[torch.Tensor]:

@@ -72,12 +72,10 @@ class Stage:
         self.rank, self._buffers = rank, 0
 
     def batch(self, clamp):
-        from cpsim.paths._inputs import BatchTensors, batch_arrays, upload
+        from cpsim.paths._inputs import upload_batch
         key = ("batch", clamp)
         if key not in self._cache:
-            qsl, positions = batch_arrays(self.s, clamp)
-            up = upload([qsl, positions], self.device)
-            self._cache[key] = BatchTensors(up[0], up[1], positions.size, self.s.batch.num_tokens)
+            self._cache[key] = upload_batch(self.s, self.device, clamp)[0]
         return self._cache[key]
 
     def shared(self, key, make) -> list[torch.Tensor]:

@@ -37,9 +37,9 @@ def runs(s: Scenario, knobs: Knobs = Knobs()) -> bool:
     return s.replay_window > 0 and s.batch.has_replay and bool(cacheable_groups(s, knobs))
 
 
-def replay_starts(s: Scenario, device) -> torch.Tensor:
+def replay_starts(s: Scenario) -> np.ndarray:
     """int32 [num_reqs]: each batch entry's replay start, 0 where it does not replay."""
-    return torch.tensor([r.replay_start for r in s.batch.requests], dtype=torch.int32, device=device)
+    return np.asarray([r.replay_start for r in s.batch.requests], dtype=np.int32)
 
 
 def pad(s: Scenario, slots: torch.Tensor, device: torch.device, knobs: Knobs = Knobs(), kernel=None) -> None:
@@ -52,8 +52,7 @@ def pad(s: Scenario, slots: torch.Tensor, device: torch.device, knobs: Knobs = K
     prepare_triton(device)
     T = slots.shape[1]
     # a short buffer drops tokens; capacity reports it
-    common = (("replay", tuple(groups), T), lambda: [
-        np.asarray([r.replay_start for r in s.batch.requests], dtype=np.int32), np.asarray(groups, dtype=np.int32)])
+    common = (("replay", tuple(groups), T), lambda: [replay_starts(s), np.asarray(groups, dtype=np.int32)])
     bt, (starts, group_ids) = batch_tensors(s, device, clamp=T, shared=common)
     qsl = bt.query_start_loc
     names = ",".join(s.groups[gi].name for gi in groups)

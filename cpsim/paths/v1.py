@@ -43,11 +43,11 @@ def buffer_size(s: Scenario, knobs: Knobs) -> int:
 
 def _tables(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
     rows = list(range(s.batch.num_reqs))
-    return _guard.table_of(group_index(s, g), alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs), g.bpk,
+    return _guard.table_of(group_number(s, g), alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs), g.bpk,
                            g.num_blocks, g.block_size, g.b, device)
 
 
-def group_index(s: Scenario, g: KVGroup) -> int:
+def group_number(s: Scenario, g: KVGroup) -> int:
     """Which of the scenario's groups ``g`` is (by identity: two groups may be equal)."""
     return next(i for i, x in enumerate(s.groups) if x is g)
 

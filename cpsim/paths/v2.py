@@ -42,7 +42,7 @@ def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> 
     """(table, slots per entry). The kernel-block fault hands over kernel-block entries."""
     rows = list(s.batch.rows_v2())
     width = table_width(s, g, knobs)
-    gi = v1.group_index(s, g)
+    gi = v1.group_number(s, g)
     if knobs.virtual_from_kernel_block and g.bpk > 1:
         return _guard.table_of(gi, alloc, rows, s.limits.max_num_reqs, width, g.bpk, g.num_blocks, g.block_size, g.b,
                                device), g.b
@@ -59,7 +59,7 @@ def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
 def kernel_table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
     """MRV2 staging: physical id q becomes kernel blocks q*BPK .. q*BPK+BPK-1."""
     rows = list(s.batch.rows_v2())
-    return _guard.table_of(v1.group_index(s, g), alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs), g.bpk,
+    return _guard.table_of(v1.group_number(s, g), alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs), g.bpk,
                            g.num_blocks, g.block_size, g.b, device)
 
 

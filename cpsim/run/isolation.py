@@ -354,26 +354,30 @@ def _take(s, paths, device: str, knobs, kernels) -> dict | None:
             del _kept[i]
             return results
     while _inflight:
-        run = _inflight[0]
-        try:
-            results = _finish(run)
-        finally:
-            _inflight.popleft()
+        run, results = _collect_oldest()
         if run.matches(s, paths, device, knobs, kernels):
             return results
-        _kept.append((run, results))
-        del _kept[:-DEPTH]  # results nobody asked for in time are dropped
+        _keep(run, results)
     return None
 
 
 def _settle() -> None:
     """Collect the runs started ahead before the workers are used for anything else."""
     while _inflight:
-        try:
-            _kept.append((_inflight[0], _finish(_inflight[0])))
-        finally:
-            _inflight.popleft()
-        del _kept[:-DEPTH]
+        _keep(*_collect_oldest())
+
+
+def _collect_oldest() -> "tuple[_Run, dict]":
+    run = _inflight[0]
+    try:
+        return run, _finish(run)
+    finally:
+        _inflight.popleft()
+
+
+def _keep(run: "_Run", results: dict) -> None:
+    _kept.append((run, results))
+    del _kept[:-DEPTH]  # results nobody asked for in time are dropped
 
 
 def forget_ahead() -> None:
@@ -537,7 +541,7 @@ def _batched(kernel) -> bool:
 def _due(run: _Run, w: Worker) -> None:
     """The deadline of ``w``'s next reply: one rank run's bound, or a batched chunk's ranks' bounds."""
     import time
-    path, ranks, batched = run.queues[w][0]
+    _, ranks, batched = run.queues[w][0]
     run.deadline[w] = time.monotonic() + _config.timeout_s * (len(ranks) if batched else 1)
 
 

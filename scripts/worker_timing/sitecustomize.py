@@ -10,8 +10,13 @@ time since the first of them (its busy share), and without CPSIM_WPROF_LIGHT a c
 chunks. The counters start again after each file. Used for docs/BENCHMARKS.md, fuzz sixth round.
 """
 import os
+
 if os.environ.get("CPSIM_WPROF"):
-    import cProfile, pstats, io, time
+    import cProfile
+    import io
+    import pstats
+    import time
+
     import cpsim.run.kernel_worker as kw
     _orig = kw._run_ranks
     _prof = [cProfile.Profile()]
