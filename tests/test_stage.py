@@ -87,6 +87,20 @@ def test_tables_too_big_to_stage_are_built_per_rank(monkeypatch):
     assert not built  # every table built per rank run, outputs unchanged
 
 
+@pytest.mark.parametrize("bound", [4 << 10, 64 << 10, 1 << 20])
+def test_tables_partly_staged_give_what_a_rank_run_alone_gets(monkeypatch, bound):
+    """With some of a rank's tables staged and others built for it alone, v2's per-rank arrays (table
+    pointers) must not be made for every rank at once: another rank's unstaged table would be built
+    afresh for them and freed."""
+    monkeypatch.setattr(_stage, "TABLE_BYTES", bound)
+    made = []
+    real = _stage.Stage.per_rank
+    monkeypatch.setattr(_stage.Stage, "per_rank", lambda self, *a: made.append(r := real(self, *a)) or r)
+    for s in [x for x in _fuzz_scenarios(48) if x.cp.world > 1][:8]:
+        assert _same_world(s, paths=["v2"]) == s.cp.world
+    assert any(m is None for m in made) and any(m is not None for m in made)
+
+
 def test_a_users_kernel_is_not_staged():
     s = _fuzz_scenarios(1)[0]
     with staging(s, {0: allocate_world(s)[0]}, "cpu", builtin=False):

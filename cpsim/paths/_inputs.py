@@ -18,17 +18,23 @@ def upload(arrays: list[np.ndarray], device) -> list[torch.Tensor]:
 
     On an accelerator every small ``torch.tensor(..., device=...)`` is a copy of its own, and a rank
     run hands its kernels a dozen of them; on CPU the buffer is fresh too, so a kernel that writes
-    into its inputs cannot reach the caller's arrays.
+    into its inputs cannot reach the caller's arrays. On CUDA the host side is pinned and the copy does
+    not wait: a copy from ordinary memory waits for the stream to drain first, which made every upload
+    a stall behind the launches queued before it. The pinned block is not handed out again before the
+    copy is done (torch's host allocator records the copy on the stream).
     """
     arrays = [np.ascontiguousarray(a) for a in arrays]
     offsets, size = [], 0
     for a in arrays:
         offsets.append(size)
         size += -(-a.nbytes // _ALIGN) * _ALIGN
-    host = np.empty(max(size, _ALIGN), dtype=np.uint8)
+    device = torch.device(device)
+    pinned = device.type == "cuda"
+    staging = torch.empty(max(size, _ALIGN), dtype=torch.uint8, pin_memory=pinned)
+    host = staging.numpy()
     for a, o in zip(arrays, offsets):
         host[o:o + a.nbytes] = a.reshape(-1).view(np.uint8)
-    buf = torch.from_numpy(host).to(device)
+    buf = staging.to(device, non_blocking=pinned)
     typed: dict[np.dtype, torch.Tensor] = {}  # the whole buffer seen as each dtype: one view per dtype
     out = []
     for a, o in zip(arrays, offsets):
@@ -73,24 +79,34 @@ def upload_batch(s: Scenario, device, clamp: int | None = None, *extra: np.ndarr
 
 
 def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: int | None = None,
-                  shared: tuple | None = None) -> BatchTensors | tuple:
+                  shared: tuple | None = None, own: tuple | None = None) -> BatchTensors | tuple:
     """The batch's tensors on ``device`` (``query_start_loc`` capped at ``clamp``, the slot buffer's
     entries, when given); with ``extra`` host arrays, also those, uploaded in the same copy (returns
     ``(BatchTensors, [tensors])`` then).
 
     ``shared``: ``(key, make)``, where ``make()`` gives host arrays that depend on the scenario and
-    on ``key`` alone, not on the rank; their tensors come first in the list, before ``extra``'s.
-    Inside a stage they are uploaded once for all staged ranks; outside, in the same copy."""
+    on ``key`` alone, not on the rank; their tensors come first in the list. Inside a stage they are
+    uploaded once for all staged ranks; outside, in the same copy.
+
+    ``own``: ``(key, arrays, make)``: this rank's host ``arrays``, which depend on the scenario, ``key``
+    and the rank's allocations alone; ``make(allocs)`` makes them for the rank holding ``allocs``.
+    Inside a stage every staged rank's are made and uploaded in one copy (``Stage.per_rank``); their
+    tensors come after ``shared``'s, before ``extra``'s."""
     from cpsim.paths import _stage
     stage = _stage.current()
     if stage is not None and stage.s is s and stage.device == torch.device(device):
         bt = stage.batch(clamp)  # uploaded once for every staged rank
-        if not extra and shared is None:
+        if not extra and shared is None and own is None:
             return bt
         common = stage.shared(*shared) if shared is not None else []
-        return bt, [*common, *(upload(list(extra), device) if extra else [])]
-    bt, rest = upload_batch(s, device, clamp, *(shared[1]() if shared is not None else []), *extra)
-    return (bt, rest) if extra or shared is not None else bt
+        mine = stage.per_rank(own[0], own[2]) if own is not None else []
+        if mine is None:  # this rank's tables are not staged: its arrays go with ``extra``
+            extra = (*own[1], *extra)
+            mine = []
+        return bt, [*common, *mine, *(upload(list(extra), device) if extra else [])]
+    bt, rest = upload_batch(s, device, clamp, *(shared[1]() if shared is not None else []),
+                            *(own[1] if own is not None else []), *extra)
+    return (bt, rest) if extra or shared is not None or own is not None else bt
 
 
 def shared_upload(s: Scenario, device, key, make) -> list[torch.Tensor]:

@@ -42,7 +42,9 @@ class Stage:
         self.defer = defer                    # read the staged ranks' outputs back together (``settle``)
         self._buffers = 0                     # buffers the rank run in progress has asked for
         self._cache: dict = {}
+        self._views: dict = {}                # (table key, rank) -> that rank's table view
         self._pending: list = []              # (watch, output) of rank runs not read back yet
+        self._unstaged = False                # the rank run in progress got a table built for it alone
 
     def later(self, watch, out) -> bool:
         """Keep a staged rank run's output to be read back by ``settle``; False when it must be read
@@ -69,7 +71,7 @@ class Stage:
             out.slots, out.guard = watch.read_back(out.slots, host)
 
     def begin(self, rank: int) -> None:
-        self.rank, self._buffers = rank, 0
+        self.rank, self._buffers, self._unstaged = rank, 0, False
 
     def batch(self, clamp):
         from cpsim.paths._inputs import upload_batch
@@ -86,6 +88,32 @@ class Stage:
         if key not in self._cache:
             self._cache[key] = upload(list(make()), self.device)
         return self._cache[key]
+
+    def per_rank(self, key, make) -> list[torch.Tensor] | None:
+        """This rank's tensors of ``make(allocs)``, host arrays that depend on the scenario, ``key`` and a
+        rank's allocations alone (``allocs``: that rank's). The first time ``key`` is asked they are made
+        for every staged rank and uploaded in one copy. ``make`` may ask for tables: it runs with the
+        stage turned to each rank in turn, so it gets that rank's staged tables (table pointers). None
+        when this rank run got a table the stage did not build (too big to stage): another rank's would
+        be built afresh for ``make`` and freed, leaving its pointer dangling."""
+        from cpsim.paths._inputs import upload
+        if self.rank is None or self._unstaged:
+            return None
+        key = ("per-rank", key)
+        if key not in self._cache:
+            me, made = self.rank, []
+            try:
+                for r in self.ranks:
+                    self.rank = r
+                    made.append([a for a in make(self.allocs[r])])
+                    if self._unstaged:
+                        return None
+            finally:
+                self.rank = me
+            n = len(made[0])
+            flat = upload([a for arrays in made for a in arrays], self.device)
+            self._cache[key] = [flat[k * n:(k + 1) * n] for k in range(len(self.ranks))]
+        return self._cache[key][self.ranks.index(self.rank)]
 
     def buffer(self, groups: list[int], entries: int, dtype, fill: int, width: int) -> torch.Tensor:
         """This rank's [len(groups), entries + 2 * width] block of one allocation for all staged ranks."""
@@ -107,8 +135,11 @@ class Stage:
         cols = max(width, 1) * bpk
         height = num_rows + 2 * _guard.WIDTH
         if len(self.ranks) * height * cols * 4 > TABLE_BYTES:
+            self._unstaged = True
             return None
         key = ("table", gi, tuple(rows), num_rows, width, bpk, num_blocks, block_size, entry_size)
+        if (key, self.rank) in self._views:
+            return self._views[key, self.rank]
         if key not in self._cache:
             entries: dict[int, object] = {}  # replicas share one allocation object: its entries once
             for r in self.ranks:
@@ -118,7 +149,8 @@ class Stage:
             self._cache[key] = _guard.tables([entries[id(self.allocs[r][gi])] for r in self.ranks], num_blocks,
                                              block_size, entry_size, self.device, ALIGN)
         table = _guard.block(self._cache[key], self.ranks.index(self.rank), (height, cols))
-        return table[_guard.WIDTH:_guard.WIDTH + num_rows]
+        view = self._views[key, self.rank] = table[_guard.WIDTH:_guard.WIDTH + num_rows]
+        return view
 
 
 _current: Stage | None = None

@@ -117,9 +117,14 @@ def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, device: torch.dev
     common = (("mrv2", T, knobs), lambda: [  # the same on every rank
         _i32(s.batch.rows_v2()), _i32(sizes), _i32(g.b for g in s.groups), _i32(g.world(s.cp) for g in s.groups),
         _i32(int(g.circular) for g in s.groups), padding_array(s, padded)])
+    widths = [t.shape[1] for t in tables]
+
+    def own(a: list[Allocation], tables=None) -> list[np.ndarray]:  # a rank's tables and live blocks
+        if tables is None:
+            tables = [kernel_table(s, g, x, knobs, device) for g, x in zip(s.groups, a)]
+        return [*_ptrs(tables), num_blocks_array(s, a, widths)]
     bt, (rows, block_sizes, kernel_sizes, cp_sizes, circ, flags, ptrs, strides, nb) = batch_tensors(
-        s, device, *_ptrs(tables), num_blocks_array(s, allocs, [t.shape[1] for t in tables]), clamp=T,
-        shared=common)
+        s, device, clamp=T, shared=common, own=(("mrv2", T, knobs), own(allocs, tables), own))
     _guard.launch(",".join(g.name for g in s.groups))
     _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
         T, rows, bt.query_start_loc, bt.positions, ptrs, strides,
@@ -144,8 +149,11 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
     common = (("v2", T, knobs), lambda: [  # the same on every rank
         _i32(s.batch.rows_v2()), _i32(entry), _i32(int(g.slot_mapped) for g in s.groups),
         _i32(g.world(s.cp) for g in s.groups), _i32(int(g.circular) for g in s.groups)])
+
+    def own(a: list[Allocation]) -> tuple[np.ndarray, np.ndarray]:  # a rank's table pointers
+        return _ptrs([_table(s, g, x, knobs, device)[0] for g, x in zip(s.groups, a)])
     bt, (rows, entry_t, enabled, cp_sizes, circular, ptrs, strides) = batch_tensors(
-        s, device, *_ptrs(tables), clamp=T, shared=common)
+        s, device, clamp=T, shared=common, own=(("v2", T, knobs), _ptrs(tables), own))
     args = (min(bt.num_tokens, T), T, rows, bt.query_start_loc, bt.positions, ptrs, strides, entry_t,
             out, out.stride(0), rank)
     if knobs.kernel_design == "tile":
