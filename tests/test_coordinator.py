@@ -326,3 +326,38 @@ def test_replay_window_overrun_is_caught_by_ownership(replay_world):
     assert ("exactly-one-owner", "v2") in fails and ("owner-rule", "v2") in fails
     assert ("replayed-is-pad", "v2") not in fails
 
+
+
+@pytest.mark.parametrize("gi", [SHARDED, RING])
+def test_no_collision_names_exactly_the_slots_held_twice(world, gi):
+    """no-collision against a count by hand, on random slot arrays (repeats, PAD, unwritten entries,
+    slots outside the cache); in the ring group a request may reuse its own slots."""
+    import collections
+
+    import numpy as np
+    from hypothesis import given, settings, strategies as st
+    s = world[0]
+    g = s.groups[gi]
+    ctx = coordinator._Ctx(s, world[1])
+    cap = g.num_blocks * g.block_size
+    values = st.one_of(st.integers(0, 40), st.sampled_from([PAD_SLOT_ID, coordinator.MISSING, -5, cap, cap + 3]))
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(st.lists(values, min_size=ctx.n * 3, max_size=ctx.n * 3))
+    def check(flat):
+        x = np.asarray(flat, dtype=np.int64).reshape(3, ctx.n)
+        want = []
+        for r in range(3):
+            held = [(int(ctx.req[t]), int(v)) for t, v in enumerate(x[r]) if v not in (PAD_SLOT_ID, coordinator.MISSING)]
+            outside = [v for _, v in held if not 0 <= v < cap]
+            if outside:
+                want.append((r, "outside", len(outside)))
+            counts = collections.Counter(v for _, v in (set(held) if g.circular else held))
+            twice = [v for v, c in counts.items() if c > 1]
+            if twice:
+                want.append((r, "more than one token", len(twice)))
+        got = [(v.ranks[0], "outside" if "outside" in v.message else "more than one token", v.count)
+               for v in coordinator.no_collision(ctx, "v2", g, x)]
+        assert got == want
+
+    check()

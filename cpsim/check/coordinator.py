@@ -276,39 +276,48 @@ def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
 
 def no_collision(ctx, path, g, x) -> list[Violation]:
     cap = g.num_blocks * g.block_size
-    held_all = _real(x)
-    outside_all = held_all & ((x < 0) | (x >= cap))
+    held = _real(x)
+    outside = held & ((x < 0) | (x >= cap))
+    dups = _duplicates(ctx, g, x, held)
     out = []
-    for r in range(x.shape[0]):
-        held = held_all[r]
-        if outside_all[r].any():
-            idx = _nz(outside_all[r])
+    for r in sorted(set(_rows(outside)) | set(dups)):
+        if outside[r].any():
+            idx = _nz(outside[r])
             out.append(Violation("no-collision", path, g.name, len(idx),
                                  f"rank {r}: {len(idx)} slot(s) outside the cache [0, {cap})", [r],
                                  _examples(ctx, idx, x[r], f"in [0, {cap})", r)))
-        slots = x[r][held]
-        if g.circular:  # the ring overwrites within a request by design
-            slots = np.unique(np.stack([ctx.req[held], slots]), axis=1)[1]
-        dup = _duplicates(slots, cap)
-        if len(dup):
-            idx = _nz(np.isin(x[r], dup) & held)
+        if r in dups:
+            dup = dups[r]
+            idx = _nz(np.isin(x[r], dup) & held[r])
             out.append(Violation("no-collision", path, g.name, len(dup),
                                  f"rank {r}: {len(dup)} slot(s) written by more than one token", [r],
                                  _examples(ctx, idx, x[r], "a slot of its own", r)))
     return out
 
 
-def _duplicates(slots: np.ndarray, cap: int) -> np.ndarray:
-    """Sorted distinct values occurring more than once (a histogram when the slots fill the cache densely)."""
-    if slots.size < 2:
-        return slots[:0]
-    if 0 < cap <= 8 * slots.size:
-        inside = (slots >= 0) & (slots < cap)
-        dup = _nz(np.bincount(slots[inside], minlength=cap) > 1)
-        rest = np.sort(slots[~inside])
-        return np.union1d(dup, rest[1:][rest[1:] == rest[:-1]])
-    srt = np.sort(slots)
-    return np.unique(srt[1:][srt[1:] == srt[:-1]])
+def _duplicates(ctx, g, x: np.ndarray, held: np.ndarray) -> dict[int, np.ndarray]:
+    """rank -> the sorted distinct slots that rank holds for more than one token; one sort over the
+    (rank, slot) pairs of all ranks. A circular group's ring overwrites within a request by design:
+    there a (request, slot) pair counts once."""
+    rr, tt = np.nonzero(held)
+    slots = x[rr, tt]
+    if g.circular:
+        req = ctx.req[tt]
+        order = np.lexsort((slots, req, rr))
+        rr, req, slots = rr[order], req[order], slots[order]
+        first = np.ones(rr.size, dtype=bool)
+        first[1:] = (rr[1:] != rr[:-1]) | (req[1:] != req[:-1]) | (slots[1:] != slots[:-1])
+        rr, slots = rr[first], slots[first]
+    order = np.lexsort((slots, rr))
+    rr, slots = rr[order], slots[order]
+    again = (rr[1:] == rr[:-1]) & (slots[1:] == slots[:-1])
+    if not again.any():
+        return {}
+    dr, dv = rr[1:][again], slots[1:][again]
+    distinct = np.ones(dr.size, dtype=bool)
+    distinct[1:] = (dr[1:] != dr[:-1]) | (dv[1:] != dv[:-1])
+    dr, dv = dr[distinct], dv[distinct]
+    return {r: dv[dr == r] for r in np.unique(dr).tolist()}
 
 
 def padding(ctx, path, g, full: np.ndarray) -> list[Violation]:
