@@ -396,15 +396,15 @@ def _lose_first_batch(monkeypatch, instead=("dead",)):
     """The parent sees the child die before it answers the first batched chunk (as when a kernel
     crashed it mid-chunk), or gets ``instead``; every later reply is read as usual."""
     from cpsim.run import isolation
-    real, lost = isolation.Worker._recv, []
+    real, lost = isolation.Worker._read, []
 
-    def recv(self, timeout):
-        reply = real(self, timeout)
+    def read(self):
+        reply = real(self)
         if reply[0] == "batch" and not lost:
             lost.append(reply)
             return instead
         return reply
-    monkeypatch.setattr(isolation.Worker, "_recv", recv)
+    monkeypatch.setattr(isolation.Worker, "_read", read)
     return lost
 
 
@@ -477,3 +477,42 @@ def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(mo
     assert f.message.startswith("kernel raised AcceleratorError: CUDA error: an illegal memory access was encountered "
                                 "when the outputs were read back on one of ranks 0-1")
     assert f.message.endswith("every one completed")
+
+
+def test_shares_cut_ranks_on_cpu_and_paths_on_an_accelerator():
+    from cpsim.run.isolation import _shares
+    paths = ["v1", "v2", "v1-torch"]
+    assert _shares(paths, 5, 2, "cpu") == [[(p, [0, 1, 2]) for p in paths], [(p, [3, 4]) for p in paths]]
+    assert _shares(paths, 1, 2, "cpu") == [[(p, [0]) for p in paths]]
+    assert _shares(paths, 4, 2, "cuda") == [[("v1", [0, 1, 2, 3]), ("v1-torch", [0, 1, 2, 3])],
+                                            [("v2", [0, 1, 2, 3])]]
+    assert _shares(["v1"], 4, 2, "cuda:0") == [[("v1", [0, 1, 2, 3])]]
+    assert _shares(paths, 2, 1, "npu") == [[(p, [0, 1]) for p in paths]]
+
+
+@pytest.mark.parametrize("dcp", [1, 4])
+def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, monkeypatch):
+    """The accelerator's way of sharing a scenario (each worker whole paths), run here on CPU: the
+    results are a single process's, and a crash on one path's worker leaves the other path's intact."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "2")
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.plugin.kernel_under_test import load
+    from cpsim.run import isolation
+    real = isolation._shares
+    monkeypatch.setattr(isolation, "_shares", lambda paths, world, size, device: real(paths, world, size, "cuda"))
+    s = sc.preset("mtp", dcp=dcp)
+    allocs, knobs = _world(s)
+    sent = []
+    real_send = isolation._send
+    monkeypatch.setattr(isolation, "_send", lambda run, w, tasks: sent.append((w, [t[0] for t in tasks]))
+                        or real_send(run, w, tasks))
+    split = isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
+    assert len({w for w, _ in sent}) == 2 and sorted(p for _, ps in sent for p in ps) == ["v1", "v1-torch", "v2"]
+    kernels = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
+    crashed = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
+    monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=False))
+    _same(split, isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
+    assert isinstance(crashed["v1"], KernelFailure) and crashed["v1"].kind == "crashed" and crashed["v1"].rank == 0
+    assert crashed["v1"].not_run == list(range(1, dcp))
+    _same({"v2": crashed["v2"]}, {"v2": split["v2"]})

@@ -187,6 +187,13 @@ class Worker:
             self.conn.close()
         self.proc = self.conn = None
 
+    def _read(self):
+        """The next reply, known to be there (``_readable``); ("dead",) when the child is gone."""
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            return ("dead",)
+
     def _recv(self, timeout: float):
         """The next reply; ("timeout",) when the child did not answer in time, ("dead",) when it died."""
         try:
@@ -288,8 +295,10 @@ def usable_cores() -> int:
 
 def pool_size(device: str) -> int:
     """Workers per process: two on CPU, sharing the ranks of every path (the interpreter is
-    CPU-bound), one on an accelerator (a second CUDA/NPU context buys nothing for microsecond
-    kernels). ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide the cores between them."""
+    CPU-bound); two on CUDA, each taking whole paths (``_shares``: there the host's preparation of
+    a path, not the microsecond kernels, is the work, and a scenario's two default paths run side
+    by side); one on an NPU, where two contexts on one device were never measured.
+    ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide the cores between them."""
     env = os.environ.get("CPSIM_KERNEL_WORKERS")
     if env:
         try:
@@ -299,7 +308,10 @@ def pool_size(device: str) -> int:
         if n < 1:
             raise ConfigError("CPSIM_KERNEL_WORKERS", f"must be a positive integer, got {env!r}")
         return n
-    if torch.device(device).type != "cpu":
+    kind = str(device).split(":")[0]
+    if kind == "cuda":
+        return 2
+    if kind != "cpu":
         return 1
     return max(1, min(2, usable_cores()))
 
@@ -405,6 +417,7 @@ class _Run:
     deadline: dict   # worker -> when its next reply is due
     sent_to: dict = field(default_factory=dict)  # worker -> its generation the queue was sent to (None: unsent)
     retried: dict = field(default_factory=dict)  # path -> (failure, ranks): a batched chunk lost, run again
+    loads: dict = field(default_factory=dict)    # ranks -> the pickled "load" message for them
 
     def matches(self, s, paths, device, knobs, kernels) -> bool:
         return (self.s is s and self.paths == list(paths) and self.device == str(device)
@@ -415,6 +428,8 @@ class _Run:
 def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
     world = s.cp.world
     size = pool_size(device)
+    if device.split(":")[0] != "cpu":  # whole paths per worker (``_shares``): more workers than paths idle
+        size = min(size, max(1, len(paths)))
     while len(_pool) < size:
         _pool.append(Worker())
     # With runs in flight a worker's replies to them are still due: it is neither restarted nor
@@ -425,17 +440,14 @@ def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
         for w in spawned:
             w.ready()
     token = next(_tokens)
-    n = min(size, world)
-    # Each run starts at another worker, so that runs queued one behind the other with fewer ranks
+    shares = _shares(list(paths), world, size, device)
+    # Each run starts at another worker, so that runs queued one behind the other with fewer shares
     # than workers (CP 1, say) still go to different workers.
-    workers = [_pool[(token + k) % size] for k in range(n)]
-    per = -(-world // n)
-    chunks = [list(range(k * per, min(world, (k + 1) * per))) for k in range(n)]
+    workers = [_pool[(token + k) % size] for k in range(len(shares))]
     run = _Run(s, list(paths), allocs, device, list(knobs), kernels, on_rank, token, workers,
                {p: {} for p in paths}, {p: [] for p in paths}, {w: [] for w in workers}, {})
     try:
-        for k, w in enumerate(workers):
-            tasks = [(p, chunks[k]) for p in paths if chunks[k]]
+        for w, tasks in zip(workers, shares):
             if busy and not (w.alive() and w.device == device):
                 run.queues[w].extend([p, list(r), _batched(kernels.get(p))] for p, r in tasks)
                 run.sent_to[w] = None
@@ -445,6 +457,22 @@ def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
         _stop_busy(run)
         raise
     return run
+
+
+def _shares(paths: list[str], world: int, size: int, device: str) -> list[list[tuple[str, list[int]]]]:
+    """What each of up to ``size`` workers runs of one scenario: [(path, ranks)] per worker.
+
+    On CPU a rank run's cost is its kernels in the interpreter, so the ranks are cut into one
+    contiguous chunk per worker, every path's alike. On an accelerator a rank run costs little
+    beside what its path prepares once for all of its ranks (tables, uploads: ``cpsim.paths._stage``),
+    so each worker takes whole paths: cutting the ranks would repeat that preparation in every worker."""
+    if str(device).split(":")[0] == "cpu":
+        n = min(size, world)
+        per = -(-world // n)
+        chunks = [list(range(k * per, min(world, (k + 1) * per))) for k in range(n)]
+        return [[(p, c) for p in paths] for c in chunks if c]
+    n = max(1, min(size, len(paths)))
+    return [[(p, list(range(world))) for p in paths[k::n]] for k in range(n)]
 
 
 def _finish(run: _Run) -> dict[str, list | KernelFailure]:
@@ -520,7 +548,7 @@ def _send(run: _Run, w: Worker, tasks: list) -> None:
         batched = _batched(kernel) and not one_by_one
         try:
             if w.loaded != run.token:  # the scenario and this worker's allocations travel once, not once per path
-                w.conn.send(("load", run.token, run.s, {r: run.allocs[r] for r in ranks}))
+                w.conn.send_bytes(_load_message(run, ranks))
                 w.loaded = run.token
             w.conn.send(("run_ranks", path, run.token, ranks, run.device, [run.knobs[r] for r in ranks],
                          _record(kernel), batched))
@@ -529,6 +557,15 @@ def _send(run: _Run, w: Worker, tasks: list) -> None:
         run.queues[w].append([path, list(ranks), batched])
         if len(run.queues[w]) == 1:
             _due(run, w)
+
+
+def _load_message(run: _Run, ranks: list[int]) -> bytes:
+    """The scenario and the allocations of ``ranks``, pickled once per run however many workers get it."""
+    key = tuple(ranks)
+    if key not in run.loads:
+        from multiprocessing.reduction import ForkingPickler
+        run.loads[key] = bytes(ForkingPickler.dumps(("load", run.token, run.s, {r: run.allocs[r] for r in ranks})))
+    return run.loads[key]
 
 
 def _batched(kernel) -> bool:
@@ -547,15 +584,14 @@ def _due(run: _Run, w: Worker) -> None:
 
 def _collect(run: _Run, live: set) -> None:
     import time
-    from multiprocessing.connection import wait
     timeout = max(0.0, min(run.deadline[w] for w in live) - time.monotonic())
-    ready = wait([w.conn for w in live], timeout)
+    ready = _readable([w.conn for w in live], timeout)
     for w in list(live):
         queue = run.queues[w]
         path, ranks, batched = queue[0]
         kernel = run.kernels.get(path)
         if w.conn in ready:
-            reply = w._recv(0)
+            reply = w._read()
         elif time.monotonic() >= run.deadline[w]:
             reply = ("timeout",)
         else:
@@ -587,6 +623,22 @@ def _collect(run: _Run, live: set) -> None:
             _due(run, w)
         else:
             live.discard(w)
+
+
+def _readable(conns: list, timeout: float) -> list:
+    """The connections with a message (or an end) to read, waiting at most ``timeout`` seconds:
+    ``multiprocessing.connection.wait`` without its selector set up and torn down on every call."""
+    import math
+    import select
+    if not hasattr(select, "poll"):
+        from multiprocessing.connection import wait
+        return wait(conns, timeout)
+    poller = select.poll()
+    by_fd = {}
+    for c in conns:
+        by_fd[c.fileno()] = c
+        poller.register(c.fileno(), select.POLLIN)
+    return [by_fd[fd] for fd, _ in poller.poll(math.ceil(timeout * 1000))]
 
 
 def _answered(run: _Run, w: Worker, path: str, ranks: list, kernel, reply) -> bool:
