@@ -97,7 +97,7 @@ def tables(entries: list, num_blocks: int, block_size: int, entry_size: int, dev
     ids = np.concatenate([e.ids for e in entries])
     if ids.size:
         i, v = upload([index, ids], device)
-        full.view(-1)[i] = v
+        full.view(-1).index_put_((i,), v)
     return full
 
 

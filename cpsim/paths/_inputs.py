@@ -88,9 +88,9 @@ def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: 
     on ``key`` alone, not on the rank; their tensors come first in the list. Inside a stage they are
     uploaded once for all staged ranks; outside, in the same copy.
 
-    ``own``: ``(key, arrays, make)``: this rank's host ``arrays``, which depend on the scenario, ``key``
-    and the rank's allocations alone; ``make(allocs)`` makes them for the rank holding ``allocs``.
-    Inside a stage every staged rank's are made and uploaded in one copy (``Stage.per_rank``); their
+    ``own``: ``(key, arrays, make)``: this rank's host ``arrays``, which depend on the scenario, ``key``,
+    the rank's allocations and its tables alone; ``make(allocs, peer)`` makes them for another rank
+    (``Stage.per_rank``). Inside a stage every staged rank's are made and uploaded in one copy; their
     tensors come after ``shared``'s, before ``extra``'s."""
     from cpsim.paths import _stage
     stage = _stage.current()

@@ -43,6 +43,7 @@ class Stage:
         self._buffers = 0                     # buffers the rank run in progress has asked for
         self._cache: dict = {}
         self._views: dict = {}                # (table key, rank) -> that rank's table view
+        self._staged_views: dict = {}         # id(view) -> (view, table key, block shape, rows)
         self._pending: list = []              # (watch, output) of rank runs not read back yet
         self._unstaged = False                # the rank run in progress got a table built for it alone
 
@@ -90,30 +91,46 @@ class Stage:
         return self._cache[key]
 
     def per_rank(self, key, make) -> list[torch.Tensor] | None:
-        """This rank's tensors of ``make(allocs)``, host arrays that depend on the scenario, ``key`` and a
-        rank's allocations alone (``allocs``: that rank's). The first time ``key`` is asked they are made
-        for every staged rank and uploaded in one copy. ``make`` may ask for tables: it runs with the
-        stage turned to each rank in turn, so it gets that rank's staged tables (table pointers). None
-        when this rank run got a table the stage did not build (too big to stage): another rank's would
-        be built afresh for ``make`` and freed, leaving its pointer dangling."""
+        """This rank's tensors of ``make(allocs, peer)``: host arrays that depend on the scenario,
+        ``key`` and one rank's allocations (``allocs``) and staged tables alone; ``peer(t)`` is that
+        rank's table where this rank has ``t`` (for table pointers). The first time ``key`` is asked
+        they are made for every staged rank and uploaded in one copy. None when this rank run got a
+        table the stage did not build (too big to stage): the other ranks' tables do not exist yet."""
         from cpsim.paths._inputs import upload
         if self.rank is None or self._unstaged:
             return None
         key = ("per-rank", key)
         if key not in self._cache:
-            me, made = self.rank, []
-            try:
-                for r in self.ranks:
-                    self.rank = r
-                    made.append([a for a in make(self.allocs[r])])
-                    if self._unstaged:
-                        return None
-            finally:
-                self.rank = me
+            made = []
+            for r in self.ranks:
+                def peer(t, r=r):
+                    view = self._peer(t, r)
+                    if view is None:
+                        raise _NotStaged
+                    return view
+                try:
+                    made.append(list(make(self.allocs[r], peer)))
+                except _NotStaged:
+                    return None
             n = len(made[0])
             flat = upload([a for arrays in made for a in arrays], self.device)
             self._cache[key] = [flat[k * n:(k + 1) * n] for k in range(len(self.ranks))]
         return self._cache[key][self.ranks.index(self.rank)]
+
+    def _peer(self, table: torch.Tensor, rank: int) -> torch.Tensor | None:
+        """Rank ``rank``'s view of the staged table of which ``table`` is this rank's view."""
+        found = self._staged_views.get(id(table))
+        if found is None or found[0] is not table:
+            return None
+        _, key, shape, num_rows = found
+        if (key, rank) not in self._views:
+            block = _guard.block(self._cache[key], self.ranks.index(rank), shape)
+            self._remember(key, rank, block[_guard.WIDTH:_guard.WIDTH + num_rows], shape, num_rows)
+        return self._views[key, rank]
+
+    def _remember(self, key, rank: int, view: torch.Tensor, shape: tuple[int, int], num_rows: int) -> None:
+        self._views[key, rank] = view
+        self._staged_views[id(view)] = (view, key, shape, num_rows)
 
     def buffer(self, groups: list[int], entries: int, dtype, fill: int, width: int) -> torch.Tensor:
         """This rank's [len(groups), entries + 2 * width] block of one allocation for all staged ranks."""
@@ -149,8 +166,12 @@ class Stage:
             self._cache[key] = _guard.tables([entries[id(self.allocs[r][gi])] for r in self.ranks], num_blocks,
                                              block_size, entry_size, self.device, ALIGN)
         table = _guard.block(self._cache[key], self.ranks.index(self.rank), (height, cols))
-        view = self._views[key, self.rank] = table[_guard.WIDTH:_guard.WIDTH + num_rows]
-        return view
+        self._remember(key, self.rank, table[_guard.WIDTH:_guard.WIDTH + num_rows], (height, cols), num_rows)
+        return self._views[key, self.rank]
+
+
+class _NotStaged(Exception):
+    pass
 
 
 _current: Stage | None = None

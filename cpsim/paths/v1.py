@@ -111,7 +111,8 @@ def mask_padding(s: Scenario, out: torch.Tensor) -> None:
         def index() -> list[np.ndarray]:
             idx = np.flatnonzero(s.batch.padding_mask())
             return [idx[idx < out.shape[1]]]
-        out[:, shared_upload(s, out.device, ("padding", out.shape[1]), index)[0]] = PAD_SLOT_ID
+        # index_fill_: one operation, where ``out[:, idx] = PAD`` goes through advanced indexing
+        out.index_fill_(1, shared_upload(s, out.device, ("padding", out.shape[1]), index)[0], PAD_SLOT_ID)
 
 
 def draft_positions(s: Scenario) -> tuple[torch.Tensor, torch.Tensor]:

@@ -119,12 +119,10 @@ def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, device: torch.dev
         _i32(int(g.circular) for g in s.groups), padding_array(s, padded)])
     widths = [t.shape[1] for t in tables]
 
-    def own(a: list[Allocation], tables=None) -> list[np.ndarray]:  # a rank's tables and live blocks
-        if tables is None:
-            tables = [kernel_table(s, g, x, knobs, device) for g, x in zip(s.groups, a)]
-        return [*_ptrs(tables), num_blocks_array(s, a, widths)]
+    def own(a: list[Allocation], peer=lambda t: t) -> list[np.ndarray]:  # a rank's tables and live blocks
+        return [*_ptrs([peer(t) for t in tables]), num_blocks_array(s, a, widths)]
     bt, (rows, block_sizes, kernel_sizes, cp_sizes, circ, flags, ptrs, strides, nb) = batch_tensors(
-        s, device, clamp=T, shared=common, own=(("mrv2", T, knobs), own(allocs, tables), own))
+        s, device, clamp=T, shared=common, own=(("mrv2", T, knobs), own(allocs), own))
     _guard.launch(",".join(g.name for g in s.groups))
     _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
         T, rows, bt.query_start_loc, bt.positions, ptrs, strides,
@@ -150,10 +148,10 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
         _i32(s.batch.rows_v2()), _i32(entry), _i32(int(g.slot_mapped) for g in s.groups),
         _i32(g.world(s.cp) for g in s.groups), _i32(int(g.circular) for g in s.groups)])
 
-    def own(a: list[Allocation]) -> tuple[np.ndarray, np.ndarray]:  # a rank's table pointers
-        return _ptrs([_table(s, g, x, knobs, device)[0] for g, x in zip(s.groups, a)])
+    def own(a: list[Allocation], peer=lambda t: t) -> tuple[np.ndarray, np.ndarray]:  # a rank's table pointers
+        return _ptrs([peer(t) for t in tables])
     bt, (rows, entry_t, enabled, cp_sizes, circular, ptrs, strides) = batch_tensors(
-        s, device, clamp=T, shared=common, own=(("v2", T, knobs), _ptrs(tables), own))
+        s, device, clamp=T, shared=common, own=(("v2", T, knobs), own(allocs), own))
     args = (min(bt.num_tokens, T), T, rows, bt.query_start_loc, bt.positions, ptrs, strides, entry_t,
             out, out.stride(0), rank)
     if knobs.kernel_design == "tile":
