@@ -486,15 +486,19 @@ def test_shares_cut_ranks_on_cpu_and_paths_on_an_accelerator():
     assert _shares(paths, 1, 2, "cpu") == [[(p, [0]) for p in paths]]
     assert _shares(paths, 4, 2, "cuda") == [[("v1", [0, 1, 2, 3]), ("v1-torch", [0, 1, 2, 3])],
                                             [("v2", [0, 1, 2, 3])]]
-    assert _shares(["v1"], 4, 2, "cuda:0") == [[("v1", [0, 1, 2, 3])]]
+    assert _shares(["v1"], 4, 2, "cuda:0") == [[("v1", [0, 1])], [("v1", [2, 3])]]  # a worker to spare
     assert _shares(paths, 2, 1, "npu") == [[(p, [0, 1]) for p in paths]]
+    assert _shares(["v1", "v2"], 5, 4, "cuda") == [[("v1", [0, 1, 2])], [("v1", [3, 4])],
+                                                   [("v2", [0, 1, 2])], [("v2", [3, 4])]]
+    assert _shares(["v1", "v2"], 1, 4, "cuda") == [[("v1", [0])], [("v2", [0])]]
 
 
-@pytest.mark.parametrize("dcp", [1, 4])
-def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, monkeypatch):
-    """The accelerator's way of sharing a scenario (each worker whole paths), run here on CPU: the
-    results are a single process's, and a crash on one path's worker leaves the other path's intact."""
-    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "2")
+@pytest.mark.parametrize("dcp, workers", [(1, 2), (4, 2), (4, 6)])
+def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, workers, monkeypatch):
+    """The accelerator's way of sharing a scenario (each worker whole paths, or a path's ranks cut
+    between spare workers), run here on CPU: the results are a single process's, and a crash on one
+    path's worker leaves the other path's intact."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", str(workers))
     from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from cpsim.plugin.kernel_under_test import load
@@ -508,11 +512,18 @@ def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, monkeypat
     monkeypatch.setattr(isolation, "_send", lambda run, w, tasks: sent.append((w, [t[0] for t in tasks]))
                         or real_send(run, w, tasks))
     split = isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
-    assert len({w for w, _ in sent}) == 2 and sorted(p for _, ps in sent for p in ps) == ["v1", "v1-torch", "v2"]
+    if workers == 2:
+        assert len({w for w, _ in sent}) == 2 and sorted(p for _, ps in sent for p in ps) == ["v1", "v1-torch", "v2"]
+    else:  # three paths of four ranks, two workers each
+        assert len({w for w, _ in sent}) == 6 and sorted(p for _, ps in sent for p in ps) == \
+            ["v1", "v1", "v1-torch", "v1-torch", "v2", "v2"]
     kernels = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
     crashed = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
     monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=False))
     _same(split, isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
     assert isinstance(crashed["v1"], KernelFailure) and crashed["v1"].kind == "crashed" and crashed["v1"].rank == 0
-    assert crashed["v1"].not_run == list(range(1, dcp))
+    if workers == 2:
+        assert crashed["v1"].not_run == list(range(1, dcp))
+    else:  # ranks 0-1 and 2-3 in two workers: the first rank of each crashes
+        assert crashed["v1"].not_run == [1, 3] and "also failed on rank 2 (crashed)" in crashed["v1"].message
     _same({"v2": crashed["v2"]}, {"v2": split["v2"]})

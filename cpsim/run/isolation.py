@@ -428,7 +428,7 @@ class _Run:
 def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
     world = s.cp.world
     size = pool_size(device)
-    if device.split(":")[0] != "cpu":  # whole paths per worker (``_shares``): more workers than paths idle
+    if device.split(":")[0] != "cpu" and size < 2 * len(paths):  # whole paths per worker (``_shares``)
         size = min(size, max(1, len(paths)))
     while len(_pool) < size:
         _pool.append(Worker())
@@ -465,14 +465,21 @@ def _shares(paths: list[str], world: int, size: int, device: str) -> list[list[t
     On CPU a rank run's cost is its kernels in the interpreter, so the ranks are cut into one
     contiguous chunk per worker, every path's alike. On an accelerator a rank run costs little
     beside what its path prepares once for all of its ranks (tables, uploads: ``cpsim.paths._stage``),
-    so each worker takes whole paths: cutting the ranks would repeat that preparation in every worker."""
+    so each worker takes whole paths: cutting the ranks repeats that preparation in every worker.
+    Only with at least two workers per path are a path's ranks cut between its workers."""
     if str(device).split(":")[0] == "cpu":
-        n = min(size, world)
-        per = -(-world // n)
-        chunks = [list(range(k * per, min(world, (k + 1) * per))) for k in range(n)]
-        return [[(p, c) for p in paths] for c in chunks if c]
+        return [[(p, c) for p in paths] for c in _cut(world, size)]
+    if size >= 2 * len(paths):  # workers to spare: each path's ranks cut between several of them
+        return [[(p, c)] for p in paths for c in _cut(world, size // len(paths))]
     n = max(1, min(size, len(paths)))
     return [[(p, list(range(world))) for p in paths[k::n]] for k in range(n)]
+
+
+def _cut(world: int, n: int) -> list[list[int]]:
+    """The ranks ``0 .. world-1`` in at most ``n`` contiguous chunks of nearly one size, none empty."""
+    n = max(1, min(n, world))
+    per = -(-world // n)
+    return [c for c in (list(range(k * per, min(world, (k + 1) * per))) for k in range(n)) if c]
 
 
 def _finish(run: _Run) -> dict[str, list | KernelFailure]:
