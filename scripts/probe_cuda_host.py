@@ -54,7 +54,26 @@ res["d2h_nonblocking_pinned_us"] = per_call(lambda: pinned.copy_(small.view(-1),
 res["index_put_us"] = per_call(lambda: small[0].index_put_((idx,), torch.tensor(-1, device=dev)))
 res["sync_idle_us"] = per_call(lambda: torch.cuda.synchronize())
 res["event_record_us"] = per_call(lambda: torch.cuda.Event().record())
+# the parts of an upload, and the table and padding operations (eighth round)
+res["pinned_empty_4kb_us"] = per_call(lambda: torch.empty(4096, dtype=torch.uint8, pin_memory=True))
+res["pageable_empty_4kb_us"] = per_call(lambda: torch.empty(4096, dtype=torch.uint8))
+pin4k = torch.empty(4096, dtype=torch.uint8, pin_memory=True)
+res["h2d_4kb_pinned_nonblocking_us"] = per_call(lambda: pin4k.to(dev, non_blocking=True))
+res["h2d_4kb_pageable_us"] = per_call(lambda: torch.empty(4096, dtype=torch.uint8).to(dev))
+res["cpsim_upload_3_arrays_us"] = per_call(lambda: upload(host8[:3], dev))
+rows = small[:, 16:4000]
+pidx = torch.arange(0, 300, 3, dtype=torch.int64, device=dev)
+res["setitem_advanced_2d_us"] = per_call(lambda: rows.__setitem__((slice(None), pidx), -1))
+res["index_fill__2d_us"] = per_call(lambda: rows.index_fill_(1, pidx, -1))
+flat = small.view(-1)
+vals = torch.zeros(100, dtype=torch.int64, device=dev)
+res["setitem_flat_index_us"] = per_call(lambda: flat.__setitem__(idx, vals))
+res["index_put__flat_us"] = per_call(lambda: flat.index_put_((idx,), vals))
+res["setitem_slice_zero_us"] = per_call(lambda: small.__setitem__((slice(None), slice(20, 60)), 0))
+res["narrow_fill__us"] = per_call(lambda: small.narrow(1, 20, 40).fill_(0))
 print(json.dumps(res, indent=1), flush=True)
+if "--ops-only" in os.sys.argv:
+    raise SystemExit(0)
 
 # ---- instrumented fuzz ----
 os.environ["CPSIM_KERNEL_ISOLATION"] = "0"

@@ -50,3 +50,78 @@ if os.environ.get("CPSIM_WPROF"):
                 _t[0] = 0.0
                 _first[0] = None
     kw._run_ranks = _run_ranks
+
+if os.environ.get("CPSIM_WTIME"):
+    # Wall time per function inside the kernel worker, by path, timed around the calls (a profiler
+    # inflates small calls unevenly). Every CPSIM_WPROF_EVERY chunks the worker writes
+    # DIR/worker-time-PID.txt (DIR = CPSIM_WTIME): per path, ms per chunk in each function; counters restart.
+    import collections
+    import functools
+    import sys
+    import time
+
+    import cpsim.run.kernel_worker as kw
+    from cpsim.paths import _guard, _inputs, _stage, replay, v1, v2
+    from cpsim import allocator
+
+    _acc = collections.defaultdict(float)
+    _chunks = collections.Counter()
+    _calls = collections.Counter()
+    _path = ["?"]
+
+    def _timed(f, label):
+        @functools.wraps(f)
+        def inner(*a, **k):
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                _acc[_path[0], label] += time.perf_counter() - t
+                _calls[_path[0], label] += 1
+        return inner
+
+    def _patch(f, label):
+        w = _timed(f, label)
+        for m in list(sys.modules.values()):
+            if getattr(m, "__name__", "").startswith("cpsim") and m is not None:
+                for k, v in list(vars(m).items()):
+                    if v is f:
+                        setattr(m, k, w)
+
+    for mod, names in ((_guard, ["table_of", "tables", "buffer", "blocks"]), (allocator, ["table_entries"]),
+                       (_inputs, ["upload", "batch_tensors"]), (v1, ["run", "mask_padding"]),
+                       (v2, ["run", "run_mrv2", "num_blocks_array"]), (replay, ["pad"]), (kw, ["pack", "_run"])):
+        for n in names:
+            _patch(getattr(mod, n), f"{mod.__name__.split('.')[-1]}.{n}")
+    for cls, names in ((_stage.Stage, ["settle", "per_rank", "table", "buffer", "shared", "batch"]),
+                       (_guard.Watch, ["read_back"])):
+        for n in names:
+            setattr(cls, n, _timed(getattr(cls, n), f"{cls.__name__}.{n}"))
+    try:
+        import triton.runtime.jit as _jit
+        _jit.JITFunction.run = _timed(_jit.JITFunction.run, "triton launch")
+    except Exception:  # noqa: BLE001
+        pass
+    _orig_rr = kw._run_ranks
+
+    def _run_ranks_timed(conn, kernels, loaded, path, *a, **k):
+        _path[0] = path
+        t = time.perf_counter()
+        try:
+            return _orig_rr(conn, kernels, loaded, path, *a, **k)
+        finally:
+            _acc[path, "_run_ranks (whole chunk)"] += time.perf_counter() - t
+            _chunks[path] += 1
+            if sum(_chunks.values()) % int(os.environ.get("CPSIM_WPROF_EVERY", "300")) == 0:
+                with open(os.path.join(os.environ["CPSIM_WTIME"], f"worker-time-{os.getpid()}.txt"), "w") as f:
+                    for p in sorted(_chunks):
+                        f.write(f"path {p}: {_chunks[p]} chunks\n")
+                        for (pp, label), v in sorted(_acc.items(), key=lambda x: -x[1]):
+                            if pp == p:
+                                f.write(f"  {label:32s} {v / _chunks[p] * 1e3:7.3f} ms per chunk"
+                                        f" ({_calls[pp, label] / _chunks[p]:.1f} calls)\n")
+                _acc.clear()
+                _calls.clear()
+                _chunks.clear()
+    kw._run_ranks = _run_ranks_timed
+
