@@ -479,8 +479,10 @@ def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(mo
     assert f.message.endswith("every one completed")
 
 
-def test_shares_cut_ranks_on_cpu_and_paths_on_an_accelerator():
-    from cpsim.run.isolation import _shares
+def test_shares_cut_ranks_on_cpu_and_paths_on_an_accelerator(monkeypatch):
+    from cpsim.run.isolation import _shares, pool_size
+    monkeypatch.delenv("CPSIM_KERNEL_WORKERS", raising=False)
+    assert (pool_size("cuda"), pool_size("cuda:1"), pool_size("npu")) == (4, 4, 1)
     paths = ["v1", "v2", "v1-torch"]
     assert _shares(paths, 5, 2, "cpu") == [[(p, [0, 1, 2]) for p in paths], [(p, [3, 4]) for p in paths]]
     assert _shares(paths, 1, 2, "cpu") == [[(p, [0]) for p in paths]]

@@ -295,10 +295,11 @@ def usable_cores() -> int:
 
 def pool_size(device: str) -> int:
     """Workers per process: two on CPU, sharing the ranks of every path (the interpreter is
-    CPU-bound); two on CUDA, each taking whole paths (``_shares``: there the host's preparation of
-    a path, not the microsecond kernels, is the work, and a scenario's two default paths run side
-    by side); one on an NPU, where two contexts on one device were never measured.
-    ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide the cores between them."""
+    CPU-bound); four on CUDA, two per default path, each with half of its path's ranks (``_shares``:
+    there the host's work around the microsecond kernels is the cost, and four processes do it side
+    by side; measured on an H200, docs/BENCHMARKS.md, seventh round); one on an NPU, where several
+    contexts on one device were never measured. ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide
+    the cores between them."""
     env = os.environ.get("CPSIM_KERNEL_WORKERS")
     if env:
         try:
@@ -310,7 +311,7 @@ def pool_size(device: str) -> int:
         return n
     kind = str(device).split(":")[0]
     if kind == "cuda":
-        return 2
+        return 4
     if kind != "cpu":
         return 1
     return max(1, min(2, usable_cores()))
