@@ -5,8 +5,9 @@ kernels read the same batch tensors and tables of the same shapes (filled from i
 allocation), and write an output buffer of the same shape. On an accelerator every
 preparation step is a device operation costing more host time than the kernel itself, so
 inside a stage they are done once for all the staged ranks: the batch tensors are uploaded
-once, the output buffers of all ranks are one allocation, and a table is filled for every
-rank in four operations. Each rank still gets tensors of its own (views into the shared
+once, the output buffers of all ranks are one allocation, a table is filled for every
+rank in four operations, and the arrays that differ by rank (v2's table pointers) go up
+for every rank in one copy. Each rank still gets tensors of its own (views into the shared
 allocations, laid out exactly as a rank run alone would lay them out, guard rows and
 entries included), its own launches, and its own read-back.
 
