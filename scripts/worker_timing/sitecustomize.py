@@ -61,8 +61,8 @@ if os.environ.get("CPSIM_WTIME"):
     import time
 
     import cpsim.run.kernel_worker as kw
-    from cpsim.paths import _guard, _inputs, _stage, replay, v1, v2
     from cpsim import allocator
+    from cpsim.paths import _guard, _inputs, _stage, replay, v1, v2
 
     _acc = collections.defaultdict(float)
     _chunks = collections.Counter()
@@ -99,9 +99,10 @@ if os.environ.get("CPSIM_WTIME"):
             setattr(cls, n, _timed(getattr(cls, n), f"{cls.__name__}.{n}"))
     try:
         import triton.runtime.jit as _jit
+    except ImportError:  # no Triton in this environment: launches are not timed
+        _jit = None
+    if _jit is not None:
         _jit.JITFunction.run = _timed(_jit.JITFunction.run, "triton launch")
-    except Exception:  # noqa: BLE001
-        pass
     _orig_rr = kw._run_ranks
 
     def _run_ranks_timed(conn, kernels, loaded, path, *a, **k):
