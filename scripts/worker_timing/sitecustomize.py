@@ -8,6 +8,11 @@ Every CPSIM_WPROF_EVERY chunks (``kernel_worker._run_ranks`` calls; a fuzz scena
 the worker writes DIR/worker-{light,prof}-PID.txt: the wall time spent running chunks against the wall
 time since the first of them (its busy share), and without CPSIM_WPROF_LIGHT a cProfile of those
 chunks. The counters start again after each file. Used for docs/BENCHMARKS.md, fuzz sixth round.
+
+    CPSIM_WTIME=DIR [CPSIM_WPROF_EVERY=150] PYTHONPATH=scripts/worker_timing:$PWD python3 scripts/bench_fuzz.py ...
+
+times the worker's functions instead, by path (wall time per chunk and calls per chunk, with timers around
+the calls), into DIR/worker-time-PID.txt. Used for the seventh round.
 """
 import os
 
