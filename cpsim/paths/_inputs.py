@@ -93,8 +93,8 @@ def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: 
     (``Stage.per_rank``). Inside a stage every staged rank's are made and uploaded in one copy; their
     tensors come after ``shared``'s, before ``extra``'s."""
     from cpsim.paths import _stage
-    stage = _stage.current()
-    if stage is not None and stage.s is s and stage.device == torch.device(device):
+    stage = _stage.of(s, device)
+    if stage is not None:
         bt = stage.batch(clamp)  # uploaded once for every staged rank
         if not extra and shared is None and own is None:
             return bt
@@ -113,8 +113,8 @@ def shared_upload(s: Scenario, device, key, make) -> list[torch.Tensor]:
     """``make()``'s host arrays on ``device``: uploaded once per stage when ``s``'s ranks are staged
     (they must depend on the scenario and ``key`` alone), else now."""
     from cpsim.paths import _stage
-    stage = _stage.current()
-    if stage is not None and stage.s is s and stage.device == torch.device(device):
+    stage = _stage.of(s, device)
+    if stage is not None:
         return stage.shared(key, make)
     return upload(list(make()), device)
 

@@ -182,6 +182,14 @@ def current() -> Stage | None:
     return _current
 
 
+def of(s, device) -> Stage | None:
+    """The stage open for scenario ``s`` on ``device``, if any."""
+    stage = _current
+    if stage is not None and stage.s is s and stage.device == torch.device(device):
+        return stage
+    return None
+
+
 @contextlib.contextmanager
 def staged(s, allocs: dict[int, list], device, defer: bool = False) -> Iterator[Stage]:
     """A stage for the ranks ``allocs`` names, for as long as the block runs; with ``defer`` their

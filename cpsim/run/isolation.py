@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import multiprocessing
 import os
+import select
 import signal
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -636,8 +638,6 @@ def _collect(run: _Run, live: set) -> None:
 def _readable(conns: list, timeout: float) -> list:
     """The connections with a message (or an end) to read, waiting at most ``timeout`` seconds:
     ``multiprocessing.connection.wait`` without its selector set up and torn down on every call."""
-    import math
-    import select
     if not hasattr(select, "poll"):
         from multiprocessing.connection import wait
         return wait(conns, timeout)
