@@ -98,7 +98,7 @@ def bench_issue15(examples: int, device: str = "cpu", explore: str = "random") -
         print(f"default space, {n} job(s) on {device}: {r.examples} examples, {r.examples / w:.1f}/s wall"
               + (f", {r.examples / c:.1f}/s per CPU second" if n == 1 else ""), flush=True)
     if device == "cpu":
-        from cpsim.plugin.kernel_under_test import load
+        from cpsim.kernels.under_test import load
         root = Path(__file__).resolve().parents[1]
         k = {"v1": load(str(root / "tests/kernels/two_bugs_v1.py") + ":_compute_slot_mapping_kernel", "v1")}
         cfg = fz.FuzzConfig(paths=["v1"], kernels=k, max_examples=400, seed=0, database=None,

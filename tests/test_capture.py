@@ -321,7 +321,7 @@ def test_capture_of_upstream_abis_replays(tmp_path, path, spec):
     """A kernel with vllm-ascend's / vLLM's argument list, wrapped as a serving process would have it."""
     from cpsim.allocator import allocate_rank
     from cpsim.paths import run_path
-    from cpsim.plugin.kernel_under_test import load as load_kernel
+    from cpsim.kernels.under_test import load as load_kernel
     s = validate(Scenario("abi", CPConfig(dcp=2, interleave=4),
                           (KVGroup("attn", "attention", 16, 8, num_blocks=64), KVGroup("b8", "attention", 8,
                                                                                          num_blocks=64)),

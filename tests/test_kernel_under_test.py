@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli, kernels
-from cpsim.plugin import vllm_shim
+from cpsim.kernels import vllm_shim
 from cpsim.errors import ConfigError
-from cpsim.plugin.kernel_under_test import ABIS, load
+from cpsim.kernels.under_test import ABIS, load
 from cpsim.scenario import preset
 from cpsim.plugin.testing import check_kernel
 from mutants import mutant

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli, kernels
-from cpsim.plugin.kernel_under_test import load
+from cpsim.kernels.under_test import load
 from cpsim.plugin.testing import check_kernel
 from mutants import mutant
 
@@ -76,7 +76,7 @@ def test_adaptive_fused_abi_is_detected_and_passes_at_cp1():
 
 
 def test_adaptive_tile_choice():
-    from cpsim.plugin.adapters import adaptive_tile
+    from cpsim.paths.adapters import adaptive_tile
     assert adaptive_tile(1, 1) == 16 and adaptive_tile(40, 2) == 32 and adaptive_tile(10**6, 1) == 1024
 
 

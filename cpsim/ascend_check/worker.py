@@ -15,16 +15,16 @@ import time
 
 
 def _load(target: str, shim_vllm: bool, path: str = "", where: str = "kernel"):
-    from cpsim.plugin import kernel_under_test as kut
+    from cpsim.kernels import under_test as kut
     if shim_vllm:
-        from cpsim.plugin import vllm_shim
+        from cpsim.kernels import vllm_shim
         vllm_shim.install()
     return kut.resolve(target, path, where)
 
 
 def _inspect(req: dict) -> dict:
     from cpsim.errors import ConfigError
-    from cpsim.plugin import kernel_under_test as kut
+    from cpsim.kernels import under_test as kut
     try:
         obj = _load(req["spec"], req.get("shim_vllm", False), req["path"], req["where"])
         if not kut.is_triton_kernel(obj):

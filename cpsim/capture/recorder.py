@@ -35,7 +35,7 @@ FORMAT = "cpsim-capture"
 VERSION = 1
 SUFFIX = ".cpcap"
 
-# Which parameter names mark a family (see cpsim.plugin.kernel_under_test.ABIS).
+# Which parameter names mark a family (see cpsim.kernels.under_test.ABIS).
 V1_TABLE, V2_TABLES, FUSED_TABLES = "block_table_ptr", "block_table_ptrs", "block_table_addrs_ptr"
 OUTPUT_NAMES = ("slot_mapping_ptr", "slot_mappings_ptr", "slot_mapping_addrs_ptr")
 
@@ -122,7 +122,7 @@ def process_rank() -> int:
 
 
 def _params(kernel: Any) -> list[str]:
-    from cpsim.plugin.kernel_under_test import parameters
+    from cpsim.kernels.under_test import parameters
     return [n for n, _ in parameters(kernel)]
 
 

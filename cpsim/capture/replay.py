@@ -207,7 +207,7 @@ def _label(step: ExplicitStep) -> dict[str, Any]:
 
 
 def _kernels(args) -> dict:
-    from cpsim.plugin.kernel_under_test import load
+    from cpsim.kernels.under_test import load
     if getattr(args, "kernel_v1_fused", None):
         raise ConfigError("--kernel-v1-fused", "captures and explicit batches rerun v1 and v2 kernels only")
     out = {}

@@ -29,7 +29,7 @@ def _builtin(path: str):
         from cpsim.kernels.triton_v1 import _compute_slot_mapping_kernel as k
     else:
         from cpsim.kernels.triton_v2 import _compute_slot_mappings_kernel as k
-    from cpsim.plugin.kernel_under_test import KernelUnderTest, parameters
+    from cpsim.kernels.under_test import KernelUnderTest, parameters
     return KernelUnderTest("builtin", k, "builtin", tuple(n for n, _ in parameters(k)))
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
-from cpsim.plugin.kernel_under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
+from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.paths import PATHS
 from cpsim.run.dist import launched_by_torchrun
 from cpsim.validate import check_world, write_outputs
@@ -117,7 +117,7 @@ KERNEL_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_
 
 def add_kernel_args(p: argparse.ArgumentParser) -> None:
     """``--kernel-v1/--kernel-v1-fused/--kernel-v2 SPEC``: the user's kernel replaces the built-in one."""
-    from cpsim.plugin.kernel_under_test import ABIS, V2_LAUNCHES
+    from cpsim.kernels.under_test import ABIS, V2_LAUNCHES
     g = p.add_argument_group("kernel under test",
                              "SPEC is package.module:attr or path/to/file.py:attr; "
                              "'ascend' (v1, v1-fused, v2) or 'vllm' (v2) imports the installed upstream kernel; "
@@ -147,7 +147,7 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None,
     With ``paths``, a kernel for a path that will not run is an error, not a silent no-op.
     ``--kernel-replay`` goes with every path (``paths``, else all): the replay pass follows each.
     """
-    from cpsim.plugin.kernel_under_test import load, with_replay
+    from cpsim.kernels.under_test import load, with_replay
     out = dict(base or {})
     for path, attr in KERNEL_FLAGS.items():
         spec = getattr(args, attr, None)
@@ -165,7 +165,7 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None,
 
 def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dict) -> dict:
     """``--kernel-replay SPEC`` attached to every path's entry; ``builtin`` drops a recorded one."""
-    from cpsim.plugin.kernel_under_test import REPLAY, REPLAY_ABIS, load, with_replay
+    from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, load, with_replay
     spec = getattr(args, "kernel_replay", None)
     if not spec:
         return kernels
@@ -192,7 +192,7 @@ def describe_kernels(console, kernels: dict) -> None:
 
 def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> dict:
     """A repro file's recorded kernels on ``paths``, each replaced by the --kernel-* option given for its path."""
-    from cpsim.plugin.kernel_under_test import from_record
+    from cpsim.kernels.under_test import from_record
     given = {p for p, attr in KERNEL_FLAGS.items() if getattr(args, attr, None)}
     # A replaced path kernel keeps its recorded replay kernel (--kernel-replay replaces that one).
     kept = {p: (v if p not in given else {"spec": BUILTIN, "replay": v["replay"]})

@@ -24,7 +24,7 @@ PATH_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2
 
 
 def register(sub) -> None:
-    from cpsim.plugin.kernel_under_test import ABIS
+    from cpsim.kernels.under_test import ABIS
     p = sub.add_parser("ascend-check", help="compile kernels for Ascend offline (triton-ascend, first lowering stage)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernel-v1", metavar="SPEC", help="your v1 kernel (package.module:attr or file.py:attr)")

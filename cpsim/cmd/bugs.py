@@ -290,7 +290,7 @@ def main_matrix(args) -> int:
     if args.jobs < 0:
         raise ConfigError("--jobs", f"must be >= 0, got {args.jobs}")
     jobs = args.jobs or detect.default_jobs()
-    from cpsim.plugin.kernel_under_test import to_record
+    from cpsim.kernels.under_test import to_record
     kernels = kernels_from_args(args)
     c = Console()
     describe_kernels(c, kernels)

@@ -18,7 +18,7 @@ from cpsim.report import report
 from cpsim.cmd import add_kernel_args, describe_kernels, execute_torchrun, kernels_with_record, torchrun_world
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
-from cpsim.plugin.kernel_under_test import to_record
+from cpsim.kernels.under_test import to_record
 from cpsim.validate import check_world, load_repro, write_outputs
 
 

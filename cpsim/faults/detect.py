@@ -174,7 +174,7 @@ def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tu
     """Worker: one run, summarised as (failed, applicable, seconds); picklable both ways.
 
     Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded in the worker."""
-    from cpsim.plugin.kernel_under_test import from_record
+    from cpsim.kernels.under_test import from_record
     from cpsim.kernels import use_interpreter
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None

@@ -32,7 +32,7 @@ from cpsim import __version__
 from cpsim.check import coordinator
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
-from cpsim.plugin.kernel_under_test import to_record
+from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
 from cpsim.fuzz import space as _space
 
@@ -127,7 +127,7 @@ def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: s
              meanwhile: Callable[[], None] | None = None) -> Outcome:
     """Run the virtual world and the coordinator; an exception is an outcome too.
 
-    ``kernels`` maps a path to the user's kernel (``cpsim.plugin.kernel_under_test``) replacing the
+    ``kernels`` maps a path to the user's kernel (``cpsim.kernels.under_test``) replacing the
     built-in one; ``allocs`` is ``allocate_world(s)`` when the caller has it; ``meanwhile`` is called
     once, before the kernels' results are awaited (fuzz draws the next scenario there and queues its
     kernels behind these)."""
@@ -723,7 +723,7 @@ def _init_job(queue, workers: str) -> None:
 def _job(cfg_state: dict, kernels_record: dict) -> dict:
     """A worker process: its own seed stream, the shared (keyed) example database."""
     from cpsim.kernels import use_interpreter
-    from cpsim.plugin.kernel_under_test import from_record
+    from cpsim.kernels.under_test import from_record
 
     use_interpreter()
     cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu"))

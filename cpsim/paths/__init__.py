@@ -86,7 +86,7 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
              knobs: Knobs = Knobs(), kernel=None) -> RankOutput | None:
     """Run one path for one rank; None when the path does not apply to the scenario.
 
-    ``kernel`` (a ``cpsim.plugin.kernel_under_test.KernelUnderTest``) replaces the path's
+    ``kernel`` (a ``cpsim.kernels.under_test.KernelUnderTest``) replaces the path's
     built-in kernel; tables and buffers are built the same way. Its ``replay`` kernel, if any,
     replaces the built-in replay-padding kernel that runs after them (``cpsim.paths.replay``).
     """

@@ -58,7 +58,7 @@ def pad(s: Scenario, slots: torch.Tensor, device: torch.device, knobs: Knobs = K
     names = ",".join(s.groups[gi].name for gi in groups)
     _guard.launch(f"replay-pad({names})" if kernel is None else f"replay-pad[{kernel.spec}]({names})")
     if kernel is not None:
-        from cpsim.plugin import adapters
+        from cpsim.paths import adapters
         adapters.replay(kernel, s, slots, qsl, bt.positions, starts, groups)
         return
     from cpsim.kernels.replay_pad import _pad_replayed_slots_kernel

@@ -78,7 +78,7 @@ def exercised(verdicts) -> bool:
 def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim_vllm: bool = False,
                 device: str = "cpu", v2_launch: str = "split"):
     """A KernelUnderTest from a SPEC string, a kernel object or an already loaded one."""
-    from cpsim.plugin.kernel_under_test import ABIS, KernelUnderTest, detect_abi, load, resolve
+    from cpsim.kernels.under_test import ABIS, KernelUnderTest, detect_abi, load, resolve
     if isinstance(kernel, KernelUnderTest):
         return kernel
     if path is None:
@@ -86,7 +86,7 @@ def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim
         if str(device).startswith("cpu"):
             kernels.use_interpreter()
         if shim_vllm:
-            from cpsim.plugin import vllm_shim
+            from cpsim.kernels import vllm_shim
             vllm_shim.install()
         obj = resolve(kernel, "v1", "kernel") if isinstance(kernel, str) else kernel
         path = ABIS[detect_abi(obj, abi)].paths[0]
@@ -133,7 +133,7 @@ def _check_replay(k, path: str | None, scenarios, device: str) -> dict:
     """A replay-padding kernel (``--kernel-replay``): run after cpsim's slot mapping on v1 and v2 (or on
     ``path``); at least one scenario must replay, or nothing was checked."""
     from cpsim.check import coordinator
-    from cpsim.plugin.kernel_under_test import with_replay
+    from cpsim.kernels.under_test import with_replay
     runner = with_replay(None, k)
     results, failures = {}, []
     for spec in (REPLAY_SCENARIOS if scenarios is None else scenarios):
@@ -151,7 +151,7 @@ def _check_replay(k, path: str | None, scenarios, device: str) -> dict:
 
 
 def _paths_of(abi: str) -> tuple[str, ...]:
-    from cpsim.plugin.kernel_under_test import ABIS
+    from cpsim.kernels.under_test import ABIS
     return ABIS[abi].paths
 
 

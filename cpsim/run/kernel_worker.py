@@ -41,7 +41,7 @@ def _kernel(cache: dict, path: str, record: dict | None, device: str):
         return None
     key = (path, repr(sorted(record.items())), device)
     if key not in cache:
-        from cpsim.plugin.kernel_under_test import load_record
+        from cpsim.kernels.under_test import load_record
         cache[key] = load_record(record, path, device, where=f"kernel for {path}")
     return cache[key]
 

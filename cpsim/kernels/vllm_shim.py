@@ -33,7 +33,7 @@ def install() -> bool:
     import triton
     import triton.language as tl
 
-    from cpsim.plugin import _vllm_shim_jit
+    from cpsim.kernels import _vllm_shim_jit
 
     mods = {}
     for name in SHIM_MODULES:

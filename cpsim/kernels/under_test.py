@@ -5,7 +5,7 @@ path, so a kernel file from a vllm-ascend checkout works without installing it),
 or one of the shortcuts ``ascend`` / ``vllm`` that import the installed upstream
 kernel. The ABI (which arguments the kernel takes, which grid, which output
 dtype) is read off the kernel's parameter names unless forced; the adapters in
-``cpsim.plugin.adapters`` build exactly those arguments for one rank.
+``cpsim.paths.adapters`` build exactly those arguments for one rank.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class KernelUnderTest:
             self.notes.append(text)
 
     def run(self, path: str, s, allocs, rank: int, device, knobs):
-        from cpsim.plugin import adapters
+        from cpsim.paths import adapters
         return adapters.run(self, path, s, allocs, rank, device, knobs)
 
     def describe(self) -> str:
@@ -318,7 +318,7 @@ def load(spec: Any, path: str, abi: str = "auto", *, shim_vllm: bool = False, de
     if str(device).startswith("cpu"):
         kernels.use_interpreter()  # before the kernel file imports triton
     if shim_vllm:
-        from cpsim.plugin import vllm_shim
+        from cpsim.kernels import vllm_shim
         vllm_shim.install()
     if isinstance(spec, str):
         obj, text = resolve(spec, path, where), spec
