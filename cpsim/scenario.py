@@ -238,7 +238,7 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Scenario":
-        from cpsim.validate import scenario_data
+        from cpsim.schema import scenario_data
         d = scenario_data(d)  # unknown keys, loose types and unbounded sizes are refused here
         try:
             batch = d.get("batch", {})

@@ -37,7 +37,8 @@ import numpy as np
 from cpsim import schema
 from cpsim.capture.archive import ArchiveReader, ArchiveWriter
 from cpsim.errors import ConfigError
-from cpsim.validate import parse, parse_list, read_data
+from cpsim.schema import parse, parse_list
+from cpsim.validate import read_data
 from cpsim.scenario import CPConfig, KVGroup, Limits
 
 FORMAT = schema.EXPLICIT_FORMAT
