@@ -19,6 +19,7 @@ import numpy as np
 
 from cpsim import layout
 from cpsim.errors import ConfigError
+from cpsim.schema import scenario_data
 
 GROUP_KINDS = ("attention", "sliding_window", "mamba")
 INT32_MAX = 2**31 - 1
@@ -238,7 +239,6 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Scenario":
-        from cpsim.schema import scenario_data
         d = scenario_data(d)  # unknown keys, loose types and unbounded sizes are refused here
         try:
             batch = d.get("batch", {})
@@ -294,12 +294,6 @@ def _group(i: int, g: dict[str, Any]) -> KVGroup:
         raise ConfigError(f"groups[{i}].cp_size", f"cp_size {g['cp_size']} contradicts cp_sharded = false "
                                                   f"(an alias of cp_size 1); give one of them")
     return KVGroup(**g)
-
-
-def load(path: str | Path) -> Scenario:
-    """A .json / .toml scenario file (or a repro file's scenario), checked by cpsim.validate."""
-    from cpsim.validate import load_scenario
-    return load_scenario(path)
 
 
 # ---- validation --------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 
 from cpsim import schema
 from cpsim import scenario as sc
+from cpsim.validate import load_scenario
 from cpsim.cli import main
 from cpsim.errors import ConfigError
 
@@ -86,7 +87,7 @@ def repro(change: Callable[[dict], Any] | None = None, name: str = "repro.json")
     def make(tmp: Path) -> Path:
         from cpsim import fuzz as fz
         from cpsim.paths import Knobs
-        s = sc.load(EXAMPLE)
+        s = load_scenario(EXAMPLE)
         written = fz.write_repro(tmp / "out", fz.Repro(s, ["v1", "v2"], Knobs(), None,
                                                        {"invariants": [], "failures": [], "error": None}))
         data = json.loads(written.read_text())
@@ -578,7 +579,7 @@ def test_terminal_gets_one_line_and_exit_2(argv, make, tmp_path):
 def test_error_names_the_file_field_and_rule(tmp_path):
     p = json_file(edited(_rename("interleave", "interleve", "cp")))(tmp_path)
     with pytest.raises(ConfigError) as e:
-        sc.load(p)
+        load_scenario(p)
     assert e.value.field == "scenario.cp"
     assert e.value.rule == f"unknown key 'interleve'; did you mean 'interleave'? (in {p})"
 
@@ -604,7 +605,7 @@ def test_every_example_loads(path):
     if xb.is_explicit(path):  # an explicit batch (docs/CAPTURE.md), not a scenario file
         xb.load(path)
     else:
-        sc.validate(sc.load(path))
+        sc.validate(load_scenario(path))
 
 
 @pytest.mark.parametrize("name", sc.PRESETS)
@@ -612,7 +613,7 @@ def test_every_example_loads(path):
 def test_every_preset_round_trips_through_a_file(name, suffix, tmp_path):
     s = sc.preset(name)
     s.dump(tmp_path / f"s{suffix}")
-    back = sc.load(tmp_path / f"s{suffix}")
+    back = load_scenario(tmp_path / f"s{suffix}")
     assert back == s and back.fingerprint() == s.fingerprint()
 
 

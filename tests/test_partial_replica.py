@@ -12,6 +12,7 @@ import torch
 
 from cpsim import layout
 from cpsim import scenario as sc
+from cpsim.validate import load_scenario
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim.errors import ConfigError
@@ -271,7 +272,7 @@ def test_fuzz_strategy_draws_group_cp_sizes_and_padding():
 def test_draw_shows_replica_sets(tmp_path):
     pytest.importorskip("matplotlib")
     from cpsim.report import draw
-    s = sc.validate(sc.load("docs/examples/replicas-cp4.json"))
+    s = sc.validate(load_scenario("docs/examples/replicas-cp4.json"))
     from cpsim.paths import Knobs
     from cpsim import kernels
     pic = draw.simulate(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_SHARD_IS_CP_RANK))

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from cpsim import scenario as sc
+from cpsim.validate import load_scenario
 from cpsim.errors import ConfigError
 
 
@@ -78,7 +79,7 @@ def test_round_trip_keeps_fingerprint(tmp_path, suffix):
     s = sc.preset("hybrid-mamba", seed=3)
     path = tmp_path / f"s{suffix}"
     s.dump(path)
-    back = sc.load(path)
+    back = load_scenario(path)
     assert back == s
     assert back.fingerprint() == s.fingerprint()
 
@@ -94,12 +95,12 @@ def test_load_reports_bad_files(tmp_path):
     bad = tmp_path / "x.json"
     bad.write_text("{nope")
     with pytest.raises(ConfigError, match="not valid JSON"):
-        sc.load(bad)
+        load_scenario(bad)
     with pytest.raises(ConfigError, match="does not exist"):
-        sc.load(tmp_path / "missing.json")
+        load_scenario(tmp_path / "missing.json")
     bad.write_text('{"cp": {}}')
     with pytest.raises(ConfigError, match="groups"):
-        sc.load(bad)
+        load_scenario(bad)
 
 
 @pytest.mark.parametrize("seed", range(40))

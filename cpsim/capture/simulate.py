@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inject-at-step", type=int, help="only this step runs with the fault")
     args = p.parse_args(argv)
     try:
-        from cpsim import scenario as sc
-        base = sc.load(args.scenario) if args.scenario else validate(preset(args.preset))
+        from cpsim.validate import load_scenario
+        base = load_scenario(args.scenario) if args.scenario else validate(preset(args.preset))
         steps = [base.replace(seed=base.seed + i) for i in range(args.steps)]
         knobs = faults.get(args.inject, "--inject").knobs_for(base) if args.inject else Knobs()
         at = {args.inject_at_step} if args.inject_at_step is not None else None

@@ -13,7 +13,7 @@ from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.paths import PATHS
 from cpsim.run.dist import launched_by_torchrun
-from cpsim.validate import check_world, write_outputs
+from cpsim.validate import check_world, load_scenario, write_outputs
 
 
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
@@ -53,7 +53,7 @@ def scenario_from_args(args) -> sc.Scenario:
         # The preset sizes its caches for the CP layout it is given.
         s = sc.preset(name, **{k: getattr(args, k, None) for k in ("dcp", "pcp", "interleave")}, seed=args.seed)
     elif Path(name).suffix in (".json", ".toml"):
-        s = sc.load(name)
+        s = load_scenario(name)
     else:
         close = difflib.get_close_matches(name, sc.PRESETS, n=1)
         raise ConfigError("--scenario", f"{name!r} is neither a preset ({', '.join(sc.PRESETS)}) "

@@ -15,6 +15,7 @@ from cpsim import scenario as sc
 from cpsim.cmd import add_path_args, add_scenario_args, apply_overrides, parse_paths, scenario_from_args
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
+from cpsim.validate import load_scenario
 
 
 def register(sub) -> None:
@@ -44,7 +45,7 @@ def _fault(name: str):
 
 def _repro(path: str) -> tuple[sc.Scenario, Knobs, int | None]:
     """A repro file: the scenario, plus optional "knobs" (Knobs fields) and "inject_rank"."""
-    s = sc.load(path)
+    s = load_scenario(path)
     data = json.loads(Path(path).read_text()) if Path(path).suffix == ".json" else {}
     knobs = Knobs()
     if isinstance(data.get("knobs"), dict):

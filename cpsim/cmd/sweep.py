@@ -36,7 +36,7 @@ from cpsim.cmd import (add_kernel_args, check_paths_apply, describe_kernels, ker
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS
-from cpsim.validate import load_sweep_config, write_outputs
+from cpsim.validate import load_scenario, load_sweep_config, write_outputs
 
 KEYS = ("presets", "cp", "interleaves", "paths", "seed")
 
@@ -109,7 +109,7 @@ def _scenario_spec(name: str) -> str:
     if name in sc.PRESETS:
         return name
     if Path(name).suffix in (".json", ".toml"):
-        sc.load(name)
+        load_scenario(name)
         return name
     close = difflib.get_close_matches(name, sc.PRESETS, n=1)
     raise ConfigError("presets", f"unknown preset {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")

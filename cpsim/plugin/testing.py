@@ -25,6 +25,7 @@ def scenario(spec: Any):
     """A Scenario from a preset name, a .json/.toml file, ``random:SEED``, or a Scenario."""
     from cpsim import scenario as sc
     from cpsim.errors import ConfigError
+    from cpsim.validate import load_scenario
     if isinstance(spec, sc.Scenario):
         return spec
     text = str(spec)
@@ -33,7 +34,7 @@ def scenario(spec: Any):
     if text.startswith("random:") and text[7:].isdigit():
         return sc.random_scenario(int(text[7:]), max_world=4, max_groups=3, max_reqs=4, max_model_len=4096)
     if Path(text).suffix in (".json", ".toml"):
-        return sc.validate(sc.load(text))
+        return sc.validate(load_scenario(text))
     raise ConfigError("scenarios", f"{text!r} is not a preset ({', '.join(sc.PRESETS)}), random:SEED, "
                                    f"nor a .json/.toml file")
 
