@@ -15,11 +15,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel
-
+from cpsim import scenario as sc
 from cpsim import schema
-from cpsim.schema import _show, parse, scenario_data
 from cpsim.errors import ConfigError
+from cpsim.schema import _show, parse, scenario_data
 
 MAX_FILE_BYTES = 64 << 20   # no scenario or repro file comes near this; refuse to slurp a disk image
 OUTPUT_OPTIONS = ("json", "html", "junit", "dump")
@@ -103,37 +102,11 @@ def read_data(path: str | Path, what: str = "scenario", noun: str | None = None)
 
 def load_scenario(path: str | Path):
     """A scenario file, or the scenario a repro file wraps (``{"scenario": {...}, "knobs": ...}``)."""
-    from cpsim import scenario as sc
-
     data = read_data(path, "scenario")
     if "scenario" in data and "groups" not in data:
         m = parse(schema.ReproModel, data, "repro", str(path))
         return sc.Scenario.from_dict(m.scenario.model_dump())
     return sc.Scenario.from_dict(scenario_data(data, str(path)))
-
-
-def load_repro(path: str | Path, accept_edited: bool = False):
-    """A repro file for ``replay``; refused when its scenario no longer has the recorded fingerprint."""
-    from cpsim import fuzz as fz
-    from cpsim import scenario as sc
-    from cpsim.paths import Knobs
-
-    data = read_data(path, "FILE", "repro")
-    if "schema" not in data:
-        raise ConfigError("FILE", f"{path} is not a cpsim repro file (no \"schema\": {schema.REPRO_SCHEMA!r})")
-    m = parse(schema.ReproModel, data, "repro", str(path))
-    s = sc.validate(sc.Scenario.from_dict(m.scenario.model_dump()))
-    if not accept_edited:
-        if m.fingerprint is None:
-            raise ConfigError("repro.fingerprint", f"is required: replay checks the scenario against it "
-                                                   f"(--accept-edited replays without the check) (in {path})")
-        if s.fingerprint() != m.fingerprint:
-            raise ConfigError("repro.scenario", f"was edited: its fingerprint is {s.fingerprint()}, the repro "
-                                                f"recorded {m.fingerprint}; pass --accept-edited to replay the "
-                                                f"edited scenario (in {path})")
-    kernels = {p: (v.model_dump() if isinstance(v, BaseModel) else v) for p, v in m.kernels.items()}
-    return fz.Repro(s, list(m.paths or fz.DEFAULT_PATHS), Knobs(**m.knobs.model_dump()), m.inject,
-                    m.violation.model_dump(), kernels)
 
 
 def load_sweep_config(path: str | Path) -> dict[str, Any]:

@@ -585,7 +585,7 @@ def test_error_names_the_file_field_and_rule(tmp_path):
 
 
 def test_union_alternatives_are_reported_together(tmp_path):
-    from cpsim.validate import load_repro
+    from cpsim.cmd.replay import load_repro
     with pytest.raises(ConfigError) as e:
         load_repro(repro(_set("kernels", {"v1": 5}))(tmp_path))
     assert "repro.kernels.v1" in e.value.field

@@ -10,16 +10,22 @@ of the world reruns the repro's scenario. Exit 1 while the violation shows.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from pydantic import BaseModel
 from rich.console import Console
 
 from cpsim import fuzz as fz
+from cpsim import scenario as sc
+from cpsim import schema
 from cpsim.report import report
 from cpsim.cmd import add_kernel_args, describe_kernels, execute_torchrun, kernels_with_record, torchrun_world
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import to_record
-from cpsim.validate import check_world, load_repro, write_outputs
+from cpsim.paths import Knobs
+from cpsim.schema import parse
+from cpsim.validate import check_world, read_data, write_outputs
 
 
 def register(sub) -> None:
@@ -108,3 +114,23 @@ def main_torchrun(args, r: fz.Repro) -> int:
 
     return execute_torchrun(args, entry, summary, {"inject": r.inject, "recorded_violation": r.violation,
                                                    "kernels": to_record(kernels, r.paths)})
+
+
+def load_repro(path: str | Path, accept_edited: bool = False):
+    """A repro file for ``replay``; refused when its scenario no longer has the recorded fingerprint."""
+    data = read_data(path, "FILE", "repro")
+    if "schema" not in data:
+        raise ConfigError("FILE", f"{path} is not a cpsim repro file (no \"schema\": {schema.REPRO_SCHEMA!r})")
+    m = parse(schema.ReproModel, data, "repro", str(path))
+    s = sc.validate(sc.Scenario.from_dict(m.scenario.model_dump()))
+    if not accept_edited:
+        if m.fingerprint is None:
+            raise ConfigError("repro.fingerprint", f"is required: replay checks the scenario against it "
+                                                   f"(--accept-edited replays without the check) (in {path})")
+        if s.fingerprint() != m.fingerprint:
+            raise ConfigError("repro.scenario", f"was edited: its fingerprint is {s.fingerprint()}, the repro "
+                                                f"recorded {m.fingerprint}; pass --accept-edited to replay the "
+                                                f"edited scenario (in {path})")
+    kernels = {p: (v.model_dump() if isinstance(v, BaseModel) else v) for p, v in m.kernels.items()}
+    return fz.Repro(s, list(m.paths or fz.DEFAULT_PATHS), Knobs(**m.knobs.model_dump()), m.inject,
+                    m.violation.model_dump(), kernels)
