@@ -48,7 +48,7 @@ def bench_check(tokens: int) -> dict:
 
     from cpsim import layout
     from cpsim.allocator import allocate_world
-    from cpsim.run.world import Gathered
+    from cpsim.check.gathered import Gathered
 
     s = big_scenario(tokens)
     allocs = allocate_world(s)

@@ -21,10 +21,11 @@ from cpsim.check import coordinator
 from cpsim import faults
 from cpsim.allocator import allocate_world
 from cpsim.check.coordinator import Verdict
+from cpsim.check.gathered import Gathered
 from cpsim.layout import PAD_SLOT_ID, owner_rank
 from cpsim.paths import PATHS, Knobs
 from cpsim.scenario import PRESETS, Scenario, preset
-from cpsim.run.world import Gathered, run_virtual
+from cpsim.run.world import run_virtual
 
 
 @dataclass

@@ -6,27 +6,14 @@ coordinator cannot tell a virtual run from a torchrun one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from cpsim.allocator import allocate_world
+from cpsim.check.gathered import Gathered
 from cpsim.paths import KernelFailure, Knobs, RankOutput
 from cpsim.scenario import Scenario
-
-
-@dataclass
-class Gathered:
-    """One path's outputs of every rank: what the all-gather hands the coordinator."""
-
-    path: str
-    slots: torch.Tensor          # [ranks, groups, entries] int64
-    enabled: torch.Tensor        # [ranks, groups] bool
-    widths: torch.Tensor         # [ranks, groups] int64
-    entry_sizes: torch.Tensor    # [ranks, groups] int64
-    guards: torch.Tensor | None = None  # [ranks, groups, 2 * guard width] entries around each output row
-    failures: list[KernelFailure] = field(default_factory=list)  # rank runs that did not complete (no outputs then)
 
 
 def stack(path: str, outs: list[RankOutput]) -> Gathered:

@@ -1,0 +1,61 @@
+"""An explicit batch: one step's arrays per CP rank as a host handed them to its kernel (and,
+when known, the slots the kernel wrote). ``cpsim.capture.batch`` reads and writes them;
+``cpsim.check.explicit`` judges them."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cpsim.scenario import CPConfig, KVGroup, Limits
+
+
+@dataclass
+class RankBatch:
+    """What one CP rank's kernel launch(es) saw in one step."""
+
+    positions: np.ndarray            # int64 [>= num_tokens_padded]; entries past query_start_loc[-1] unused
+    query_start_loc: np.ndarray      # int64 [num_reqs + 1]
+    idx_mapping: np.ndarray          # int64 [num_reqs]: table row of each request (-1 = dummy)
+    num_tokens_padded: int
+    tables: list[np.ndarray | None]  # per group; None = the group was not launched on this rank
+    slots: np.ndarray | None = None  # int64 [groups, entries] as produced; None = not given
+    is_padding: np.ndarray | None = None  # bool [num_scheduled]: scheduled tokens that must get PAD (rejected drafts)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.query_start_loc) - 1
+
+    @property
+    def num_scheduled(self) -> int:
+        return int(self.query_start_loc[-1]) if len(self.query_start_loc) else 0
+
+    def fingerprint(self) -> str:
+        """Hash of the rank-independent inputs: every rank of one step must agree on it."""
+        h = hashlib.sha256()
+        pad = self.is_padding if self.is_padding is not None else np.zeros(0, dtype=bool)
+        for a in (self.positions[: self.num_scheduled], self.query_start_loc, self.idx_mapping, pad):
+            h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+            h.update(b"|")
+        h.update(str(self.num_tokens_padded).encode())
+        return h.hexdigest()[:16]
+
+
+@dataclass
+class ExplicitStep:
+    """One step across all CP ranks (index = total CP rank)."""
+
+    path: str                        # "v1": logical tables, one launch per group; "v2": one launch, idx_mapping rows
+    cp: CPConfig
+    groups: tuple[KVGroup, ...]
+    entry_sizes: tuple[int, ...]     # slots per table entry of each group (b: kernel-block ids, B: physical ids)
+    limits: Limits
+    ranks: list[RankBatch]
+    label: dict[str, Any] = field(default_factory=dict)  # where it came from: step, call, source file, notes
+
+    @property
+    def has_outputs(self) -> bool:
+        return all(r.slots is not None for r in self.ranks)
