@@ -224,7 +224,8 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     from cpsim.check import coordinator
 
     from cpsim.report import report
-    from cpsim.run.distrun import execute, print_groups, print_ranks, to_dict
+    from cpsim.report.torchrun import print_groups, to_dict
+    from cpsim.run.distrun import execute, print_ranks
 
     world = int(os.environ["WORLD_SIZE"])
     quiet = getattr(args, "quiet", False)

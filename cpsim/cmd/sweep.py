@@ -246,7 +246,7 @@ def junit_label(r) -> str:
 
 def finish(console: Console, args, results, skipped: dict, infos, world: int | None,
            kernels: dict | None = None) -> int:
-    from cpsim.run.distrun import print_groups
+    from cpsim.report.torchrun import print_groups
 
     ok = all(coordinator.passed(r.verdicts) for r in results)
     t = Table(title=f"sweep: {len(results)} scenario run(s)"
@@ -270,7 +270,7 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
                   f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
 
     def json_() -> None:
-        from cpsim.run.distrun import to_dict
+        from cpsim.report.torchrun import to_dict
         report.write_json(args.json, to_dict(results, infos or [], {
             "mode": "sweep" if world is None else "sweep-torchrun", "skipped": skipped}))
 

@@ -359,31 +359,3 @@ def print_ranks(console, infos: list[RankInfo], results: list[GroupResult]) -> N
         secs = [f"{info.timings[k]:.2f}" if k in info.timings else "" for k in PHASES]
         t.add_row(str(info.rank), info.host, str(info.pid), info.device, *cells, *secs)
     console.print(t)
-
-
-def print_groups(console, results: list[GroupResult]) -> None:
-    from cpsim.report import report
-
-    for r in results:
-        title = (f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]}) · seed {r.scenario.seed} "
-                 f"· scenario {r.scenario.fingerprint()}")
-        report.print_report(console, r.scenario, r.verdicts, title=title)
-        for p in r.skipped:
-            console.print(f"[dim]{p}: not applicable at CP world size {r.scenario.cp.world}[/dim]")
-
-
-def to_dict(results: list[GroupResult], infos: list[RankInfo], extra: dict | None = None) -> dict:
-    import dataclasses
-
-    from cpsim.report import report
-
-    return {
-        "schema_version": report.SCHEMA_VERSION,
-        "mode": "torchrun",
-        "world_size": len(infos),
-        "passed": all(coordinator.passed(r.verdicts) for r in results),
-        "ranks": [dataclasses.asdict(i) for i in infos],
-        "groups": [report.to_dict(r.scenario, r.verdicts, {"label": r.label, "group": r.group, "ranks": r.ranks,
-                                                           "paths_skipped": r.skipped}) for r in results],
-        **(extra or {}),
-    }
