@@ -80,7 +80,7 @@ def main() -> int:
     t_build = time.perf_counter() - t0
 
     from cpsim.capture import load
-    from cpsim.capture.replay import check_step
+    from cpsim.capture.steps import check_step
     import os
 
     import torch

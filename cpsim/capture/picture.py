@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cpsim.capture.replay import check_step, first_finding, iter_steps
+from cpsim.capture.steps import check_step, first_finding, iter_steps
 from cpsim.check import explicit
 from cpsim.errors import ConfigError
 

@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from cpsim.capture.batch import ExplicitStep, RankBatch
+from cpsim.capture.steps import check_step
 
 
 def subset(step: ExplicitStep, keep: np.ndarray, groups: list[int], tail: int) -> ExplicitStep:
@@ -64,7 +65,6 @@ def _chunks(items: list, size: int):
 
 def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None = None, max_checks: int = 2000):
     """(smallest failing step, its outcome). ``target``: the invariant that must keep failing."""
-    from cpsim.capture.replay import check_step
     from cpsim.errors import ConfigError
 
     rb0 = step.ranks[0]

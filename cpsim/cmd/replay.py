@@ -59,7 +59,8 @@ def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]
 
 def main(args) -> int:
     from cpsim.capture import replay as capture_replay
-    if capture_replay.is_replayable(args.file):
+    from cpsim.capture.steps import is_replayable
+    if is_replayable(args.file):
         if getattr(args, "kernel_replay", None):
             raise ConfigError("--kernel-replay", "captures and explicit batches hold no replay starts: the "
                                                  "replay-padding kernel would never run")
