@@ -148,10 +148,6 @@ class KernelUnderTest:
         if text not in self.notes:
             self.notes.append(text)
 
-    def run(self, path: str, s, allocs, rank: int, device, knobs):
-        from cpsim.paths import adapters
-        return adapters.run(self, path, s, allocs, rank, device, knobs)
-
     def describe(self) -> str:
         parts = ["built-in slot mapping"] if self.builtin else [f"{self.spec} ({self.abi})"]
         if self.replay is not None:

@@ -96,13 +96,13 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
-    from cpsim.paths import _guard, _stage, replay
+    from cpsim.paths import _guard, _stage, adapters, replay
     stage = _stage.current()
     if stage is not None:
         stage.begin(rank if stage.s is scenario and rank in stage.allocs else None)
     with _guard.Watch(len(scenario.groups)) as watch:
         if kernel is not None and not kernel.builtin:
-            out = kernel.run(name, scenario, allocs, rank, torch.device(device), knobs)
+            out = adapters.run(kernel, name, scenario, allocs, rank, torch.device(device), knobs)
         else:
             out = runners[name](scenario, allocs, rank, torch.device(device), knobs)
         if out is not None:  # the runtime's replay pass, after the slot-mapping kernels (cpsim's or the user's)
