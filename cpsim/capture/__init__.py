@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 if TYPE_CHECKING:
     from cpsim.capture.recorder import Recorder
 
+from cpsim import recording
 from cpsim.errors import ConfigError
 
 # Imported on first use, so that ``import cpsim.capture; install()`` with capture off (a
@@ -135,7 +136,7 @@ class _Session:
 
 def active() -> Recorder | None:
     """The recorder of the running capture, if any (e.g. to mark steps with ``active().step(n)``)."""
-    return _active.recorder if _active else None
+    return recording.active()
 
 
 @contextmanager
@@ -159,11 +160,13 @@ def capture(directory: str | Path, kernels: Iterable[str] = KNOWN_KERNELS, *, ev
     session = _Session(Recorder(directory, Policy(every, first, last, size), rank, check_meta(meta)), kernels)
     session.start()
     _active = session
+    recording.set_active(session.recorder)
     try:
         yield session.recorder
     finally:
         session.stop()
         _active = None
+        recording.set_active(None)
 
 
 def install(env=os.environ) -> Recorder | None:
@@ -194,6 +197,7 @@ def install(env=os.environ) -> Recorder | None:
                                 meta), list(KNOWN_KERNELS) + [k.strip() for k in extra])
     session.start()
     _active = session
+    recording.set_active(session.recorder)
     return session.recorder
 
 
@@ -202,3 +206,4 @@ def uninstall() -> None:
     if _active is not None:
         _active.stop()
         _active = None
+        recording.set_active(None)

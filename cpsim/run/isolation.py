@@ -47,6 +47,7 @@ from typing import Callable
 
 import torch
 
+from cpsim import recording
 from cpsim.errors import ConfigError, DistError
 from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure, run_path
 
@@ -331,8 +332,7 @@ def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], ker
     ``ahead`` started for this very call are collected instead of being run again."""
     device = str(device)
     world = s.cp.world
-    from cpsim import capture
-    if not _config.process or capture.active() is not None:
+    if not _config.process or recording.active() is not None:
         return {p: _sequential(p, s, allocs, device, knobs, kernels.get(p), on_rank, range(world)) for p in paths}
     got = _take(s, paths, device, knobs, kernels)
     if got is not None:
@@ -350,8 +350,7 @@ def ahead(s, paths: list[str], allocs: list, device, knobs: list[Knobs], kernels
     behind the one before, so a worker never waits for the caller between two of them. Any other
     use of the workers first waits for them and keeps their results. False (nothing started)
     in-process, under a capture, or with ``DEPTH`` scenarios already in flight."""
-    from cpsim import capture
-    if not _config.process or capture.active() is not None or len(_inflight) >= DEPTH:
+    if not _config.process or recording.active() is not None or len(_inflight) >= DEPTH:
         return False
     _inflight.append(_start(s, paths, allocs, str(device), knobs, kernels, None))
     return True
@@ -695,9 +694,8 @@ def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), ke
              builtin_in_worker: bool = True) -> RankOutput | None:
     """``run_path`` for one rank under the configured isolation; raises ``KernelFailed``."""
     device = str(device)
-    from cpsim import capture
     # A capture records the launches of this process: the worker's would go unrecorded.
-    if not _config.process or (kernel is None and not builtin_in_worker) or capture.active() is not None:
+    if not _config.process or (kernel is None and not builtin_in_worker) or recording.active() is not None:
         return _in_process(path, s, allocs, rank, device, knobs, kernel)
     _settle()  # the worker answers in order: runs started ahead first
     return _worker.run(path, s, allocs, rank, device, knobs, kernel, _config.timeout_s)
