@@ -9,6 +9,7 @@ from matplotlib.text import Annotation, Text
 
 from report_cases import STALE_TAIL, VIRTUAL_FROM_KERNEL_BLOCK, small
 from cpsim import cli, layout
+from cpsim.cmd.draw import figure_for, simulate
 from cpsim.report import draw
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
@@ -20,12 +21,12 @@ def texts(fig) -> list[str]:
 
 @pytest.fixture(scope="module")
 def default_fig():
-    return draw.figure_for(sc.validate(sc.preset("default")))
+    return figure_for(sc.validate(sc.preset("default")))
 
 
 @pytest.fixture(scope="module")
 def vkb_fig():
-    return draw.figure_for(small(), knobs=VIRTUAL_FROM_KERNEL_BLOCK)
+    return figure_for(small(), knobs=VIRTUAL_FROM_KERNEL_BLOCK)
 
 
 def test_default_preset_png_and_svg(default_fig, tmp_path):
@@ -41,7 +42,7 @@ def test_default_preset_png_and_svg(default_fig, tmp_path):
 
 def test_healthy_strip_follows_global_owner_rule():
     s = small()
-    pic = draw.simulate(s)
+    pic = simulate(s)
     w = pic.width
     assert w % (s.cp.world * s.cp.interleave) == 0
     panel = pic.panels[("v2", 0)]
@@ -79,7 +80,7 @@ def test_injected_fault_is_annotated(vkb_fig, tmp_path):
 
 
 def test_violation_without_token_is_listed():
-    fig, pic = draw.figure_for(small(), knobs=STALE_TAIL, paths=("v2",))
+    fig, pic = figure_for(small(), knobs=STALE_TAIL, paths=("v2",))
     assert any(v.invariant == "padding" and v.status == "fail" for v in pic.verdicts)
     assert any("✗ padding" in t for t in texts(fig))
 

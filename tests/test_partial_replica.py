@@ -271,11 +271,12 @@ def test_fuzz_strategy_draws_group_cp_sizes_and_padding():
 
 def test_draw_shows_replica_sets(tmp_path):
     pytest.importorskip("matplotlib")
+    from cpsim.cmd.draw import simulate
     from cpsim.report import draw
     s = sc.validate(load_scenario("docs/examples/replicas-cp4.json"))
     from cpsim.paths import Knobs
     from cpsim import kernels
-    pic = draw.simulate(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_SHARD_IS_CP_RANK))
+    pic = simulate(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_SHARD_IS_CP_RANK))
     half = next(p for p in pic.panels.values() if p.group.name == "cp2")
     assert any(v.invariant == "replicas-agree" for v in half.violations)
     assert half.strip_bad.any()  # the tokens the second replica set lost are outlined

@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim import scenario as sc
 from cpsim.cmd import add_path_args, add_scenario_args, apply_overrides, parse_paths, scenario_from_args
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
+from cpsim.report import draw
+from cpsim.run.world import run_virtual
 from cpsim.validate import load_scenario
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
 
 
 def register(sub) -> None:
@@ -77,8 +84,6 @@ def resolve(args) -> tuple[sc.Scenario, Knobs, int | None]:
 
 
 def main(args) -> int:
-    from cpsim.report import draw
-
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".svg"):
         raise ConfigError("--out", f"must end in .png or .svg, got {out.name!r}")
@@ -87,7 +92,7 @@ def main(args) -> int:
         return draw_capture(args)
     s, knobs, rank = resolve(args)
     paths = parse_paths(args.paths)
-    fig, pic = draw.figure_for(s, paths, knobs, rank, title=args.title)
+    fig, pic = figure_for(s, paths, knobs, rank, title=args.title)
     draw.save(fig, out)
     ok = coordinator.passed(pic.verdicts)
     if not args.quiet:
@@ -95,3 +100,21 @@ def main(args) -> int:
         Console().print(f"wrote {out} ({out.stat().st_size // 1024} KiB): "
                         + ("all invariants hold" if ok else f"[red]{n} violation(s) drawn[/red]"), highlight=False)
     return 0 if ok else 1
+
+
+def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
+             inject_rank: int | None = None) -> draw.Picture:
+    """Run the virtual world, check it, and lay out the picture's data."""
+    draw.check_size(s)
+    gathered = run_virtual(s, list(paths), knobs, inject_rank)
+    allocs = allocate_world(s)
+    verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
+    pic = draw.build(s, gathered, allocs, verdicts, list(paths))
+    pic.skipped = [p for p in paths if p not in gathered]
+    return pic
+
+
+def figure_for(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
+               inject_rank: int | None = None, title: str = "") -> tuple["Figure", draw.Picture]:
+    pic = simulate(s, paths, knobs, inject_rank)
+    return draw.render(pic, title), pic

@@ -33,10 +33,9 @@ import torch
 from cpsim.check import coordinator, reference
 
 from cpsim import layout
-from cpsim.allocator import Allocation, allocate_world
+from cpsim.allocator import Allocation
 from cpsim.errors import ConfigError
 from cpsim.layout import PAD_SLOT_ID, POISON
-from cpsim.paths import Knobs
 from cpsim.scenario import KVGroup, Scenario
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -316,28 +315,6 @@ def _strip_row(s: Scenario, request: int, position: int, w: int) -> int:
             return row + position // w - r.context_len // w
         row += ((r.seq_len - 1) // w - r.context_len // w + 1) if r.num_tokens else 1
     raise ValueError(f"request {request} not in batch")
-
-
-# ---- running ---------------------------------------------------------------------
-
-def simulate(s: Scenario, paths: list[str] | tuple[str, ...] = DEFAULT_PATHS, knobs: Knobs = Knobs(),
-             inject_rank: int | None = None) -> Picture:
-    """Run the virtual world, check it, and lay out the picture's data."""
-    from cpsim.run.world import run_virtual
-
-    check_size(s)
-    gathered = run_virtual(s, list(paths), knobs, inject_rank)
-    allocs = allocate_world(s)
-    verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
-    pic = build(s, gathered, allocs, verdicts, list(paths))
-    pic.skipped = [p for p in paths if p not in gathered]
-    return pic
-
-
-def figure_for(s: Scenario, paths: list[str] | tuple[str, ...] = DEFAULT_PATHS, knobs: Knobs = Knobs(),
-               inject_rank: int | None = None, title: str = "") -> tuple["Figure", Picture]:
-    pic = simulate(s, paths, knobs, inject_rank)
-    return render(pic, title), pic
 
 
 # ---- matplotlib ------------------------------------------------------------------
