@@ -33,7 +33,7 @@ import torch
 from cpsim.check import coordinator, reference
 
 from cpsim import layout
-from cpsim.allocator import Allocation
+from cpsim.allocator import Allocation, allocate
 from cpsim.errors import ConfigError
 from cpsim.layout import PAD_SLOT_ID, POISON
 from cpsim.scenario import KVGroup, Scenario
@@ -121,7 +121,6 @@ def check_size(s: Scenario) -> None:
         if not g.slot_mapped:
             continue
         for r in range(g.world(s.cp)):  # replicas (r >= g) are drawn only where they differ
-            from cpsim.allocator import allocate
             ref = reference.group_slots(s, g, allocate(s, r, gi), r, pos, req)
             rows += len(torch.unique(ref[ref != PAD_SLOT_ID] // g.block_size))
     too_big("touched (rank, block) rows", rows, MAX_BLOCK_ROWS)

@@ -49,7 +49,7 @@ import torch
 
 from cpsim import recording
 from cpsim.errors import ConfigError, DistError
-from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure, run_path
+from cpsim.paths import KernelFailure, Knobs, RankOutput, _guard, first_failure, run_path, staging
 
 DEFAULT_TIMEOUT_S = 300.0
 STARTUP_S = 120.0  # bound for starting the worker and importing Triton there (not the kernel's time)
@@ -275,7 +275,6 @@ def _record(kernel) -> dict | None:
 
 def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel) -> RankOutput | None:
     """The unprotected fallback: exceptions and sys.exit still become failures."""
-    from cpsim.paths import _guard
     try:
         return run_path(path, s, allocs, rank, device, knobs, kernel)
     except ConfigError:
@@ -673,7 +672,6 @@ def _sequential(path: str, s, allocs, device, knobs, kernel, on_rank, ranks, out
                 fails: list | None = None) -> list | KernelFailure:
     """Ranks run here in turn, stopping at the first that fails. With ``outs`` / ``fails`` given,
     fills them (a chunk of ``run_paths``); else returns the path's result."""
-    from cpsim.paths import staging
     got: dict = {} if outs is None else outs
     with staging(s, {r: allocs[r] for r in ranks}, device, builtin=kernel is None):
         for r in ranks:

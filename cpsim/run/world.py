@@ -13,6 +13,7 @@ import torch
 from cpsim.allocator import allocate_world
 from cpsim.check.gathered import Gathered
 from cpsim.paths import KernelFailure, Knobs, RankOutput
+from cpsim.run.isolation import run_paths
 from cpsim.scenario import Scenario
 
 
@@ -56,7 +57,6 @@ def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_ra
     Rank runs go through ``cpsim.run.isolation`` (worker processes, bounded in time); a
     path whose kernel fails on a rank stops there and is gathered as failed.
     """
-    from cpsim.run.isolation import run_paths
     if allocs is None:
         allocs = allocate_world(s)
     per_rank = rank_knobs(s, knobs, inject_rank)
