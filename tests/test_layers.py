@@ -148,3 +148,17 @@ def test_an_upward_import_is_seen_as_a_cycle(tmp_path):
     root = broken_copy(tmp_path, "layout.py", "import cpsim.cli")
     found = cycles(root, 2)
     assert len(found) == 1 and {"cpsim.layout", "cpsim.cli", "cpsim.run"} <= found[0]
+
+
+def test_planned_packages_fit_their_layers(tmp_path):
+    """``cpsim.stack`` (vLLM host classes per rank) sits beside fuzz and capture and may use run and
+    report; ``cpsim.check.profiles`` (release profiles) is plain data inside the oracle."""
+    root = broken_copy(tmp_path, "layout.py", "")
+    (root / "cpsim" / "stack").mkdir()
+    (root / "cpsim" / "stack" / "__init__.py").write_text("from cpsim.report import report\nfrom cpsim.run import world\n")
+    (root / "cpsim" / "check" / "profiles.py").write_text("from cpsim.scenario import Scenario\nPROFILES = {}\n")
+    r = lint_imports(root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (root / "cpsim" / "stack" / "__init__.py").write_text("from cpsim.fuzz import space\n")  # siblings stay apart
+    r = lint_imports(root)
+    assert r.returncode == 1 and "cpsim.stack -> cpsim.fuzz" in r.stdout, r.stdout + r.stderr
