@@ -19,7 +19,6 @@ import numpy as np
 
 from cpsim import layout
 from cpsim.errors import ConfigError
-from cpsim.schema import scenario_data
 
 GROUP_KINDS = ("attention", "sliding_window", "mamba")
 INT32_MAX = 2**31 - 1
@@ -239,6 +238,9 @@ class Scenario:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Scenario":
+        # Imported here: building the pydantic models takes a second, and processes that only
+        # unpickle scenarios (kernel workers) never need them.
+        from cpsim.schema import scenario_data
         d = scenario_data(d)  # unknown keys, loose types and unbounded sizes are refused here
         try:
             batch = d.get("batch", {})
