@@ -535,6 +535,48 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
         reqs.append(Request(0, 0, "dummy"))
         rows = [int(x) for x in rng.permutation(limits.max_num_reqs)[: len(reqs) - 1]] + [-1]
         batch = Batch(tuple(reqs), tuple(rows), num_tokens_padded=sum(r.num_tokens for r in reqs) + 11)
+    elif name == "hybrid-interleave":
+        # vLLM #51031 / vllm-ascend #10442: the interleave above the kernel block, I = B = 128 > b = 64 at
+        # DCP 2, and I = 128 > b = 32 under B = 256 (cpsim's global rule keeps I a divisor of every sharded B). Owners and rank-local offsets
+        # follow virtual blocks of B x N positions; built from b x N they collapse onto rank 0.
+        cp = CPConfig(dcp=2, interleave=128)
+        groups = (KVGroup("attn-hybrid", "attention", 128, 64, num_blocks=1024),
+                  KVGroup("attn-b256", "attention", 256, 32, num_blocks=1024))
+        limits = Limits(max_model_len=16384, max_num_reqs=8, max_num_batched_tokens=1024)
+        reqs = (Request(0, 300, "prefill"), Request(1000, 200, "chunked"),
+                Request(int(rng.integers(256, 16000)), 1, "decode"), Request(130, 1, "decode"))
+        batch = Batch(reqs, (2, 0, 5, 1))
+    elif name == "long-context":
+        # vllm-ascend #7575 / #13155 (a fixed 4096-entry table window): decodes whose table index is past
+        # 4096, i.e. positions past 4096 x B x N (B 16, DCP 2: 131072), in a 256K-context model.
+        cp = CPConfig(dcp=2, interleave=16)
+        groups = (KVGroup("attn-b16", "attention", 16, num_blocks=32768),)
+        limits = Limits(max_model_len=262144, max_num_reqs=4, max_num_batched_tokens=64)
+        reqs = (Request(4096 * 16 * 2, 1, "decode"), Request(int(rng.integers(140000, 262000)), 1, "decode"),
+                Request(2000, 1, "decode"))
+        batch = Batch(reqs, (1, 3, 0))
+    elif name == "huge-cache":
+        # Block ids past 2^24 (vllm-ascend #13048: ids through float32) and slots past 2^31 (vLLM #1486,
+        # vLLM 0.33.0's MRV2 block x block size in int32). The caches are simulated sparsely: only the
+        # ids handed out exist (cpsim.allocator), so 2^26 blocks cost what 16 do.
+        cp = CPConfig(dcp=2, interleave=16)
+        groups = (KVGroup("attn-b16", "attention", 16, num_blocks=2**26),          # 2^30 slots, ids to 2^26
+                  KVGroup("attn-b128", "attention", 128, 64, num_blocks=2**25))     # 2^32 slots: past int32
+        limits = Limits(max_model_len=8192, max_num_reqs=4, max_num_batched_tokens=256)
+        reqs = (Request(0, 40, "prefill"), Request(int(rng.integers(1, 8000)), 1, "decode"),
+                Request(int(rng.integers(1, 8000)), 1, "decode"))
+        batch = Batch(reqs, (2, 0, 3))
+    elif name == "released-window":
+        # What vLLM releases run for a sliding-window layer: a slot-mapped table replicated on every rank
+        # (not cpsim's ring), next to a DCP-sharded group (vLLM #57260: the DCP transform applied to the
+        # replicated group), with the batch graph-padded to a capture size (vLLM #36580 / vllm-ascend #11774).
+        cp = CPConfig(dcp=2, interleave=1)
+        groups = (KVGroup("attn", "attention", 128, num_blocks=1024),
+                  KVGroup("swa-replicated", "attention", 128, num_blocks=2048, cp_size=1))
+        limits = Limits(max_model_len=8192, max_num_reqs=8, max_num_batched_tokens=512)
+        reqs = (Request(0, 200, "prefill"), Request(int(rng.integers(1, 8000)), 1, "decode"),
+                Request(int(rng.integers(1, 8000)), 1, "decode"), Request(3000, 40, "chunked"))
+        batch = Batch(reqs, (0, 4, 1, 2), num_tokens_padded=256)
     else:
         raise ConfigError("scenario", f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     s = Scenario(name, cp, groups, limits, batch, seed=seed)
@@ -554,7 +596,8 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
     return s.replace(groups=tuple(groups))
 
 
-PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica", "prefix-replay")
+PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica", "prefix-replay",
+           "hybrid-interleave", "long-context", "huge-cache", "released-window")
 
 
 def random_replay(rng: np.random.Generator, groups: list[KVGroup], reqs: list[Request], chance: float,
