@@ -1,5 +1,6 @@
 """cpsim fuzz / replay: the search finds injected faults, shrinks them, and the repro replays."""
 
+import dataclasses
 import json
 import random
 import os
@@ -397,3 +398,41 @@ def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(t
     worker, inproc = visited(True), visited(False)
     assert worker[0][:40] == inproc[0][:40] and worker[1] == inproc[1] and worker[1]
     assert worker[2] >= 30 and inproc[2] == 0
+
+
+def _finding(me, s):
+    sigs = me.visit(s)
+    assert sigs, "the scenario must fail before it can be shrunk"
+    return me.findings[next(iter(sigs))]
+
+
+def test_cache_shrinks_to_the_smallest_when_the_failure_does_not_need_it():
+    """A repro of a cache-independent bug keeps no 66,914,920-block cache: it goes to what the batch needs."""
+    g = sc.KVGroup("g0", "attention", 16, num_blocks=66_914_920)
+    s = sc.validate(sc.Scenario("t", sc.CPConfig(), (g,), sc.Limits(64, 2, 16),
+                                sc.Batch((sc.Request(0, 5),), num_tokens_padded=8)))
+    me = fz._Searcher(fz.FuzzConfig(paths=["v1-torch"], inject="stale-tail"), None)
+    f = _finding(me, s)
+    fz.shrink_caches(me)
+    small = f.scenario
+    assert small.groups[0].num_blocks == sc.max_blocks_needed(small, small.groups[0]) + 1
+    assert f.signature in me.visit(small) and me.run(small).failed
+
+
+def test_cache_shrinks_toward_the_smallest_that_still_fails():
+    """float32 block ids: the cache comes down from near the space's cap, stays past 2^24 (the failure's
+    dimension), and one block less no longer shows the signature."""
+    from cpsim.allocator import allocate
+    g = sc.KVGroup("g0", "attention", 16, num_blocks=66_914_920)
+    base = sc.validate(sc.Scenario("t", sc.CPConfig(), (g,), sc.Limits(64, 2, 8), sc.Batch((sc.Request(3, 1),))))
+    s = next(t for t in (base.replace(seed=i) for i in range(100))
+             if (lambda b: b > 2**24 and b % 2)(int(allocate(t, 0, 0).blocks[0][0])))
+    me = fz._Searcher(fz.FuzzConfig(paths=["v1"], inject="fp32-block-gather"), None)
+    f = _finding(me, s)
+    assert f.dimension == "block-id>2^24"
+    fz.shrink_caches(me)
+    n = f.scenario.groups[0].num_blocks
+    assert 2**24 < n < 66_914_920 // 2, n
+    assert f.signature in me.visit(f.scenario)
+    one_less = f.scenario.replace(groups=(dataclasses.replace(f.scenario.groups[0], num_blocks=n - 1),))
+    assert f.signature not in (me.visit(one_less) or {})

@@ -661,6 +661,51 @@ def database_of(cfg: FuzzConfig):
     return DirectoryBasedExampleDatabase(str(Path(cfg.database) / cfg.config_key())) if cfg.database else None
 
 
+def _fails_as(me: _Searcher, s: sc.Scenario, sig: str) -> bool:
+    return sig in (me.visit(s) or {})
+
+
+def shrink_cache(me: _Searcher, f: Finding) -> None:
+    """Lower each group's ``num_blocks`` of ``f.scenario`` toward the smallest that still shows ``f``'s
+    signature. Hypothesis rarely does it: a big cache is drawn counted down from the space's cap, so the
+    smallest choice there is the cap itself, and a failure that needs ids past 2^24 does not survive its
+    jump to the small-cache branch. Bisection per group between the blocks the batch needs (tried first)
+    and the failing size; block ids are drawn afresh for every size, so failing is not monotone in it,
+    and what is found is a size that fails one block above a size that does not. Only ever lowers a
+    cache, so the space's rule (``space.cache_cap``) holds; the signature includes its dimension, so a
+    failure put on ids past 2^24 stays there. ``me.visit`` records every smaller failing scenario."""
+    for gi in range(len(f.scenario.groups)):
+        def at(n: int, base=f.scenario) -> sc.Scenario:
+            return base.replace(groups=tuple(dataclasses.replace(g, num_blocks=n) if i == gi else g
+                                             for i, g in enumerate(base.groups)))
+        g = f.scenario.groups[gi]
+        lo = max(2, sc.max_blocks_needed(f.scenario, g) + 1)
+        hi = g.num_blocks
+        if hi <= lo:
+            continue
+        if _fails_as(me, at(lo), f.signature):
+            hi = lo
+        else:
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if _fails_as(me, at(mid), f.signature):
+                    hi = mid
+                else:
+                    lo = mid
+        if hi < g.num_blocks:
+            f.scenario = at(hi)
+            f.summary = me.outcomes[f.scenario.fingerprint()].summary()
+
+
+def shrink_caches(me: _Searcher) -> None:
+    """``shrink_cache`` for every reported finding, within a fresh shrink budget."""
+    me.shrink_until = time.monotonic() + me.cfg.shrink_seconds
+    me.prog.phase = "shrink caches"
+    for f in list(me.findings.values()):
+        if not f.ignored:
+            shrink_cache(me, f)
+
+
 def finish(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
     elapsed = time.monotonic() - me.prog.started
     findings = merge_nested(list(me.findings.values()))
@@ -688,6 +733,7 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
             explore(me)
         finally:
             isolation.forget_ahead()  # a scenario drawn ahead and never visited: its results go
+        shrink_caches(me)
         return finish(cfg, me)
     strategy, db = strategy_of(cfg), database_of(cfg)
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
@@ -706,6 +752,7 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
             break
         if deadline is not None and time.monotonic() >= deadline:
             break
+    shrink_caches(me)
     return finish(cfg, me)
 
 
