@@ -18,6 +18,7 @@ shrink and repro files).
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15-device cuda --examples 3000   # on the GPU
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15-device cuda --examples 300 --passes 3 [--profile F]
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --draws --examples 1000   # drawing alone, both explorers
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find [FAULT ...] [--seeds 0,1,2] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -159,6 +160,45 @@ def bench_draws(n: int) -> list[dict]:
              "past_2_24": reach}]
 
 
+# The issue-28 bug classes cpsim's own kernels carry as faults (cpsim/faults/catalogue.py).
+TIME_TO_FIND = ("virtual-block-uses-kernel-block", "fixed-table-window", "fp32-block-gather", "int32-slot-overflow",
+                "cp-applied-to-unsharded-groups", "stale-tail", "padded-count-tail", "virtual-block-uses-world-size",
+                "mtp-draft-capacity", "mamba-sized-per-cp")
+
+
+def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: float, space: str) -> list[dict]:
+    """Seconds from the start of ``cpsim fuzz --inject X`` (default paths v1,v2; ``jobs`` workers, worker
+    start-up included) until the first job reports a signature; then the search stops (``stop_after_first``,
+    5 s of shrinking). ``None``: not found within ``minutes``."""
+    import tempfile
+    from pathlib import Path
+
+    rows = []
+    for name in faults:
+        for s in seeds:
+            first = [None]
+            started = time.monotonic()
+
+            def seen(status, first=first, started=started):
+                if first[0] is None and any(v[1] for v in status.values()):
+                    first[0] = time.monotonic() - started
+
+            def seen1(prog, first=first, started=started):
+                if first[0] is None and prog.signatures:
+                    first[0] = time.monotonic() - started
+
+            cfg = fz.FuzzConfig(inject=name, minutes=minutes, max_examples=10**9, seed=s, database=None, jobs=jobs,
+                                stop_after_first=True, shrink_seconds=5, space=space, out=Path(tempfile.mkdtemp()))
+            r = fz.search_jobs(cfg, seen) if jobs > 1 else fz.search(cfg, seen1)
+            sig = r.reported[0].signature if r.found else None
+            rows.append({"fault": name, "seed": s, "jobs": jobs, "space": space, "seconds_to_find": first[0],
+                         "examples_total": r.examples, "signature": sig})
+            print(f"{name:34s} seed {s}: " + (f"found after {first[0]:.1f} s ({sig})" if first[0] is not None
+                                               else f"not found in {minutes:g} min ({r.examples} examples)"),
+                  flush=True)
+    return rows
+
+
 def kernel_variants() -> int | None:
     """Compiled variants (one per constexpr set and signature) Triton holds in memory, all kernels."""
     import importlib
@@ -231,11 +271,26 @@ def main() -> None:
     ap.add_argument("--profile", metavar="FILE", help="with --passes: cProfile text of the last pass")
     ap.add_argument("--explore", default="random", choices=fz.EXPLORERS, help="as cpsim fuzz --explore")
     ap.add_argument("--draws", action="store_true", help="only the cost of drawing scenarios (--examples of them)")
+    ap.add_argument("--time-to-find", nargs="*", metavar="FAULT",
+                    help="seconds until `cpsim fuzz --inject FAULT` reports it (default: the issue-28 faults)")
+    ap.add_argument("--seeds", default="0,1,2", help="with --time-to-find: comma-separated seeds")
+    ap.add_argument("--jobs", type=int, default=1, help="with --time-to-find: fuzz jobs (1: what `cpsim fuzz` runs)")
+    ap.add_argument("--minutes", type=float, default=2.0, help="with --time-to-find: give up after this long")
+    ap.add_argument("--space", default="default", choices=tuple(fz.SPACES), help="with --time-to-find")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
                       f"torch {torch.__version__}",
            "load_avg_start": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"), "results": []}
+    if args.time_to_find is not None:
+        out["results"] = bench_time_to_find(args.time_to_find or list(TIME_TO_FIND),
+                                            [int(x) for x in args.seeds.split(",")], args.jobs, args.minutes,
+                                            args.space)
+        out["load_avg_end"] = os.getloadavg()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return
     if args.draws:
         out["results"] = bench_draws(args.examples)
         if args.json:
