@@ -69,7 +69,8 @@ def register(sub) -> None:
                    help="bound on CP world x groups x (requests + 1), the interpreter programs one path "
                         "launches per scenario; larger worlds get fewer requests (default 48)")
     p.add_argument("--shrink-seconds", type=float, default=60.0, metavar="S",
-                   help="time each search round may spend shrinking (default 60)")
+                   help="time each search round may spend shrinking (default 60); as much again goes to "
+                        "lowering the findings' cache sizes at the end")
     p.add_argument("--quiet", action="store_true", help="no progress display, no per-signature report")
     p.set_defaults(func=main)
 
