@@ -1,4 +1,4 @@
-"""Command line: ``cpsim <command> ...`` (also ``python -m cpsim``).
+"""Command line: `cpsim <command> ...` (also `python -m cpsim`).
 
 Exit codes: 0 every invariant holds, 1 a violation was found, 2 bad input.
 """

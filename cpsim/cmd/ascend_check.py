@@ -1,10 +1,10 @@
-"""``cpsim ascend-check``: compile kernels for an Ascend NPU offline, up to ``triton-adapter-opt``.
+"""`cpsim ascend-check`: compile kernels for an Ascend NPU offline, up to `triton-adapter-opt`.
 
 Without --kernel-* options: every built-in kernel cpsim launches on an NPU, for every
 constexpr combination it launches (cpsim/ascend_check/registry.py). With them: the
 user's kernels, with the constexprs cpsim's adapters pass for their ABI.
-The compiler is triton-ascend in a side venv (``make ascend-venv``); the final stage
-(``bishengir-compile``, CANN) is not run. Exit 0 all compile, 1 one fails, 2 bad input
+The compiler is triton-ascend in a side venv (`make ascend-venv`); the final stage
+(`bishengir-compile`, CANN) is not run. Exit 0 all compile, 1 one fails, 2 bad input
 or no triton-ascend.
 """
 

@@ -1,4 +1,4 @@
-"""``cpsim bugs``: the bug catalogue — list, show, reproduce by name, detection matrix."""
+"""`cpsim bugs`: the bug catalogue — list, show, reproduce by name, detection matrix."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
-"""``cpsim doctor``: what to run first on a new server.
+"""`cpsim doctor`: what to run first on a new server.
 
 Checks Python, torch, torch_npu / CUDA, triton or triton-ascend, the devices and
 environment variables, the backend torchrun would use, and runs every built-in
-kernel once on the device against the coordinator. Under ``torchrun``
-(``launch/local.sh N doctor``) every rank checks its own device, one bounded
+kernel once on the device against the coordinator. Under `torchrun`
+(`launch/local.sh N doctor`) every rank checks its own device, one bounded
 all-gather crosses all ranks, and rank 0 prints every rank's rows.
 Exit 0 when nothing is off, 1 with the fix named when something is.
 
-Test hook (as for ``cpsim run``, see cpsim/run/distrun.py): ``CPSIM_TEST_FAULT_RANK=r``
-checks rank r's kernels compiled with ``CPSIM_TEST_FAULT`` fault bits.
+Test hook (as for `cpsim run`, see cpsim/run/distrun.py): `CPSIM_TEST_FAULT_RANK=r`
+checks rank r's kernels compiled with `CPSIM_TEST_FAULT` fault bits.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""``cpsim draw``: a picture of one scenario's CP layout (PNG or SVG).
+"""`cpsim draw`: a picture of one scenario's CP layout (PNG or SVG).
 
-Exit code as for ``run``: 0 when every invariant holds, 1 when the picture shows violations.
+Exit code as for `run`: 0 when every invariant holds, 1 when the picture shows violations.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""``cpsim fuzz``: search the scenario space, keep every distinct violation, shrink each, write repros.
+"""`cpsim fuzz`: search the scenario space, keep every distinct violation, shrink each, write repros.
 
 Failures are grouped by signature (path, group kind, failed invariants, triggering
-dimension); the run keeps searching after the first one (``--stop-after-first``:
+dimension); the run keeps searching after the first one (`--stop-after-first`:
 the old behaviour) and ends with a table of signatures and one repro file each.
-Under torchrun (``launch/local.sh N fuzz ...``) every rank fuzzes its own seed
+Under torchrun (`launch/local.sh N fuzz ...`) every rank fuzzes its own seed
 stream on its own device, independently: no collective, so no rank can hang another.
 """
 

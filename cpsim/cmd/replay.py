@@ -1,10 +1,14 @@
-"""``cpsim replay FILE``: rerun a repro file and say whether the violation still shows.
+"""`cpsim replay FILE`: rerun a fuzz repro, a capture or an explicit batch; say whether it still fails.
 
-The kernels the repro recorded (built-in, or the user's kernel fuzz ran with) are
-loaded again; ``--kernel-v1/--kernel-v2 SPEC`` replaces one (``builtin`` = cpsim's
-own). Without a launcher the CP ranks run in turn in one process; under torchrun
-(``launch/local.sh 8 replay FILE``) each process is one rank and every CP group
-of the world reruns the repro's scenario. Exit 1 while the violation shows.
+FILE is a repro written by `cpsim fuzz`, a capture directory (rank*.cpcap, written
+under CPSIM_CAPTURE) or an explicit batch (.npz/.json). For a capture or a batch the
+first step, rank, group and token that break an invariant are reported; `--shrink OUT`
+writes the smallest explicit batch that still fails. For a repro, the kernels it
+recorded (built-in, or the user's kernel fuzz ran with) are loaded again;
+`--kernel-v1/--kernel-v2 SPEC` replaces one (`builtin` = cpsim's own). Without a
+launcher the CP ranks run in turn in one process; under torchrun
+(`launch/local.sh 8 replay FILE`) each process is one rank and every CP group of the
+world reruns the repro's scenario. Exit 1 while the violation shows.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from cpsim.validate import check_world, read_data, write_outputs
 
 
 def register(sub) -> None:
-    p = sub.add_parser("replay", help="rerun a repro file written by `cpsim fuzz` (virtual world or torchrun)",
+    p = sub.add_parser("replay", help="rerun a fuzz repro (virtual world or torchrun), a capture or an explicit batch",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json, a capture (directory of rank*.cpcap, "
                                                 "docs/CAPTURE.md) or an explicit batch (.npz/.json)")

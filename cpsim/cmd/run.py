@@ -1,9 +1,9 @@
-"""``cpsim run``: one scenario, every selected path, every CP rank, one verdict.
+"""`cpsim run`: one scenario, every selected path, every CP rank, one verdict.
 
 Without a launcher the CP ranks run in turn in one process (the virtual world).
-Under ``torchrun`` (detected by RANK / WORLD_SIZE in the environment) each
+Under `torchrun` (detected by RANK / WORLD_SIZE in the environment) each
 process is one rank: W = R x N ranks form R CP groups of N; N defaults to the
-whole world (DCP = W // PCP) unless ``--dcp`` says otherwise.
+whole world (DCP = W // PCP) unless `--dcp` says otherwise.
 """
 
 from __future__ import annotations

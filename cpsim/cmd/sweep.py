@@ -1,10 +1,10 @@
-"""``cpsim sweep``: a matrix of scenarios (presets x CP sizes x interleaves) through the paths.
+"""`cpsim sweep`: a matrix of scenarios (presets x CP sizes x interleaves) through the paths.
 
 In one process the CP ranks of each scenario run in turn (the virtual world).
 Under torchrun each scenario with CP size N runs on W // N CP groups of N
 consecutive ranks (replica g uses seed + g); ranks past the last full group
 idle for it, and scenarios with N > W are skipped. The matrix comes from flags
-or a TOML file (``--config``); flags win. TOML keys:
+or a TOML file (`--config`); flags win. TOML keys:
 
     presets = ["default", "mtp"]     # preset names or .json/.toml scenario files; "all" = every preset
     cp = [2, 4, "2x2"]               # CP sizes: N (DCP N) or "DxP"; omitted = each preset's own
