@@ -218,6 +218,19 @@ def test_front_page_limits():
     assert [c.split("#")[0].strip() for c in _commands(first.splitlines())] == ["make run", "make test"]
 
 
+def sample_rows(readme: str) -> list[str]:
+    """The invariant column of README's "What `make run` prints" table."""
+    section = readme.split("## What `make run` prints", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^│ ([a-z-]+) +│", section, re.M)
+
+
+def test_readme_sample_lists_every_invariant():
+    from cpsim.check.coordinator import INVARIANTS
+    assert sample_rows((ROOT / "README.md").read_text()) == list(INVARIANTS)
+    stale = "## What `make run` prints\n```\n│ kernel-completes  │ pass │\n│ padding           │ pass │\n```\n"
+    assert sample_rows(stale) != list(INVARIANTS)
+
+
 def test_help_has_no_rst_markup():
     from cpsim.cli import build_parser
     parser = build_parser()
