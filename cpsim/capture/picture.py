@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
+from cpsim.report import terminal
 
 from cpsim.capture.steps import check_step, first_finding, iter_steps
 from cpsim.check import explicit
@@ -54,7 +54,7 @@ def main(args) -> int:
     title = args.title or (f"{name}: {finding.invariant} at {where}" if finding else f"{name}: all invariants hold")
     draw.save(draw.render(pic, title), out_path)
     if not args.quiet:
-        Console().print(f"wrote {out_path} ({out_path.stat().st_size // 1024} KiB): {chosen.step.label.get('name')}",
+        terminal.console().print(f"wrote {out_path} ({out_path.stat().st_size // 1024} KiB): {chosen.step.label.get('name')}",
                         highlight=False)
     return 1 if chosen.failed else 0
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+
+from cpsim.report import terminal
 from rich.markup import escape
 
 from cpsim.capture import batch as xb
@@ -36,7 +38,7 @@ def main(args, console: Console | None = None) -> int:
         import torch
         torch.set_num_threads(1)
     quiet_rank = os.environ.get("RANK", "0") not in ("", "0")  # under torchrun only rank 0 speaks
-    console = console or Console(quiet=quiet_rank)
+    console = console or terminal.console(quiet=quiet_rank)
     kernels = _kernels(args)
     checked = 0
     notes: list[str] = []

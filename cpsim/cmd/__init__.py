@@ -182,10 +182,13 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
     return out
 
 
-def describe_kernels(console, kernels: dict) -> None:
-    """One line per kernel under test, then what its adapter could not model."""
+def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
+    """One line per kernel under test, then what its adapter could not model.
+
+    ``notes_only``: the report's heading already named the kernels (``report.print_report``)."""
     for path, k in kernels.items():
-        console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
+        if not notes_only:
+            console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
         for note in k.notes:
             console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
 
@@ -200,6 +203,30 @@ def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> di
             if p in paths and (p not in given or (isinstance(v, dict) and v.get("replay")))}
     out = from_record(kept, device, where="repro kernels")
     return kernels_from_args(args, device, paths, base=out)
+
+
+def subjects_for(kernels: dict, paths) -> dict:
+    """What ran on each of ``paths``, as plain data for every report (``cpsim.kernels.subject``)."""
+    from cpsim.kernels.subject import subjects
+    return subjects(kernels or {}, list(dict.fromkeys([*paths, *(kernels or {})])))
+
+
+def _examples(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--examples must be an integer >= 0, got {text!r}")
+    return n
+
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    """Options of the printed report."""
+    from cpsim.report.report import DEFAULT_EXAMPLES
+    p.add_argument("--examples", type=_examples, default=DEFAULT_EXAMPLES, metavar="N",
+                   help=f"examples printed per failing invariant, paths that agree printed once "
+                        f"(default: {DEFAULT_EXAMPLES}; --json has them all)")
 
 
 # ---- torchrun ------------------------------------------------------------------
@@ -219,7 +246,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     ``summary(console, results)`` (a command's own verdict line), and writes the
     --json / --junit / --html files the command has. Exit 1 when any group fails.
     """
-    from rich.console import Console
+    from cpsim.report import terminal
 
     from cpsim.check import coordinator
 
@@ -231,7 +258,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     quiet = getattr(args, "quiet", False)
 
     def report_(results, infos) -> int:
-        console = Console()
+        console = terminal.console()
         ok = all(coordinator.passed(r.verdicts) for r in results)
         s0 = results[0].scenario
         if quiet:
@@ -264,7 +291,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
                            ("--junit", getattr(args, "junit", None), junit),
                            ("--html", getattr(args, "html", None), html)])
         except ConfigError as e:
-            Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
             return 2
         return 0 if ok else 1
 

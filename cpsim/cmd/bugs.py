@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 from rich.console import Console
+
+from cpsim.report import terminal
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -84,7 +86,7 @@ def list_markdown() -> str:
 
 def main_list(args) -> int:
     if args.markdown:
-        Console().print(list_markdown(), highlight=False, markup=False, soft_wrap=True)
+        terminal.console().print(list_markdown(), highlight=False, markup=False, soft_wrap=True)
         return 0
     t = Table(title="cpsim bug catalogue (docs/SPEC.md §6)")
     t.add_column("name", style="bold", no_wrap=True)
@@ -93,7 +95,7 @@ def main_list(args) -> int:
     t.add_column("reference")
     for f in faults.registry().values():
         t.add_row(f.name, ", ".join(f.paths), ", ".join(f.invariants), "; ".join(f.references))
-    Console().print(t)
+    terminal.console().print(t)
     return 0
 
 
@@ -136,7 +138,7 @@ def scenario_lines(s: Scenario) -> list[str]:
 
 def main_show(args) -> int:
     f = faults.get(args.name, "name")
-    c = Console()
+    c = terminal.console()
     s = f.trigger()
     c.print(f"[bold]{f.name}[/bold] — {f.summary}")
     c.print(f.explanation, highlight=False)
@@ -199,7 +201,7 @@ def main_reproduce(args) -> int:
     check_paths_apply([s], paths, args)
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
-    c = Console()
+    c = terminal.console()
     mode = "fixed form" if args.fixed else f"fault injected ({knob_text(f.knobs)})"
     where = "" if args.inject_on_rank is None else f" on rank {args.inject_on_rank}"
     if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 alone prints
@@ -292,15 +294,15 @@ def main_matrix(args) -> int:
     jobs = args.jobs or detect.default_jobs()
     from cpsim.kernels.under_test import to_record
     kernels = kernels_from_args(args)
-    c = Console()
+    c = terminal.console()
     describe_kernels(c, kernels)
     if kernels:
         c.print("[dim]fault switches compile into the built-in kernels only; on a path with a kernel under test "
                 "'baseline fails' means that kernel fails the fault-free scenario[/dim]")
     scenarios = [detect.TRIGGER, *presets]
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True,
-                  disable=not Console(stderr=True).is_terminal) as prog:
+                  console=terminal.console(stderr=True), transient=True,
+                  disable=not terminal.console(stderr=True).is_terminal) as prog:
         task = prog.add_task("detection matrix", total=detect.num_tasks(names, presets))
         m = detect.matrix(names, presets, args.seed, jobs,
                           on_done=lambda label: prog.update(task, advance=1, description=label),

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from cpsim.report import terminal
 
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
@@ -97,7 +97,7 @@ def main(args) -> int:
     ok = coordinator.passed(pic.verdicts)
     if not args.quiet:
         n = sum(len(v.violations) for v in pic.verdicts)
-        Console().print(f"wrote {out} ({out.stat().st_size // 1024} KiB): "
+        terminal.console().print(f"wrote {out} ({out.stat().st_size // 1024} KiB): "
                         + ("all invariants hold" if ok else f"[red]{n} violation(s) drawn[/red]"), highlight=False)
     return 0 if ok else 1
 

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from rich.console import Console
+from cpsim.report import terminal
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -143,7 +143,7 @@ def main(args) -> int:
         print("\n".join(fz.fault_names()))
         return 0
     validate_args(args)
-    console = Console()
+    console = terminal.console()
     paths = parse_paths(args.paths)
     fz.resolve_fault(args.inject)  # bad names fail before the search starts
     stream, device = _torchrun_stream(args)

@@ -19,6 +19,8 @@ from pathlib import Path
 from pydantic import BaseModel
 from rich.console import Console
 
+from cpsim.report import terminal
+
 from cpsim import fuzz as fz
 from cpsim import scenario as sc
 from cpsim import schema
@@ -77,7 +79,7 @@ def main(args) -> int:
     check_world(r.scenario, args.allow_large)
     dev = select_device(args.device)
     kernels = kernels_with_record(args, r.kernels, dev.device, r.paths)
-    console = Console()
+    console = terminal.console()
     out = fz.replay(r, dev.device, kernels)
     recorded = r.violation.get("invariants", [])
     if not args.quiet:

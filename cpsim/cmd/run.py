@@ -14,15 +14,16 @@ import copy
 import os
 from pathlib import Path
 
-from rich.console import Console
+from cpsim.report import terminal
 
 from cpsim.check import coordinator
 
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
-from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, check_paths_apply, describe_kernels,
-                       execute_torchrun, kernels_from_args, parse_paths, scenario_from_args, torchrun_world)
+from cpsim.cmd import (add_kernel_args, add_path_args, add_report_args, add_scenario_args, check_paths_apply,
+                       describe_kernels, execute_torchrun, kernels_from_args, parse_paths, scenario_from_args,
+                       subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import KERNEL_DESIGNS, Knobs
@@ -45,6 +46,7 @@ def register(sub) -> None:
                                                    "when the scenario is small enough to draw)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per path, group and invariant")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line; no progress bar")
+    add_report_args(p)
     p.add_argument("--kernel-design", choices=KERNEL_DESIGNS, default="per-request",
                    help="built-in Triton kernels: per-request (vllm-ascend-faithful) or tile (tile-parallel)")
     p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim bugs list`)")
@@ -63,7 +65,7 @@ def main(args) -> int:
     check_paths_apply([s], paths, args)
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
-    console = Console()
+    console = terminal.console()
     knobs, inject_rank = _injection(args, s)
     work = s.cp.world * len(paths)
     quiet = args.quiet or s.batch.num_tokens * work < PROGRESS_MIN_WORK
@@ -76,9 +78,10 @@ def main(args) -> int:
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     for p in skipped:
         verdicts += coordinator.not_run(p, f"not applicable at CP world size {s.cp.world} (CP size 1 only)")
+    subjects = subjects_for(kernels, paths)
     if not args.quiet:
-        report.print_report(console, s, verdicts)
-        describe_kernels(console, kernels)
+        report.print_report(console, s, verdicts, examples=args.examples, subjects=subjects, gathered=gathered)
+        describe_kernels(console, kernels, notes_only=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
     extra = {"paths_skipped": skipped, "inject": args.inject, "inject_rank": inject_rank,
@@ -86,13 +89,14 @@ def main(args) -> int:
 
     def junit() -> None:
         from cpsim.report.junit import write_junit
-        write_junit(args.junit, [(s, verdicts)])
+        write_junit(args.junit, [(s, verdicts)], subjects=subjects)
 
     def html() -> None:
         from cpsim.report.html import write_checked
-        write_checked(args.html, s, gathered, verdicts, {"paths_skipped": skipped})
+        write_checked(args.html, s, gathered, verdicts, {"paths_skipped": skipped}, subjects=subjects)
 
-    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, verdicts, extra))),
+    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, verdicts, extra,
+                                                                                              subjects))),
                    ("--junit", args.junit, junit), ("--html", args.html, html)])
     return 0 if coordinator.passed(verdicts) else 1
 

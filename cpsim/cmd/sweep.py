@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+
+from cpsim.report import terminal
 from rich.table import Table
 
 from cpsim.check import coordinator
@@ -185,7 +187,7 @@ def main(args) -> int:
     kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
     entries, skipped = plan(matrix, world, kernels)
     check_paths_apply([e.build(0) for e in entries], matrix["paths"], args, explicit=matrix["paths_given"])
-    console = Console()
+    console = terminal.console()
     progress = _progress(console, args.quiet, len(entries))
     if world is None:
         results = run_virtual_sweep(args, entries, progress)
@@ -289,6 +291,6 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     try:  # every output that can be written is, even when another fails
         write_outputs([("--json", args.json, json_), ("--junit", args.junit, junit), ("--html", args.html, html)])
     except ConfigError as e:
-        Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
         return 2
     return 0 if ok else 1

@@ -104,15 +104,47 @@ def _violations(verdicts: list[Verdict]) -> str:
     return "".join(out)
 
 
+def _user_kernels(subjects: dict[str, dict] | None) -> str:
+    """The user's kernels for a title: ``attr (path)``, comma-separated; "" when all are built-in."""
+    names = []
+    for path, sub in (subjects or {}).items():
+        for x in (sub, sub.get("replay")):
+            if x and x.get("kind", "user") != "builtin" and x.get("spec") not in (None, "builtin"):
+                names.append(f"{x['spec'].rpartition(':')[2]} ({path})")
+    return ", ".join(dict.fromkeys(names))
+
+
+def _subjects(subjects: dict[str, dict] | None) -> str:
+    """The kernel-under-test table of the title block."""
+    if not subjects:
+        return ""
+    rows = ["<table class=\"kernels\"><tr><th>path</th><th>kernel under test</th><th>ABI</th><th>file</th>"
+            "<th>sha256</th><th>profile</th></tr>"]
+    for path, sub in subjects.items():
+        for x, label in ((sub, path), (sub.get("replay"), f"{path} replay padding")):
+            if not x:
+                continue
+            builtin = x.get("kind") == "builtin"
+            rows.append(f"<tr><td>{_e(label)}</td><td>{'cpsim built-in' if builtin else '<b>' + _e(x['spec']) + '</b>'}"
+                        f"</td><td>{_e(x.get('abi', ''))}</td><td><code>{_e(x.get('file', ''))}</code></td>"
+                        f"<td><code>{_e(x.get('sha256', ''))}</code></td><td>{_e(x.get('profile', sub.get('profile', '')))}"
+                        f"</td></tr>")
+    return "".join(rows) + "</table>"
+
+
 def render_html(s: Scenario, verdicts: list[Verdict], picture_png_bytes: bytes | None = None,
-                extra: dict[str, Any] | None = None, picture_note: str = "") -> str:
+                extra: dict[str, Any] | None = None, picture_note: str = "",
+                subjects: dict[str, dict] | None = None) -> str:
     ok = passed(verdicts)
+    who = _user_kernels(subjects)
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-             f"<title>cpsim {_e(s.name)}: {'pass' if ok else 'FAIL'}</title><style>{_CSS}</style></head><body>",
-             f"<h1>cpsim report: {_e(s.name)}</h1>",
+             f"<title>cpsim {_e(s.name)}{' · ' + _e(who) if who else ''}: {'pass' if ok else 'FAIL'}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>cpsim report: {_e(s.name)}{' · ' + _e(who) if who else ''}</h1>",
              f'<p><span class="verdict {"ok" if ok else "bad"}">'
              f'{"all invariants hold" if ok else "invariants violated"}</span> '
              f'<span class="muted">fingerprint {_e(s.fingerprint())} · cpsim {_e(__version__)}</span></p>',
+             _subjects(subjects),
              "<h2>Scenario</h2>", _scenario(s),
              "<h2>Invariants &times; paths</h2>", _grid(verdicts),
              "<h2>Violations</h2>", _violations(verdicts)]
@@ -131,18 +163,19 @@ def render_html(s: Scenario, verdicts: list[Verdict], picture_png_bytes: bytes |
 
 def write_html(path: str | Path, scenario: Scenario, verdicts: list[Verdict],
                picture_png_bytes: bytes | None = None, extra: dict[str, Any] | None = None,
-               picture_note: str = "") -> None:
-    Path(path).write_text(render_html(scenario, verdicts, picture_png_bytes, extra, picture_note), encoding="utf-8")
+               picture_note: str = "", subjects: dict[str, dict] | None = None) -> None:
+    Path(path).write_text(render_html(scenario, verdicts, picture_png_bytes, extra, picture_note, subjects),
+                          encoding="utf-8")
 
 
 def write_checked(path: str | Path, s: Scenario, gathered: dict | None, verdicts: list[Verdict],
-                  extra: dict[str, Any] | None = None) -> None:
+                  extra: dict[str, Any] | None = None, subjects: dict[str, dict] | None = None) -> None:
     """The page of one checked scenario, with its picture when it can be drawn."""
     from cpsim.allocator import allocate_world
 
     png, note = (picture_for(s, gathered, allocate_world(s), verdicts) if gathered
                  else (None, "no picture: the run raised before gathering"))
-    write_html(path, s, verdicts, png, extra, picture_note=note)
+    write_html(path, s, verdicts, png, extra, picture_note=note, subjects=subjects)
 
 
 def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdict]) -> tuple[bytes | None, str]:
@@ -161,7 +194,8 @@ def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdic
 
 
 def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]],
-                     skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> str:
+                     skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
+                     subjects: dict[str, dict] | None = None) -> str:
     """One page for many scenarios (a sweep, the CP groups of a torchrun job): a summary table, then
     each scenario's invariant table and violations. No pictures: a sweep is too big to draw."""
     ok = all(passed(v) for _, _, v in items)
@@ -171,6 +205,7 @@ def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]
              f'<p><span class="verdict {"ok" if ok else "bad"}">'
              f'{"every scenario passes" if ok else "invariants violated"}</span> '
              f'<span class="muted">{len(items)} scenario run(s) · cpsim {_e(__version__)}</span></p>',
+             _subjects(subjects),
              "<h2>Summary</h2><table><tr><th>scenario</th><th>CP</th><th>seed</th><th>fingerprint</th>"
              "<th>result</th></tr>"]
     for i, (label, s, verdicts) in enumerate(items):
@@ -192,5 +227,6 @@ def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]
 
 
 def write_html_many(path: str | Path, title: str, items: list[tuple[str, Scenario, list[Verdict]]],
-                    skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
-    Path(path).write_text(render_html_many(title, items, skipped, extra), encoding="utf-8")
+                    skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
+                    subjects: dict[str, dict] | None = None) -> None:
+    Path(path).write_text(render_html_many(title, items, skipped, extra, subjects), encoding="utf-8")

@@ -14,6 +14,8 @@ from typing import Iterator
 
 from rich.console import Console
 
+from cpsim.report import terminal
+
 
 class Bar:
     """What a command sees: advance by steps, optionally relabel the current step."""
@@ -35,7 +37,7 @@ class Bar:
 
 
 def enabled(quiet: bool = False, console: Console | None = None) -> bool:
-    console = console or Console()
+    console = console or terminal.console()
     return not quiet and console.is_terminal
 
 
@@ -48,5 +50,5 @@ def progress(description: str, total: int | None, quiet: bool = False,
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console or Console(), transient=True) as p:
+                  console=console or terminal.console(), transient=True) as p:
         yield Bar(p, p.add_task(description, total=total))
