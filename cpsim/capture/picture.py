@@ -65,7 +65,7 @@ def write_html(path: str | Path, out, extra: dict) -> None:
     try:
         _too_big(out)
         pic = draw.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
-        png, note = draw.png_bytes(draw.render(pic), dpi=80), ""
+        png, note = draw.png_bytes(draw.render(pic), dpi=html.PICTURE_DPI), ""
     except ConfigError as e:
         png, note = None, f"no picture: {e.rule}"
     html.write_html(path, out.scenario, out.verdicts, png, extra, picture_note=note)

@@ -53,7 +53,8 @@ def main(args, console: Console | None = None) -> int:
         title = f"{step.label.get('name') or 'explicit batch'} ({step.path}, {len(step.ranks)} ranks) — " \
                 f"{Path(str(step.label.get('source', args.file))).name}"
         if not args.quiet:
-            report.print_report(console, out.scenario, out.verdicts, title=title)
+            report.print_report(console, out.scenario, out.verdicts, title=title,
+                                examples=getattr(args, "examples", report.DEFAULT_EXAMPLES), gathered=out.gathered)
             for note in step.label.get("notes", []):
                 console.print(f"[dim]note: {escape(note)}[/dim]")
         finding = first_finding(step, out.gathered, out.verdicts)

@@ -256,6 +256,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
 
     world = int(os.environ["WORLD_SIZE"])
     quiet = getattr(args, "quiet", False)
+    subjects = subjects_for(entry.kernels, entry.paths)
 
     def report_(results, infos) -> int:
         console = terminal.console()
@@ -267,8 +268,8 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
             console.print(f"[bold]torchrun world {world}[/bold]: {world // entry.cp_size} CP group(s) of "
                           f"{entry.cp_size} (DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
             print_ranks(console, infos, results)
-            print_groups(console, results)
-            describe_kernels(console, entry.kernels)
+            print_groups(console, results, subjects, getattr(args, "examples", None))
+            describe_kernels(console, entry.kernels, notes_only=True)
             console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
                           f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
                           f"{len(results)} CP group(s) fail[/bold red]")
@@ -277,17 +278,18 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
 
         def junit() -> None:
             from cpsim.report.junit import write_junit
-            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results])
+            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results],
+                        subjects=subjects)
 
         def html() -> None:
             from cpsim.report.html import write_html_many
             write_html_many(args.html, f"{entry.label} on torchrun world {world}",
                             [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})", r.scenario,
-                              r.verdicts) for r in results], extra=extra)
+                              r.verdicts) for r in results], extra=extra, subjects=subjects)
 
         try:  # every output that can be written is, even when another fails
             write_outputs([("--json", getattr(args, "json", None),
-                            lambda: report.write_json(args.json, to_dict(results, infos, extra))),
+                            lambda: report.write_json(args.json, to_dict(results, infos, extra, subjects))),
                            ("--junit", getattr(args, "junit", None), junit),
                            ("--html", getattr(args, "html", None), html)])
         except ConfigError as e:

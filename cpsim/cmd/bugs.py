@@ -15,8 +15,8 @@ from rich.table import Table
 
 from cpsim import faults
 from cpsim.report import report
-from cpsim.cmd import (DefaultPaths, add_kernel_args, check_paths_apply, describe_kernels, execute_torchrun,
-                       kernels_from_args, parse_paths, torchrun_world)
+from cpsim.cmd import (DefaultPaths, add_kernel_args, add_report_args, check_paths_apply, describe_kernels,
+                       execute_torchrun, kernels_from_args, parse_paths, subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
@@ -54,6 +54,7 @@ def register(sub) -> None:
     q.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     q.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
                                                    "when the scenario is small enough to draw)")
+    add_report_args(q)
     q.set_defaults(func=main_reproduce)
 
     q = bsub.add_parser("matrix", help="every fault against its trigger and the presets; catch rate last")
@@ -162,16 +163,7 @@ def main_show(args) -> int:
 
 # ---- reproduce --------------------------------------------------------------------
 
-def ownership_table(rows) -> Table:
-    from cpsim.faults.detect import ranges
-    t = Table(title="owned tokens per rank: expected (p // I) % N vs actually holding a slot")
-    for col in ("path", "group", "request", "rank", "expected", "actual", "expected positions", "actual positions"):
-        t.add_column(col, justify="right" if col in ("request", "rank", "expected", "actual") else "left")
-    for o in rows:
-        style = "" if o.expected == o.actual else "red"
-        t.add_row(o.path, o.group, str(o.request), str(o.rank), str(len(o.expected)), str(len(o.actual)),
-                  ranges(o.expected), ranges(o.actual), style=style)
-    return t
+ownership_table = report.ownership_table  # the table lives with the report that prints it
 
 
 def _verdict(c: Console, f, fixed: bool, failed: dict[str, list[str]]) -> int:
@@ -209,26 +201,24 @@ def main_reproduce(args) -> int:
     if launched_by_torchrun():
         return _reproduce_torchrun(args, f, s, paths, kernels)
     r = detect.reproduce(f, args.fixed, paths, args.inject_on_rank, dev.device, kernels)
-    report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]")
-    describe_kernels(c, kernels)
+    subjects = subjects_for(kernels, paths)
+    report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]", examples=args.examples,
+                        subjects=subjects, gathered=r.gathered)
+    describe_kernels(c, kernels, notes_only=True)
     skipped = [p for p in paths if p not in r.gathered]
     for p in skipped:
         c.print(f"[dim]{p}: not applicable at CP world size {s.cp.world}[/dim]")
     own = detect.ownership(r)
-    if own:
-        c.print(ownership_table(own[:32]))
-        if len(own) > 32:
-            c.print(f"… {len(own) - 32} more row(s); see --json")
     extra = {"fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
              "knobs": dataclasses.asdict(detect.knobs(f, s, args.fixed)), "paths_skipped": skipped}
 
     def html() -> None:
         from cpsim.report.html import write_checked
-        write_checked(args.html, s, r.gathered, r.verdicts, extra)
+        write_checked(args.html, s, r.gathered, r.verdicts, extra, subjects=subjects)
 
     code = _verdict(c, f, args.fixed, r.failed)
     write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, r.verdicts, {
-                       **extra, "ownership": [dataclasses.asdict(o) for o in own]}))),
+                       **extra, "ownership": [dataclasses.asdict(o) for o in own]}, subjects))),
                    ("--html", args.html, html)])
     return code
 

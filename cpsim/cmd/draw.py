@@ -14,7 +14,8 @@ from cpsim.report import terminal
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim import scenario as sc
-from cpsim.cmd import add_path_args, add_scenario_args, apply_overrides, parse_paths, scenario_from_args
+from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, apply_overrides, check_paths_apply,
+                       kernels_from_args, kernels_with_record, parse_paths, scenario_from_args, subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.report import draw
@@ -42,6 +43,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="FILE.png|FILE.svg", help="where to write the picture")
     p.add_argument("--title", default="", help="figure title (default: scenario summary)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_kernel_args(p)  # the same kernels as `run`; a repro's recorded kernels unless these replace them
     p.set_defaults(func=main)
 
 
@@ -50,10 +52,14 @@ def _fault(name: str):
     return faults.get(name, "--inject")
 
 
+def _repro_data(path: str) -> dict:
+    return json.loads(Path(path).read_text()) if Path(path).suffix == ".json" else {}
+
+
 def _repro(path: str) -> tuple[sc.Scenario, Knobs, int | None]:
     """A repro file: the scenario, plus optional "knobs" (Knobs fields) and "inject_rank"."""
     s = load_scenario(path)
-    data = json.loads(Path(path).read_text()) if Path(path).suffix == ".json" else {}
+    data = _repro_data(path)
     knobs = Knobs()
     if isinstance(data.get("knobs"), dict):
         try:
@@ -83,6 +89,17 @@ def resolve(args) -> tuple[sc.Scenario, Knobs, int | None]:
     return s, knobs, rank
 
 
+def _kernels(args, paths: list[str]) -> dict:
+    """The --kernel-* options, over the kernels a repro records (which must load, else exit 2)."""
+    record = _repro_data(args.repro).get("kernels") if args.repro else None
+    if record is not None and not isinstance(record, dict):
+        raise ConfigError("--repro", f"{args.repro}: kernels must be {{path: 'builtin' | {{spec, abi, ...}}}}, "
+                                     f"got {record!r}")
+    if record:
+        return kernels_with_record(args, record, "cpu", paths)
+    return kernels_from_args(args, "cpu", paths)
+
+
 def main(args) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".svg"):
@@ -92,7 +109,11 @@ def main(args) -> int:
         return draw_capture(args)
     s, knobs, rank = resolve(args)
     paths = parse_paths(args.paths)
-    fig, pic = figure_for(s, paths, knobs, rank, title=args.title)
+    kernels = _kernels(args, paths)
+    if kernels:
+        check_paths_apply([s], paths, args, explicit=False)
+    pic = simulate(s, paths, knobs, rank, kernels)
+    fig = draw.render(pic, args.title, subjects=subjects_for(kernels, paths))
     draw.save(fig, out)
     ok = coordinator.passed(pic.verdicts)
     if not args.quiet:
@@ -103,11 +124,11 @@ def main(args) -> int:
 
 
 def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
-             inject_rank: int | None = None) -> draw.Picture:
-    """Run the virtual world, check it, and lay out the picture's data."""
+             inject_rank: int | None = None, kernels: dict | None = None) -> draw.Picture:
+    """Run the virtual world (with the user's ``kernels``, if any), check it, and lay out the picture's data."""
     draw.check_size(s)
-    gathered = run_virtual(s, list(paths), knobs, inject_rank)
     allocs = allocate_world(s)
+    gathered = run_virtual(s, list(paths), knobs, inject_rank, kernels=kernels, allocs=allocs)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
     pic = draw.build(s, gathered, allocs, verdicts, list(paths))
     pic.skipped = [p for p in paths if p not in gathered]
