@@ -10,7 +10,6 @@ from pathlib import Path
 from rich.console import Console
 
 from cpsim.report import terminal
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cpsim import faults
@@ -266,7 +265,20 @@ def matrix_markdown(m, scenarios: list[str]) -> str:
         lines.append(f"| `{name}` | {', '.join(f.paths)} | "
                      + " | ".join(_cell(cells[sc]) for sc in scenarios) + " |")
     caught, total = m.rate
-    return "\n".join(lines) + f"\n\ncaught {caught}/{total}"
+    notes = "".join(f"\n- `{name}` n/a: {why}" for name, why in not_applicable(m).items())
+    return "\n".join(lines) + f"\n\ncaught {caught}/{total}" + (f"\n{notes}" if notes else "")
+
+
+def not_applicable(m) -> dict[str, str]:
+    """Why each n/a cell cannot show its fault, one line per fault (its distinct reasons joined)."""
+    out: dict[str, list[str]] = {}
+    for cl in m.cells:
+        if not cl.applicable and cl.why:
+            reasons = out.setdefault(cl.fault, [])
+            text = f"{cl.scenario}: {cl.why}"
+            if cl.why not in " ".join(reasons):
+                reasons.append(text)
+    return {k: "; ".join(v) for k, v in out.items()}
 
 
 def main_matrix(args) -> int:
@@ -290,32 +302,38 @@ def main_matrix(args) -> int:
         c.print("[dim]fault switches compile into the built-in kernels only; on a path with a kernel under test "
                 "'baseline fails' means that kernel fails the fault-free scenario[/dim]")
     scenarios = [detect.TRIGGER, *presets]
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=terminal.console(stderr=True), transient=True,
-                  disable=not terminal.console(stderr=True).is_terminal) as prog:
-        task = prog.add_task("detection matrix", total=detect.num_tasks(names, presets))
-        m = detect.matrix(names, presets, args.seed, jobs,
-                          on_done=lambda label: prog.update(task, advance=1, description=label),
-                          kernel_record=to_record(kernels, kernels) if kernels else None)
+    record = to_record(kernels, kernels) if kernels else None
+    from cpsim.report.progress import progress
+    with progress("detection matrix", total=detect.num_tasks(names, presets, record, args.seed),
+                  console=terminal.console(stderr=True)) as bar:
+        m = detect.matrix(names, presets, args.seed, jobs, on_done=lambda label: bar.advance(label=label),
+                          kernel_record=record)
     caught, total = m.rate
     if args.markdown:
         c.print(matrix_markdown(m, scenarios), highlight=False, markup=False, soft_wrap=True)
     else:
-        t = Table(title="detection matrix: invariants that caught each fault ('-' = not caught, n/a = no "
-                        "affected path runs there)")
+        t = Table(title="detection matrix: invariants that caught each fault ('-' = not caught, n/a = the fault cannot "
+                        "show there, reasons below)")
         t.add_column("fault", style="bold")
         for sc in scenarios:
             t.add_column(sc)
         t.add_column("caught", justify="center")
         for name in m.faults:
             cells = {cl.scenario: cl for cl in m.for_fault(name)}
+            verdict = ("[green]yes[/green]" if m.caught(name) else "[bold red]NO[/bold red]") \
+                if m.applicable(name) else "[dim]n/a[/dim]"
             t.add_row(name, *[(f"[red]{_cell(cells[sc])}[/red]" if cells[sc].caught else _cell(cells[sc]))
-                              for sc in scenarios],
-                      "[green]yes[/green]" if m.caught(name) else "[bold red]NO[/bold red]")
+                              for sc in scenarios], verdict)
         c.print(t)
-        c.print(f"caught {caught}/{total}", style="bold green" if caught == total else "bold red")
+        for name, why in not_applicable(m).items():
+            c.print(f"[dim]n/a[/dim] {name}: {why}", highlight=False, soft_wrap=True)
+        skipped = len(m.faults) - total
+        c.print(f"caught {caught}/{total}" + (f" ({skipped} row(s) n/a: the fault cannot show with the kernel under "
+                                              f"test)" if skipped else ""),
+                style="bold green" if caught == total else "bold red")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "presets": list(presets), "seed": args.seed, "caught": caught, "total": total,
+            "not_applicable": not_applicable(m),
             "cells": [dataclasses.asdict(cl) | {"caught": cl.caught} for cl in m.cells]}, indent=2) + "\n")
     return 0 if caught == total else 1

@@ -202,9 +202,11 @@ def main(args) -> int:
 
 class _Bar:
     def __init__(self, console: Console, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        self.p = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TextColumn("{task.description}"), console=console, transient=True)
+        from rich.progress import Progress, TextColumn
+
+        from cpsim.report.progress import columns
+        self.p = Progress(*columns("[bold]sweep"), TextColumn("{task.description}"), console=console,
+                          transient=True)
         self.task = self.p.add_task("", total=total)
         self.p.start()
 

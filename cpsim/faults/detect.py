@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Callable
 
-import torch
-
 from cpsim.check import coordinator
 
 from cpsim import faults
@@ -91,6 +89,7 @@ class Cell:
     baseline_failed: dict[str, list[str]]  # fault-free run of the same scenario and paths
     applicable: bool                    # some affected path ran on this scenario
     seconds: float
+    why: str = ""                       # why the cell is n/a (the fault cannot reach or show there)
 
     @property
     def caught(self) -> bool:
@@ -107,13 +106,79 @@ class Matrix:
     def caught(self, name: str) -> bool:
         return any(c.caught for c in self.for_fault(name))
 
+    def applicable(self, name: str) -> bool:
+        """A row counts when the fault can show in at least one of its cells."""
+        return any(c.applicable for c in self.for_fault(name))
+
     @property
     def faults(self) -> list[str]:
         return list(dict.fromkeys(c.fault for c in self.cells))
 
     @property
     def rate(self) -> tuple[int, int]:
-        return sum(self.caught(f) for f in self.faults), len(self.faults)
+        """(caught, applicable rows): rows whose fault can reach no cell are not counted."""
+        rows = [f for f in self.faults if self.applicable(f)]
+        return sum(self.caught(f) for f in rows), len(rows)
+
+
+# ---- where a fault can show with a user's kernels --------------------------------
+
+# ABIs whose slot mapping is int32: slots past 2^31 - 1 cannot be written (vllm-ascend's v1/v2 kernels).
+INT32_SLOT_ABIS = ("ascend-v1", "ascend-v1-fused", "ascend-v1-fused-adaptive", "ascend-v2")
+
+
+def _user(record: dict | None, path: str) -> tuple[dict | None, dict | None]:
+    """(the path's user kernel entry or None, its user replay kernel entry or None) from a to_record dict."""
+    item = (record or {}).get(path)
+    if not isinstance(item, dict):
+        return (({"spec": item, "abi": "auto"} if isinstance(item, str) and item != "builtin" else None), None)
+    return (item if item.get("spec", "builtin") != "builtin" else None), item.get("replay") or None
+
+
+def reaches(fault: faults.Fault, path: str, record: dict | None) -> str:
+    """Why ``fault`` cannot reach ``path``'s kernels under ``record`` ("" when it can).
+
+    Host-side knobs (table widths, block sizes, the slot buffer) shape the inputs of any kernel; the
+    FAULT_* switches are compiled into cpsim's built-in kernels only, so they reach a path only where
+    its kernel is built-in (the replay switches: where the replay-padding kernel is, or always for the
+    host-side list of groups)."""
+    from cpsim import kernels
+    k, replay = _user(record, path)
+    if k is None and replay is None:
+        return ""
+    kn = fault.knobs
+    if fault.knobs_fn is not None or kn.virtual_from_kernel_block or kn.unsharded_width_per_cp \
+            or kn.sharded_width_undivided or kn.buffer_size:
+        return ""
+    bits = kn.kernel_fault
+    replay_bits = bits & kernels.REPLAY_FAULTS
+    if replay_bits and (replay is None or replay_bits & kernels.FAULT_REPLAY_ALL_GROUPS):
+        return ""
+    if k is None and ((bits & ~kernels.REPLAY_FAULTS) or kn.draft_overwrite):
+        return ""
+    what = "the replay-padding kernel" if replay_bits else "the kernel"
+    return f"{what} under test on {path} is the user's: the fault is built into cpsim's own kernel or its launch"
+
+
+def representable(s: Scenario, path: str, record: dict | None) -> str:
+    """Why ``path``'s kernel cannot represent ``s`` ("" when it can): an int32 ABI and slots >= 2^31."""
+    from cpsim.scenario import INT32_MAX
+    k, _ = _user(record, path)
+    if k is None or k.get("abi") not in INT32_SLOT_ABIS:
+        return ""
+    top = max((g.num_blocks * g.block_size - 1 for g in s.groups if g.slot_mapped), default=0)
+    if top > INT32_MAX:
+        return f"the {k['abi']} ABI writes int32 slots; this scenario needs slots up to {top} (>= 2^31) on {path}"
+    return ""
+
+
+def cell_paths(fault: faults.Fault, s: Scenario, record: dict | None) -> tuple[tuple[str, ...], str]:
+    """The affected paths where ``fault`` can show on ``s`` with these kernels, and why the others cannot."""
+    keep, why = [], []
+    for p in fault.paths:
+        reason = reaches(fault, p, record) or representable(s, p, record)
+        (why.append(reason) if reason else keep.append(p))
+    return tuple(keep), "; ".join(dict.fromkeys(why))
 
 
 TRIGGER = "trigger"
@@ -145,12 +210,20 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
     """
     names = names or faults.names()
     cat = {n: faults.get(n) for n in names}
+    scen = {TRIGGER + ":" + n: f.trigger() for n, f in cat.items()} | {p: preset(p, seed=seed) for p in presets}
+    where = {}  # (fault, scenario) -> (paths the fault can show on, why not the others)
+    for n, f in cat.items():
+        for sc in (TRIGGER, *presets):
+            where[(n, sc)] = cell_paths(f, scen[TRIGGER + ":" + n if sc == TRIGGER else sc], kernel_record)
     tasks: dict[tuple, tuple] = {}
     for n, f in cat.items():
-        tasks[(n, TRIGGER, True)] = (n, TRIGGER, True, seed, f.paths, kernel_record)
-        tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, f.paths, kernel_record)
+        ps = where[(n, TRIGGER)][0]
+        if ps:
+            tasks[(n, TRIGGER, True)] = (n, TRIGGER, True, seed, ps, kernel_record)
+            tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, ps, kernel_record)
         for p in presets:
-            tasks[(n, p, True)] = (n, p, True, seed, f.paths, kernel_record)
+            if where[(n, p)][0]:
+                tasks[(n, p, True)] = (n, p, True, seed, where[(n, p)][0], kernel_record)
     for p in presets:
         tasks[(None, p, False)] = (None, p, False, seed, PATHS, kernel_record)
     results: dict[tuple, tuple] = {}
@@ -169,19 +242,38 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
 
     m = Matrix()
     for n, f in cat.items():
-        failed, applicable, secs = results[(n, TRIGGER, True)]
-        base, _, base_secs = results[(n, TRIGGER, False)]
-        m.cells.append(Cell(n, TRIGGER, failed, base, applicable, secs + base_secs))
+        ps, why = where[(n, TRIGGER)]
+        if not ps:
+            m.cells.append(Cell(n, TRIGGER, {}, {}, False, 0.0, why))
+        else:
+            failed, applicable, secs = results[(n, TRIGGER, True)]
+            base, _, base_secs = results[(n, TRIGGER, False)]
+            m.cells.append(Cell(n, TRIGGER, failed, base, applicable, secs + base_secs,
+                                why if applicable else "no affected path runs there"))
         for p in presets:
+            ps, why = where[(n, p)]
+            if not ps:
+                m.cells.append(Cell(n, p, {}, {}, False, 0.0, why))
+                continue
             failed, applicable, secs = results[(n, p, True)]
-            base = _restrict(results[(None, p, False)][0], f.paths)
-            m.cells.append(Cell(n, p, failed, base, applicable, secs))
+            base = _restrict(results[(None, p, False)][0], ps)
+            m.cells.append(Cell(n, p, failed, base, applicable, secs, "" if applicable else
+                                "no affected path runs there"))
     return m
 
 
-def num_tasks(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS) -> int:
-    n = len(names or faults.names())
-    return n * (2 + len(presets)) + len(presets)
+def num_tasks(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, kernel_record: dict | None = None,
+              seed: int = 0) -> int:
+    """Runs ``matrix`` makes (cells where the fault cannot show are not run)."""
+    if not kernel_record:
+        n = len(names or faults.names())
+        return n * (2 + len(presets)) + len(presets)
+    count = len(presets)
+    for n in names or faults.names():
+        f = faults.get(n)
+        count += 2 * bool(cell_paths(f, f.trigger(), kernel_record)[0])
+        count += sum(bool(cell_paths(f, preset(p, seed=seed), kernel_record)[0]) for p in presets)
+    return count
 
 
 def _restrict(failed: dict[str, list[str]], paths: tuple[str, ...]) -> dict[str, list[str]]:
