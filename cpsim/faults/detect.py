@@ -176,8 +176,8 @@ def cell_paths(fault: faults.Fault, s: Scenario, record: dict | None) -> tuple[t
     """The affected paths where ``fault`` can show on ``s`` with these kernels, and why the others cannot."""
     keep, why = [], []
     for p in fault.paths:
-        reason = reaches(fault, p, record) or representable(s, p, record)
-        (why.append(reason) if reason else keep.append(p))
+        reasons = [r for r in (reaches(fault, p, record), representable(s, p, record)) if r]
+        (why.extend(reasons) if reasons else keep.append(p))
     return tuple(keep), "; ".join(dict.fromkeys(why))
 
 

@@ -23,6 +23,7 @@ matplotlib is imported lazily (``draw`` extra) and always with the Agg backend.
 from __future__ import annotations
 
 import io
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -431,6 +432,9 @@ def render(pic: Picture, title: str = "", subjects: dict | None = None) -> "Figu
         lines.append(f"not drawn (no per-token slots): {', '.join(hidden)}")
     if pic.skipped:
         lines.append(f"not applicable at CP {R}: {', '.join(pic.skipped)}")
+    # Lines wrapped to the canvas: a one-column figure is narrower than a long title (~0.6 em a character).
+    width = max(40, int(fig.get_figwidth() * 72 / (FONT_SUPTITLE * 0.62)))
+    lines = [part for line in lines for part in textwrap.wrap(line, width, subsequent_indent="  ") or [""]]
     fig.suptitle("\n".join(lines), fontsize=FONT_SUPTITLE,
                  color="black" if coordinator.passed(pic.verdicts) else _BAD)
     handles = [Patch(color=_RANK_COLOURS[r % len(_RANK_COLOURS)], label=f"rank {r}") for r in range(R)]
