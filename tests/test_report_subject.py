@@ -69,7 +69,7 @@ def test_every_report_names_the_users_kernel(user_run):
     file, sha = KERNELS / "interleave_bug_v1.py", _sha(KERNELS / "interleave_bug_v1.py")
     # the printed report: heading above the table and the column header
     head = r.stdout.split("invariant", 1)[0]
-    assert f"kernel under test on v1: {BUGGY} (ascend-v1, sha256 {sha})" in head
+    assert f"kernel under test on v1: {BUGGY} (ascend-v1); sha256 {sha}" in head
     assert "built-in on v2" in head
     header = next(line for line in r.stdout.splitlines() if "_compute_slot_mapping_kernel" in line and "┃" in line)
     assert header.index("_compute_slot_mapping_kernel") < header.index("┃", header.index("┃") + 1) + 40
@@ -178,8 +178,8 @@ def test_failures_lead_with_a_summary_then_few_examples_once_per_agreeing_paths(
     report.print_report(c, preset("mtp"), _verdicts(), examples=2)
     text = c.export_text()
     summary = [line for line in text.splitlines() if line.startswith("✗")]
-    assert summary == ["✗ owner-rule [v1]: 5 in group attn: 5 token(s) not stored on rank (p // 4) % 2",
-                       "✗ owner-rule [v1-torch, v2] (same on each): 4 in group attn: 4 token(s) not stored "
+    assert summary == ["✗ owner-rule [v1] group attn: 5 token(s) not stored on rank (p // 4) % 2",
+                       "✗ owner-rule [v1-torch, v2] group attn (same on each): 4 token(s) not stored "
                        "on rank (p // 4) % 2"]
     assert text.index("✗ owner-rule") < text.index("owner-rule [v1-torch and v2: same 4]")
     examples = [line for line in text.splitlines() if line.startswith("    rank 0")]

@@ -15,7 +15,8 @@ from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim import scenario as sc
 from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, apply_overrides, check_paths_apply,
-                       kernels_from_args, kernels_with_record, parse_paths, scenario_from_args, subjects_for)
+                       KERNEL_FLAGS, kernels_from_args, kernels_with_record, parse_paths, scenario_from_args,
+                       subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.report import draw
@@ -105,6 +106,10 @@ def main(args) -> int:
     if out.suffix.lower() not in (".png", ".svg"):
         raise ConfigError("--out", f"must end in .png or .svg, got {out.name!r}")
     if args.capture:
+        given = [f for f, attr in [*KERNEL_FLAGS.items(), ("replay", "kernel_replay")] if getattr(args, attr, None)]
+        if given:
+            raise ConfigError(f"--kernel-{given[0]}", "a capture holds what the kernels wrote; draw --capture runs "
+                                                       "no kernel (drop the --kernel-* options)")
         from cpsim.capture.picture import main as draw_capture
         return draw_capture(args)
     s, knobs, rank = resolve(args)
@@ -119,7 +124,8 @@ def main(args) -> int:
     if not args.quiet:
         n = sum(len(v.violations) for v in pic.verdicts)
         terminal.console().print(f"wrote {out} ({out.stat().st_size // 1024} KiB): "
-                        + ("all invariants hold" if ok else f"[red]{n} violation(s) drawn[/red]"), highlight=False)
+                                 + ("all invariants hold" if ok else f"[red]{n} violation(s) drawn[/red]"),
+                                 highlight=False)
     return 0 if ok else 1
 
 

@@ -181,6 +181,12 @@ def cell_paths(fault: faults.Fault, s: Scenario, record: dict | None) -> tuple[t
     return tuple(keep), "; ".join(dict.fromkeys(why))
 
 
+def baseline_paths(fault: faults.Fault, s: Scenario, record: dict | None) -> tuple[str, ...]:
+    """The affected paths whose fault-free run is judged: every one the kernel can represent, reached by
+    the fault or not, so a user's kernel that fails the fault-free scenario still shows "baseline fails"."""
+    return tuple(p for p in fault.paths if not representable(s, p, record))
+
+
 TRIGGER = "trigger"
 
 
@@ -211,16 +217,18 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
     names = names or faults.names()
     cat = {n: faults.get(n) for n in names}
     scen = {TRIGGER + ":" + n: f.trigger() for n, f in cat.items()} | {p: preset(p, seed=seed) for p in presets}
-    where = {}  # (fault, scenario) -> (paths the fault can show on, why not the others)
+    where, base_on = {}, {}  # (fault, scenario) -> (paths the fault can show on, why not the others); baseline's
     for n, f in cat.items():
         for sc in (TRIGGER, *presets):
-            where[(n, sc)] = cell_paths(f, scen[TRIGGER + ":" + n if sc == TRIGGER else sc], kernel_record)
+            s = scen[TRIGGER + ":" + n if sc == TRIGGER else sc]
+            where[(n, sc)] = cell_paths(f, s, kernel_record)
+            base_on[(n, sc)] = baseline_paths(f, s, kernel_record)
     tasks: dict[tuple, tuple] = {}
     for n, f in cat.items():
         ps = where[(n, TRIGGER)][0]
         if ps:
             tasks[(n, TRIGGER, True)] = (n, TRIGGER, True, seed, ps, kernel_record)
-            tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, ps, kernel_record)
+            tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, base_on[(n, TRIGGER)], kernel_record)
         for p in presets:
             if where[(n, p)][0]:
                 tasks[(n, p, True)] = (n, p, True, seed, where[(n, p)][0], kernel_record)
@@ -256,7 +264,7 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
                 m.cells.append(Cell(n, p, {}, {}, False, 0.0, why))
                 continue
             failed, applicable, secs = results[(n, p, True)]
-            base = _restrict(results[(None, p, False)][0], ps)
+            base = _restrict(results[(None, p, False)][0], base_on[(n, p)])
             m.cells.append(Cell(n, p, failed, base, applicable, secs, "" if applicable else
                                 "no affected path runs there"))
     return m

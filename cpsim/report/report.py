@@ -45,15 +45,17 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
 
 
 def subject_line(sub: dict[str, Any]) -> str:
-    """One kernel-under-test entry for people: ``builtin`` or ``SPEC (ABI, sha256 ...)``."""
+    """One kernel-under-test entry for people: ``builtin`` or ``SPEC (ABI)``, replay kernel, then the hashes."""
     def one(x: dict[str, Any]) -> str:
-        if x.get("kind") == "builtin":
-            return "builtin"
-        return f"{x['spec']} ({x['abi']}" + (f", sha256 {x['sha256']}" if x.get("sha256") else "") + ")"
+        return "builtin" if x.get("kind") == "builtin" else f"{x['spec']} ({x['abi']})"
     text = one(sub)
-    if sub.get("replay"):
-        text += f" + replay padding {one(sub['replay'])}"
-    return text
+    replay = sub.get("replay")
+    if replay:
+        text += f" + replay padding {one(replay)}"
+    hashes = [f"sha256 {sub['sha256']}"] if sub.get("sha256") else []
+    if replay and replay.get("sha256"):
+        hashes.append(f"replay sha256 {replay['sha256']}")
+    return text + (f"; {', '.join(hashes)}" if hashes else "")
 
 
 def kernels_heading(subjects: dict[str, dict[str, Any]] | None) -> list[str]:
@@ -202,9 +204,8 @@ def print_report(console: Console, s: Scenario, verdicts: list[Verdict], title: 
         groups = ", ".join(dict.fromkeys(x.group for x in vios))
         more = f" (+{len(vios) - 1} more)" if len(vios) > 1 else ""
         same = " (same on each)" if len(paths) > 1 else ""
-        console.print(f"[red]✗ {escape(inv)}[/red] {escape('[' + ', '.join(paths) + ']')}{same}: "
-                      f"{sum(x.count for x in vios)} in group {escape(groups)}: {escape(vios[0].message)}{more}",
-                      highlight=False, soft_wrap=True)
+        console.print(f"[red]✗ {escape(inv)}[/red] {escape('[' + ', '.join(paths) + ']')} group {escape(groups)}"
+                      f"{same}: {escape(vios[0].message)}{more}", highlight=False, soft_wrap=True)
     if gathered and failing:
         from cpsim.check.ownership import ownership
         print_ownership(console, ownership(s, gathered))
