@@ -432,7 +432,7 @@ def test_a_captured_steps_picture_draws_every_violated_invariant_inside_the_canv
     from matplotlib.text import Text
     from test_draw import outside_canvas
 
-    from cpsim.capture.replay import check_step, iter_steps
+    from cpsim.capture.steps import check_step, iter_steps
     from cpsim.check import explicit
     from cpsim.report import draw
     out = next(o for o in map(check_step, iter_steps(str(faulty))) if o.failed)
