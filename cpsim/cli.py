@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-from rich.console import Console
+from cpsim.report import terminal
 from rich.markup import escape
 
 from cpsim import __version__
@@ -36,12 +36,31 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+FORMAT_HELP = ("rich: colour and box tables on a terminal, wide unfolded lines elsewhere (default); "
+               "plain: no colour, ASCII tables, for logs")
+
+
+def _leaves(parser: argparse.ArgumentParser):
+    """Every parser that runs a command (sub-commands of sub-commands included)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield parser
+    for a in subs:
+        for p in dict.fromkeys(a.choices.values()):
+            yield from _leaves(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from cpsim.report.terminal import FORMATS
     parser = Parser(prog="cpsim", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"cpsim {__version__}")
+    parser.add_argument("--format", choices=FORMATS, default="rich", help=FORMAT_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).register(sub)
+    for leaf in _leaves(parser):  # `cpsim run --format plain` as well as `cpsim --format plain run`
+        if leaf is not parser:
+            leaf.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS, help=FORMAT_HELP)
     return parser
 
 
@@ -51,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, a usage error: the code argparse chose, returned
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    err = Console(stderr=True)
+    terminal.set_format(getattr(args, "format", "rich"))
+    err = terminal.console(stderr=True)
     try:
         from cpsim.validate import check_args
         check_args(args)  # option bounds and output paths, before any work

@@ -425,3 +425,22 @@ def test_packed_host_copy_returns_every_tensor_unchanged():
     for got, want in zip(to_host(views, packed=True), views):
         assert got.dtype == want.numpy().dtype and got.shape == tuple(want.shape)
         assert np.array_equal(got, want.numpy())
+
+
+def test_a_captured_steps_picture_draws_every_violated_invariant_inside_the_canvas(faulty):
+    """Issue 30: the capture picture's legend was clipped and its padding violation not drawn."""
+    from matplotlib.text import Text
+    from test_draw import outside_canvas
+
+    from cpsim.capture.steps import check_step, iter_steps
+    from cpsim.check import explicit
+    from cpsim.report import draw
+    out = next(o for o in map(check_step, iter_steps(str(faulty))) if o.failed)
+    pic = draw.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
+    fig = draw.render(pic, "step 1")
+    violated = {(v.path, v.invariant) for v in out.verdicts if v.status == "fail" and "~" not in v.path}
+    assert ("v1", "padding") in violated or ("v2", "padding") in violated
+    marked = {(p.path, m[0]) for p in pic.panels.values() for m in p.marks}
+    assert violated <= marked
+    assert {inv for _, inv in violated} <= {t.get_text() for t in fig.findobj(Text)}
+    assert not outside_canvas(fig), outside_canvas(fig)

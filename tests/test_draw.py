@@ -115,3 +115,97 @@ def test_cli_draw_injected_catalogue_fault(tmp_path, capsys):
     assert out.stat().st_size > 1000
     assert cli.main(["draw", "--inject", "no-such-bug", "--out", str(out)]) == 2
     assert "no-such-bug" in capsys.readouterr().err
+
+
+# ---- everything inside the canvas, legible (issue 30) --------------------------------
+
+def _checked_picture(s, knobs=None, paths=("v1", "v2"), kernels=None):
+    """Run, check and lay out a picture the way the commands do (the picture itself runs nothing)."""
+    from cpsim.allocator import allocate_world
+    from cpsim.check import coordinator
+    from cpsim.paths import Knobs
+    from cpsim.run.world import run_virtual
+    allocs = allocate_world(s)
+    gathered = run_virtual(s, list(paths), knobs or Knobs(), kernels=kernels, allocs=allocs)
+    verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
+    return draw.build(s, gathered, allocs, verdicts, list(paths))
+
+
+def outside_canvas(fig) -> list[str]:
+    """Texts, callouts and legends whose drawn extent leaves the figure (1 px slack)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    box = fig.bbox
+    # Tick labels exist for ticks outside the view too (never drawn): the figure's tight box covers the
+    # drawn ones; every other text, callout and legend is checked on its own.
+    ticks = {id(lbl) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis) for lbl in axis.get_ticklabels(which="both")}
+    tight = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)
+    bad = [] if (tight.x0 >= box.x0 - 1 and tight.y0 >= box.y0 - 1 and tight.x1 <= box.x1 + 1
+                 and tight.y1 <= box.y1 + 1) else [f"drawn artists span {tight.bounds} beyond {box.bounds}"]
+    for artist in [*fig.findobj(Text), *fig.legends]:
+        if not artist.get_visible() or (isinstance(artist, Text) and not artist.get_text().strip()) \
+                or id(artist) in ticks:
+            continue
+        e = artist.get_window_extent(renderer)
+        if e.x0 < box.x0 - 1 or e.y0 < box.y0 - 1 or e.x1 > box.x1 + 1 or e.y1 > box.y1 + 1:
+            bad.append(f"{type(artist).__name__} {getattr(artist, 'get_text', lambda: 'legend')()!r}: "
+                       f"{e.x0:.0f},{e.y0:.0f}-{e.x1:.0f},{e.y1:.0f} outside {box.x1:.0f}x{box.y1:.0f}")
+    return bad
+
+
+def _fault_picture(name: str, paths=("v1", "v2")):
+    from cpsim import faults
+    f = faults.get(name)
+    s = f.trigger()
+    return _checked_picture(s, f.knobs_for(s), paths)
+
+
+@pytest.mark.parametrize("name", ["short-request-rank", "stale-tail", "cp-applied-to-unsharded-groups"])
+def test_callouts_and_legend_stay_inside_the_canvas(name):
+    pic = _fault_picture(name)
+    for paths in (pic.paths, pic.paths[:1]):   # side by side, and one narrow column (the capture's shape)
+        pic.paths = list(paths)
+        fig = draw.render(pic)
+        assert not outside_canvas(fig), outside_canvas(fig)
+        assert fig.legends
+        marks = [m for (path, _), p in pic.panels.items() if path in paths for m in p.marks]
+        assert len(fig.findobj(Annotation)) == sum(m[1] != "note" for m in marks)
+    assert any(p.marks for p in pic.panels.values())   # the fault is called out somewhere
+
+
+def test_matches_reference_callout_at_the_right_edge_stays_inside():
+    """The callout issue 30 saw cut: a violation in the last columns of the strip."""
+    pic = _checked_picture(small(), VIRTUAL_FROM_KERNEL_BLOCK)
+    for panel in pic.panels.values():   # move every mark to the far right cell
+        panel.marks = [(inv, where, row, (panel.strip if where == "strip" else panel.blocks).shape[1] - 1)
+                       for inv, where, row, _ in panel.marks]
+    fig = draw.render(pic)
+    assert any(a.get_text() == "matches-reference" for a in fig.findobj(Annotation))
+    assert not outside_canvas(fig), outside_canvas(fig)
+
+
+def test_every_violated_invariant_is_called_out():
+    pic = _fault_picture("stale-tail", ("v2",))
+    fig = draw.render(pic)
+    shown = {t.get_text() for t in fig.findobj(Text)}
+    for panel in pic.panels.values():
+        violated = {v.invariant for v in panel.violations}
+        assert "padding" in violated or not panel.violations
+        assert violated <= {m[0] for m in panel.marks}
+        assert violated <= shown   # a callout box per invariant, arrowless when it has no cell
+
+
+def test_text_is_legible_where_the_html_shows_it():
+    """>= 11 px at the 96 px-per-inch size the HTML gives the picture, which is embedded at 2x."""
+    from cpsim.report import html
+    pic = _checked_picture(small(), VIRTUAL_FROM_KERNEL_BLOCK)
+    fig = draw.render(pic)
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_text().strip()]
+    assert min(sizes) * 96 / 72 >= 11, min(sizes)
+    png = draw.png_bytes(fig, dpi=html.PICTURE_DPI)
+    page = html.render_html(pic.scenario, pic.verdicts, png)
+    w, h = html.png_size(png)
+    assert w == round(fig.get_figwidth() * html.PICTURE_DPI)
+    assert f'width="{w // 2}" height="{h // 2}"' in page   # shown at 96 px per inch, not shrunk to fit

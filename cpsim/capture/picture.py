@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
+from cpsim.report import terminal
 
 from cpsim.capture.steps import check_step, first_finding, iter_steps
 from cpsim.check import explicit
@@ -54,7 +54,7 @@ def main(args) -> int:
     title = args.title or (f"{name}: {finding.invariant} at {where}" if finding else f"{name}: all invariants hold")
     draw.save(draw.render(pic, title), out_path)
     if not args.quiet:
-        Console().print(f"wrote {out_path} ({out_path.stat().st_size // 1024} KiB): {chosen.step.label.get('name')}",
+        terminal.console().print(f"wrote {out_path} ({out_path.stat().st_size // 1024} KiB): {chosen.step.label.get('name')}",
                         highlight=False)
     return 1 if chosen.failed else 0
 
@@ -65,7 +65,7 @@ def write_html(path: str | Path, out, extra: dict) -> None:
     try:
         _too_big(out)
         pic = draw.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
-        png, note = draw.png_bytes(draw.render(pic), dpi=80), ""
+        png, note = draw.png_bytes(draw.render(pic), dpi=html.PICTURE_DPI), ""
     except ConfigError as e:
         png, note = None, f"no picture: {e.rule}"
     html.write_html(path, out.scenario, out.verdicts, png, extra, picture_note=note)

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+
+from cpsim.report import terminal
 from rich.markup import escape
 
 from cpsim.capture import batch as xb
@@ -36,7 +38,7 @@ def main(args, console: Console | None = None) -> int:
         import torch
         torch.set_num_threads(1)
     quiet_rank = os.environ.get("RANK", "0") not in ("", "0")  # under torchrun only rank 0 speaks
-    console = console or Console(quiet=quiet_rank)
+    console = console or terminal.console(quiet=quiet_rank)
     kernels = _kernels(args)
     checked = 0
     notes: list[str] = []
@@ -51,7 +53,8 @@ def main(args, console: Console | None = None) -> int:
         title = f"{step.label.get('name') or 'explicit batch'} ({step.path}, {len(step.ranks)} ranks) — " \
                 f"{Path(str(step.label.get('source', args.file))).name}"
         if not args.quiet:
-            report.print_report(console, out.scenario, out.verdicts, title=title)
+            report.print_report(console, out.scenario, out.verdicts, title=title,
+                                examples=getattr(args, "examples", report.DEFAULT_EXAMPLES), gathered=out.gathered)
             for note in step.label.get("notes", []):
                 console.print(f"[dim]note: {escape(note)}[/dim]")
         finding = first_finding(step, out.gathered, out.verdicts)

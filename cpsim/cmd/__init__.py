@@ -182,10 +182,13 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
     return out
 
 
-def describe_kernels(console, kernels: dict) -> None:
-    """One line per kernel under test, then what its adapter could not model."""
+def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
+    """One line per kernel under test, then what its adapter could not model.
+
+    ``notes_only``: the report's heading already named the kernels (``report.print_report``)."""
     for path, k in kernels.items():
-        console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
+        if not notes_only:
+            console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
         for note in k.notes:
             console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
 
@@ -200,6 +203,30 @@ def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> di
             if p in paths and (p not in given or (isinstance(v, dict) and v.get("replay")))}
     out = from_record(kept, device, where="repro kernels")
     return kernels_from_args(args, device, paths, base=out)
+
+
+def subjects_for(kernels: dict, paths) -> dict:
+    """What ran on each of ``paths``, as plain data for every report (``cpsim.kernels.subject``)."""
+    from cpsim.kernels.subject import subjects
+    return subjects(kernels or {}, list(dict.fromkeys([*paths, *(kernels or {})])))
+
+
+def _examples(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--examples must be an integer >= 0, got {text!r}")
+    return n
+
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    """Options of the printed report."""
+    from cpsim.report.report import DEFAULT_EXAMPLES
+    p.add_argument("--examples", type=_examples, default=DEFAULT_EXAMPLES, metavar="N",
+                   help=f"examples printed per failing invariant, paths that agree printed once "
+                        f"(default: {DEFAULT_EXAMPLES}; --json has them all)")
 
 
 # ---- torchrun ------------------------------------------------------------------
@@ -219,7 +246,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     ``summary(console, results)`` (a command's own verdict line), and writes the
     --json / --junit / --html files the command has. Exit 1 when any group fails.
     """
-    from rich.console import Console
+    from cpsim.report import terminal
 
     from cpsim.check import coordinator
 
@@ -229,9 +256,10 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
 
     world = int(os.environ["WORLD_SIZE"])
     quiet = getattr(args, "quiet", False)
+    subjects = subjects_for(entry.kernels, entry.paths)
 
     def report_(results, infos) -> int:
-        console = Console()
+        console = terminal.console()
         ok = all(coordinator.passed(r.verdicts) for r in results)
         s0 = results[0].scenario
         if quiet:
@@ -240,8 +268,8 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
             console.print(f"[bold]torchrun world {world}[/bold]: {world // entry.cp_size} CP group(s) of "
                           f"{entry.cp_size} (DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
             print_ranks(console, infos, results)
-            print_groups(console, results)
-            describe_kernels(console, entry.kernels)
+            print_groups(console, results, subjects, getattr(args, "examples", None))
+            describe_kernels(console, entry.kernels, notes_only=True)
             console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
                           f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
                           f"{len(results)} CP group(s) fail[/bold red]")
@@ -250,21 +278,22 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
 
         def junit() -> None:
             from cpsim.report.junit import write_junit
-            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results])
+            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results],
+                        subjects=subjects)
 
         def html() -> None:
             from cpsim.report.html import write_html_many
             write_html_many(args.html, f"{entry.label} on torchrun world {world}",
                             [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})", r.scenario,
-                              r.verdicts) for r in results], extra=extra)
+                              r.verdicts) for r in results], extra=extra, subjects=subjects)
 
         try:  # every output that can be written is, even when another fails
             write_outputs([("--json", getattr(args, "json", None),
-                            lambda: report.write_json(args.json, to_dict(results, infos, extra))),
+                            lambda: report.write_json(args.json, to_dict(results, infos, extra, subjects))),
                            ("--junit", getattr(args, "junit", None), junit),
                            ("--html", getattr(args, "html", None), html)])
         except ConfigError as e:
-            Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
             return 2
         return 0 if ok else 1
 

@@ -15,7 +15,7 @@ import json
 import os
 import time
 
-from rich.console import Console
+from cpsim.report import terminal
 from rich.table import Table
 
 from cpsim.errors import ConfigError
@@ -78,7 +78,7 @@ def main(args) -> int:
     from cpsim.ascend_check import runner
     if args.jobs < 1:
         raise ConfigError("--jobs", f"must be >= 1, got {args.jobs}")
-    out = Console()
+    out = terminal.console()
     py = runner.find_python(args.ascend_python)
     jobs = _jobs(args, py)
     if not jobs:

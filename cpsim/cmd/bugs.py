@@ -8,13 +8,14 @@ import os
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cpsim.report import terminal
 from rich.table import Table
 
 from cpsim import faults
 from cpsim.report import report
-from cpsim.cmd import (DefaultPaths, add_kernel_args, check_paths_apply, describe_kernels, execute_torchrun,
-                       kernels_from_args, parse_paths, torchrun_world)
+from cpsim.cmd import (DefaultPaths, add_kernel_args, add_report_args, check_paths_apply, describe_kernels,
+                       execute_torchrun, kernels_from_args, parse_paths, subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
@@ -52,6 +53,7 @@ def register(sub) -> None:
     q.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     q.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
                                                    "when the scenario is small enough to draw)")
+    add_report_args(q)
     q.set_defaults(func=main_reproduce)
 
     q = bsub.add_parser("matrix", help="every fault against its trigger and the presets; catch rate last")
@@ -84,7 +86,7 @@ def list_markdown() -> str:
 
 def main_list(args) -> int:
     if args.markdown:
-        Console().print(list_markdown(), highlight=False, markup=False, soft_wrap=True)
+        terminal.console().print(list_markdown(), highlight=False, markup=False, soft_wrap=True)
         return 0
     t = Table(title="cpsim bug catalogue (docs/SPEC.md §6)")
     t.add_column("name", style="bold", no_wrap=True)
@@ -93,7 +95,7 @@ def main_list(args) -> int:
     t.add_column("reference")
     for f in faults.registry().values():
         t.add_row(f.name, ", ".join(f.paths), ", ".join(f.invariants), "; ".join(f.references))
-    Console().print(t)
+    terminal.console().print(t)
     return 0
 
 
@@ -136,7 +138,7 @@ def scenario_lines(s: Scenario) -> list[str]:
 
 def main_show(args) -> int:
     f = faults.get(args.name, "name")
-    c = Console()
+    c = terminal.console()
     s = f.trigger()
     c.print(f"[bold]{f.name}[/bold] — {f.summary}")
     c.print(f.explanation, highlight=False)
@@ -160,16 +162,7 @@ def main_show(args) -> int:
 
 # ---- reproduce --------------------------------------------------------------------
 
-def ownership_table(rows) -> Table:
-    from cpsim.faults.detect import ranges
-    t = Table(title="owned tokens per rank: expected (p // I) % N vs actually holding a slot")
-    for col in ("path", "group", "request", "rank", "expected", "actual", "expected positions", "actual positions"):
-        t.add_column(col, justify="right" if col in ("request", "rank", "expected", "actual") else "left")
-    for o in rows:
-        style = "" if o.expected == o.actual else "red"
-        t.add_row(o.path, o.group, str(o.request), str(o.rank), str(len(o.expected)), str(len(o.actual)),
-                  ranges(o.expected), ranges(o.actual), style=style)
-    return t
+ownership_table = report.ownership_table  # the table lives with the report that prints it
 
 
 def _verdict(c: Console, f, fixed: bool, failed: dict[str, list[str]]) -> int:
@@ -199,7 +192,7 @@ def main_reproduce(args) -> int:
     check_paths_apply([s], paths, args)
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
-    c = Console()
+    c = terminal.console()
     mode = "fixed form" if args.fixed else f"fault injected ({knob_text(f.knobs)})"
     where = "" if args.inject_on_rank is None else f" on rank {args.inject_on_rank}"
     if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 alone prints
@@ -207,26 +200,24 @@ def main_reproduce(args) -> int:
     if launched_by_torchrun():
         return _reproduce_torchrun(args, f, s, paths, kernels)
     r = detect.reproduce(f, args.fixed, paths, args.inject_on_rank, dev.device, kernels)
-    report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]")
-    describe_kernels(c, kernels)
+    subjects = subjects_for(kernels, paths)
+    report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]", examples=args.examples,
+                        subjects=subjects, gathered=r.gathered)
+    describe_kernels(c, kernels, notes_only=True)
     skipped = [p for p in paths if p not in r.gathered]
     for p in skipped:
         c.print(f"[dim]{p}: not applicable at CP world size {s.cp.world}[/dim]")
     own = detect.ownership(r)
-    if own:
-        c.print(ownership_table(own[:32]))
-        if len(own) > 32:
-            c.print(f"… {len(own) - 32} more row(s); see --json")
     extra = {"fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
              "knobs": dataclasses.asdict(detect.knobs(f, s, args.fixed)), "paths_skipped": skipped}
 
     def html() -> None:
         from cpsim.report.html import write_checked
-        write_checked(args.html, s, r.gathered, r.verdicts, extra)
+        write_checked(args.html, s, r.gathered, r.verdicts, extra, subjects=subjects)
 
     code = _verdict(c, f, args.fixed, r.failed)
     write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, r.verdicts, {
-                       **extra, "ownership": [dataclasses.asdict(o) for o in own]}))),
+                       **extra, "ownership": [dataclasses.asdict(o) for o in own]}, subjects))),
                    ("--html", args.html, html)])
     return code
 
@@ -274,7 +265,20 @@ def matrix_markdown(m, scenarios: list[str]) -> str:
         lines.append(f"| `{name}` | {', '.join(f.paths)} | "
                      + " | ".join(_cell(cells[sc]) for sc in scenarios) + " |")
     caught, total = m.rate
-    return "\n".join(lines) + f"\n\ncaught {caught}/{total}"
+    notes = "".join(f"\n- `{name}` n/a: {why}" for name, why in not_applicable(m).items())
+    return "\n".join(lines) + f"\n\ncaught {caught}/{total}" + (f"\n{notes}" if notes else "")
+
+
+def not_applicable(m) -> dict[str, str]:
+    """Why each n/a cell cannot show its fault, one line per fault (its distinct reasons joined)."""
+    out: dict[str, list[str]] = {}
+    for cl in m.cells:
+        if not cl.applicable and cl.why:
+            reasons = out.setdefault(cl.fault, [])
+            text = f"{cl.scenario}: {cl.why}"
+            if cl.why not in " ".join(reasons):
+                reasons.append(text)
+    return {k: "; ".join(v) for k, v in out.items()}
 
 
 def main_matrix(args) -> int:
@@ -292,38 +296,44 @@ def main_matrix(args) -> int:
     jobs = args.jobs or detect.default_jobs()
     from cpsim.kernels.under_test import to_record
     kernels = kernels_from_args(args)
-    c = Console()
+    c = terminal.console()
     describe_kernels(c, kernels)
     if kernels:
         c.print("[dim]fault switches compile into the built-in kernels only; on a path with a kernel under test "
                 "'baseline fails' means that kernel fails the fault-free scenario[/dim]")
     scenarios = [detect.TRIGGER, *presets]
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True,
-                  disable=not Console(stderr=True).is_terminal) as prog:
-        task = prog.add_task("detection matrix", total=detect.num_tasks(names, presets))
-        m = detect.matrix(names, presets, args.seed, jobs,
-                          on_done=lambda label: prog.update(task, advance=1, description=label),
-                          kernel_record=to_record(kernels, kernels) if kernels else None)
+    record = to_record(kernels, kernels) if kernels else None
+    from cpsim.report.progress import progress
+    with progress("detection matrix", total=detect.num_tasks(names, presets, record, args.seed),
+                  console=terminal.console(stderr=True)) as bar:
+        m = detect.matrix(names, presets, args.seed, jobs, on_done=lambda label: bar.advance(label=label),
+                          kernel_record=record)
     caught, total = m.rate
     if args.markdown:
         c.print(matrix_markdown(m, scenarios), highlight=False, markup=False, soft_wrap=True)
     else:
-        t = Table(title="detection matrix: invariants that caught each fault ('-' = not caught, n/a = no "
-                        "affected path runs there)")
+        t = Table(title="detection matrix: invariants that caught each fault ('-' = not caught, n/a = the fault cannot "
+                        "show there, reasons below)")
         t.add_column("fault", style="bold")
         for sc in scenarios:
             t.add_column(sc)
         t.add_column("caught", justify="center")
         for name in m.faults:
             cells = {cl.scenario: cl for cl in m.for_fault(name)}
+            verdict = ("[green]yes[/green]" if m.caught(name) else "[bold red]NO[/bold red]") \
+                if m.applicable(name) else "[dim]n/a[/dim]"
             t.add_row(name, *[(f"[red]{_cell(cells[sc])}[/red]" if cells[sc].caught else _cell(cells[sc]))
-                              for sc in scenarios],
-                      "[green]yes[/green]" if m.caught(name) else "[bold red]NO[/bold red]")
+                              for sc in scenarios], verdict)
         c.print(t)
-        c.print(f"caught {caught}/{total}", style="bold green" if caught == total else "bold red")
+        for name, why in not_applicable(m).items():
+            c.print(f"[dim]n/a[/dim] {name}: {why}", highlight=False, soft_wrap=True)
+        skipped = len(m.faults) - total
+        c.print(f"caught {caught}/{total}" + (f" ({skipped} row(s) n/a: the fault cannot show with the kernel under "
+                                              f"test)" if skipped else ""),
+                style="bold green" if caught == total else "bold red")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "presets": list(presets), "seed": args.seed, "caught": caught, "total": total,
+            "not_applicable": not_applicable(m),
             "cells": [dataclasses.asdict(cl) | {"caught": cl.caught} for cl in m.cells]}, indent=2) + "\n")
     return 0 if caught == total else 1

@@ -19,6 +19,8 @@ import socket
 import time
 
 from rich.console import Console
+
+from cpsim.report import terminal
 from rich.markup import escape
 from rich.table import Table
 
@@ -44,7 +46,7 @@ def main(args) -> int:
     rows.append(doctor.Row("torchrun", "info", "not under torchrun: `launch/local.sh N doctor` also checks "
                                                 "one all-gather across N ranks"))
     ranks = [{"rank": 0, "host": socket.gethostname(), "device": dev.describe() if dev else "none"}]
-    return report(Console(), [rows], ranks, args.json)
+    return report(terminal.console(), [rows], ranks, args.json)
 
 
 def report(console: Console, per_rank: list[list[doctor.Row]], ranks: list[dict], json_path: str | None) -> int:
@@ -128,7 +130,7 @@ def _torchrun(args) -> int:
         everyone = comm.all_gather_objects((mine, rows), "doctor rows")
         code = 0
         if comm.rank == 0:
-            code = report(Console(), [r for _, r in everyone], [m for m, _ in everyone], args.json)
+            code = report(terminal.console(), [r for _, r in everyone], [m for m, _ in everyone], args.json)
     except BaseException as e:  # noqa: BLE001  (Comm.fail tells the peers and ends the process)
         comm.fail(e)
     comm.finish(code)  # every rank leaves with the agreed code once rank 0 has written its report

@@ -9,12 +9,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from cpsim.report import terminal
 
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim import scenario as sc
-from cpsim.cmd import add_path_args, add_scenario_args, apply_overrides, parse_paths, scenario_from_args
+from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, apply_overrides, check_paths_apply,
+                       KERNEL_FLAGS, kernels_from_args, kernels_with_record, parse_paths, scenario_from_args,
+                       subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.report import draw
@@ -42,6 +44,7 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, metavar="FILE.png|FILE.svg", help="where to write the picture")
     p.add_argument("--title", default="", help="figure title (default: scenario summary)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_kernel_args(p)  # the same kernels as `run`; a repro's recorded kernels unless these replace them
     p.set_defaults(func=main)
 
 
@@ -50,10 +53,14 @@ def _fault(name: str):
     return faults.get(name, "--inject")
 
 
+def _repro_data(path: str) -> dict:
+    return json.loads(Path(path).read_text()) if Path(path).suffix == ".json" else {}
+
+
 def _repro(path: str) -> tuple[sc.Scenario, Knobs, int | None]:
     """A repro file: the scenario, plus optional "knobs" (Knobs fields) and "inject_rank"."""
     s = load_scenario(path)
-    data = json.loads(Path(path).read_text()) if Path(path).suffix == ".json" else {}
+    data = _repro_data(path)
     knobs = Knobs()
     if isinstance(data.get("knobs"), dict):
         try:
@@ -83,31 +90,51 @@ def resolve(args) -> tuple[sc.Scenario, Knobs, int | None]:
     return s, knobs, rank
 
 
+def _kernels(args, paths: list[str]) -> dict:
+    """The --kernel-* options, over the kernels a repro records (which must load, else exit 2)."""
+    record = _repro_data(args.repro).get("kernels") if args.repro else None
+    if record is not None and not isinstance(record, dict):
+        raise ConfigError("--repro", f"{args.repro}: kernels must be {{path: 'builtin' | {{spec, abi, ...}}}}, "
+                                     f"got {record!r}")
+    if record:
+        return kernels_with_record(args, record, "cpu", paths)
+    return kernels_from_args(args, "cpu", paths)
+
+
 def main(args) -> int:
     out = Path(args.out)
     if out.suffix.lower() not in (".png", ".svg"):
         raise ConfigError("--out", f"must end in .png or .svg, got {out.name!r}")
     if args.capture:
+        given = [f for f, attr in [*KERNEL_FLAGS.items(), ("replay", "kernel_replay")] if getattr(args, attr, None)]
+        if given:
+            raise ConfigError(f"--kernel-{given[0]}", "a capture holds what the kernels wrote; draw --capture runs "
+                                                       "no kernel (drop the --kernel-* options)")
         from cpsim.capture.picture import main as draw_capture
         return draw_capture(args)
     s, knobs, rank = resolve(args)
     paths = parse_paths(args.paths)
-    fig, pic = figure_for(s, paths, knobs, rank, title=args.title)
+    kernels = _kernels(args, paths)
+    if kernels:
+        check_paths_apply([s], paths, args, explicit=False)
+    pic = simulate(s, paths, knobs, rank, kernels)
+    fig = draw.render(pic, args.title, subjects=subjects_for(kernels, paths))
     draw.save(fig, out)
     ok = coordinator.passed(pic.verdicts)
     if not args.quiet:
         n = sum(len(v.violations) for v in pic.verdicts)
-        Console().print(f"wrote {out} ({out.stat().st_size // 1024} KiB): "
-                        + ("all invariants hold" if ok else f"[red]{n} violation(s) drawn[/red]"), highlight=False)
+        terminal.console().print(f"wrote {out} ({out.stat().st_size // 1024} KiB): "
+                                 + ("all invariants hold" if ok else f"[red]{n} violation(s) drawn[/red]"),
+                                 highlight=False)
     return 0 if ok else 1
 
 
 def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
-             inject_rank: int | None = None) -> draw.Picture:
-    """Run the virtual world, check it, and lay out the picture's data."""
+             inject_rank: int | None = None, kernels: dict | None = None) -> draw.Picture:
+    """Run the virtual world (with the user's ``kernels``, if any), check it, and lay out the picture's data."""
     draw.check_size(s)
-    gathered = run_virtual(s, list(paths), knobs, inject_rank)
     allocs = allocate_world(s)
+    gathered = run_virtual(s, list(paths), knobs, inject_rank, kernels=kernels, allocs=allocs)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
     pic = draw.build(s, gathered, allocs, verdicts, list(paths))
     pic.skipped = [p for p in paths if p not in gathered]

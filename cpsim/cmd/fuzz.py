@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from rich.console import Console
+from cpsim.report import terminal
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -94,20 +94,25 @@ def validate_args(args) -> None:
         raise ConfigError("--shrink-seconds", f"must be a number >= 0, got {args.shrink_seconds}")
 
 
-def _status(prog: fz.Progress) -> Text:
+def _status(prog: fz.Progress, budget: int = 0) -> Text:
+    """One live line: phase, examples and rate, signatures found, eta against the --max-examples budget."""
+    from cpsim.report.progress import eta
+    left = f", eta {eta(prog.examples, budget, time.monotonic() - prog.started)}" if budget else ""
     shrink = ""
     if prog.shrink:
         z = prog.shrink
         shrink = (f"  smallest failing: CP {z['world']}, {z['groups']} group(s), "
                   f"{z['requests']} request(s), {z['tokens']} token(s)")
-    return Text(f"{prog.phase}: {prog.examples} examples, {prog.rate:.1f}/s, "
+    return Text(f"{prog.phase}: {prog.examples}/{budget or '?'} examples, {prog.rate:.1f}/s{left}, "
                 f"{prog.signatures} signature(s), {prog.failures} failing run(s){shrink}")
 
 
-def _jobs_status(started: float, status: dict) -> Text:
+def _jobs_status(started: float, status: dict, budget: int = 0) -> Text:
+    from cpsim.report.progress import eta
     n = sum(v[0] for v in status.values())
     parts = ", ".join(f"job {j}: {v[0]} ({v[2]})" for j, v in sorted(status.items()))
-    return Text(f"{n} examples, {n / max(time.monotonic() - started, 1e-9):.1f}/s; {parts}")
+    left = f", eta {eta(n, budget, time.monotonic() - started)}" if budget else ""
+    return Text(f"{n}/{budget or '?'} examples, {n / max(time.monotonic() - started, 1e-9):.1f}/s{left}; {parts}")
 
 
 def _size_text(f: fz.Finding) -> str:
@@ -143,7 +148,7 @@ def main(args) -> int:
         print("\n".join(fz.fault_names()))
         return 0
     validate_args(args)
-    console = Console()
+    console = terminal.console()
     paths = parse_paths(args.paths)
     fz.resolve_fault(args.inject)  # bad names fail before the search starts
     stream, device = _torchrun_stream(args)
@@ -177,10 +182,10 @@ def main(args) -> int:
                 now = time.monotonic()
                 if now - last[0] > 0.2:
                     last[0] = now
-                    view.update(_status(prog))
+                    view.update(_status(prog, cfg.max_examples))
 
             result = (fz.search(cfg, show) if cfg.jobs == 1 else
-                      fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st))))
+                      fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st, cfg.max_examples))))
     else:
         result = fz.search(cfg) if cfg.jobs == 1 else fz.search_jobs(cfg)
     problems = fz.write_findings(cfg, result)  # repros first, then the summary; never lost

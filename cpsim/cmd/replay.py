@@ -19,11 +19,14 @@ from pathlib import Path
 from pydantic import BaseModel
 from rich.console import Console
 
+from cpsim.report import terminal
+
 from cpsim import fuzz as fz
 from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.report import report
-from cpsim.cmd import add_kernel_args, describe_kernels, execute_torchrun, kernels_with_record, torchrun_world
+from cpsim.cmd import (add_kernel_args, add_report_args, describe_kernels, execute_torchrun, kernels_with_record,
+                       subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import to_record
@@ -47,6 +50,7 @@ def register(sub) -> None:
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
                                                    "when the scenario is small enough to draw)")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line")
+    add_report_args(p)
     p.add_argument("--shrink", metavar="OUT", help="capture/explicit batch: write the smallest explicit batch "
                                                     "that still fails the first failing step to OUT (.npz/.json)")
     p.set_defaults(func=main)
@@ -77,27 +81,29 @@ def main(args) -> int:
     check_world(r.scenario, args.allow_large)
     dev = select_device(args.device)
     kernels = kernels_with_record(args, r.kernels, dev.device, r.paths)
-    console = Console()
+    console = terminal.console()
     out = fz.replay(r, dev.device, kernels)
     recorded = r.violation.get("invariants", [])
+    subjects = subjects_for(kernels, r.paths)
     if not args.quiet:
         if r.inject:
             console.print(f"injected fault: {r.inject}")
         if out.error:
             console.print(f"[red]error:[/red] {out.error}", highlight=False)
         else:
-            report.print_report(console, r.scenario, out.verdicts)
-        describe_kernels(console, kernels)
+            report.print_report(console, r.scenario, out.verdicts, examples=args.examples, subjects=subjects,
+                                gathered=out.gathered)
+        describe_kernels(console, kernels, notes_only=not out.error)
     extra = {"inject": r.inject, "violation": out.summary(), "recorded_violation": r.violation,
              "kernels": to_record(kernels, r.paths)}
 
     def html() -> None:
         from cpsim.report.html import write_checked
-        write_checked(args.html, r.scenario, out.gathered, out.verdicts, extra)
+        write_checked(args.html, r.scenario, out.gathered, out.verdicts, extra, subjects=subjects)
 
     code = _verdict(console, recorded, out.failed, out.invariants())
     write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(r.scenario, out.verdicts,
-                                                                                             extra))),
+                                                                                             extra, subjects))),
                    ("--html", args.html, html)])
     return code
 

@@ -14,15 +14,16 @@ import copy
 import os
 from pathlib import Path
 
-from rich.console import Console
+from cpsim.report import terminal
 
 from cpsim.check import coordinator
 
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
-from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, check_paths_apply, describe_kernels,
-                       execute_torchrun, kernels_from_args, parse_paths, scenario_from_args, torchrun_world)
+from cpsim.cmd import (add_kernel_args, add_path_args, add_report_args, add_scenario_args, check_paths_apply,
+                       describe_kernels, execute_torchrun, kernels_from_args, parse_paths, scenario_from_args,
+                       subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import KERNEL_DESIGNS, Knobs
@@ -45,6 +46,7 @@ def register(sub) -> None:
                                                    "when the scenario is small enough to draw)")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per path, group and invariant")
     p.add_argument("--quiet", action="store_true", help="print only the verdict line; no progress bar")
+    add_report_args(p)
     p.add_argument("--kernel-design", choices=KERNEL_DESIGNS, default="per-request",
                    help="built-in Triton kernels: per-request (vllm-ascend-faithful) or tile (tile-parallel)")
     p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim bugs list`)")
@@ -63,22 +65,26 @@ def main(args) -> int:
     check_paths_apply([s], paths, args)
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
-    console = Console()
+    console = terminal.console()
     knobs, inject_rank = _injection(args, s)
     work = s.cp.world * len(paths)
     quiet = args.quiet or s.batch.num_tokens * work < PROGRESS_MIN_WORK
-    with progress(f"{s.name}: paths x ranks", total=work, quiet=quiet, console=console) as bar:
+    with progress(f"{s.name}: {paths[0]} rank 0 (the first launch compiles)", total=work, quiet=quiet,
+                  console=console) as bar:
         gathered = run_virtual(s, paths, device=dev.device, knobs=knobs,
                                inject_rank=inject_rank,
                                kernels=kernels,
                                on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
     skipped = [p for p in paths if p not in gathered]
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+    if args.inject and coordinator.passed(verdicts):
+        _fault_must_show(args, s, paths, dev.device, kernels, gathered, inject_rank)
     for p in skipped:
         verdicts += coordinator.not_run(p, f"not applicable at CP world size {s.cp.world} (CP size 1 only)")
+    subjects = subjects_for(kernels, paths)
     if not args.quiet:
-        report.print_report(console, s, verdicts)
-        describe_kernels(console, kernels)
+        report.print_report(console, s, verdicts, examples=args.examples, subjects=subjects, gathered=gathered)
+        describe_kernels(console, kernels, notes_only=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
     extra = {"paths_skipped": skipped, "inject": args.inject, "inject_rank": inject_rank,
@@ -86,13 +92,14 @@ def main(args) -> int:
 
     def junit() -> None:
         from cpsim.report.junit import write_junit
-        write_junit(args.junit, [(s, verdicts)])
+        write_junit(args.junit, [(s, verdicts)], subjects=subjects)
 
     def html() -> None:
         from cpsim.report.html import write_checked
-        write_checked(args.html, s, gathered, verdicts, {"paths_skipped": skipped})
+        write_checked(args.html, s, gathered, verdicts, {"paths_skipped": skipped}, subjects=subjects)
 
-    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, verdicts, extra))),
+    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, verdicts, extra,
+                                                                                              subjects))),
                    ("--junit", args.junit, junit), ("--html", args.html, html)])
     return 0 if coordinator.passed(verdicts) else 1
 
@@ -133,6 +140,44 @@ def main_torchrun(args) -> int:
     entry = Entry(label, build, n, paths, knobs=knobs, inject_rank=inject_rank,
                   kernels=kernels_from_args(args, select_device(args.device).device, paths))
     return execute_torchrun(args, entry)
+
+
+def _same(a: dict, b: dict) -> bool:
+    """The two runs wrote the same slot mappings on every path and rank."""
+    import torch
+    return a.keys() == b.keys() and all(torch.equal(a[p].slots, b[p].slots) and torch.equal(a[p].enabled, b[p].enabled)
+                                        for p in a)
+
+
+def _fault_must_show(args, s, paths: list[str], device: str, kernels: dict, gathered: dict,
+                     inject_rank: int | None) -> None:
+    """``--inject`` where the fault cannot show is bad input (exit 2), not a silent pass.
+
+    It cannot show when it cannot reach any selected path's kernel (a FAULT_* switch and a user's
+    kernel), or when the injected run wrote exactly what the fault-free run writes: the scenario
+    never exercises what the fault breaks. A fault that changes the mapping but breaks no invariant
+    is a miss of the checker, and stays exit 0 with the report."""
+    from cpsim import faults
+    from cpsim.faults.detect import reaches
+    from cpsim.kernels.under_test import to_record
+    from cpsim.run.world import run_virtual
+
+    fault = faults.get(args.inject, "--inject")
+    hint = (f"its own trigger shows it: cpsim bugs reproduce {fault.name} "
+            f"(or cpsim bugs show {fault.name} --dump FILE.json, then cpsim run --scenario FILE.json)")
+    record = to_record(kernels, kernels)
+    affected = [p for p in paths if p in fault.paths and p in gathered]
+    reach = [p for p in affected if not reaches(fault, p, record)]
+    if not affected:
+        raise ConfigError("--inject", f"{fault.name} affects {', '.join(fault.paths)}, none of which ran here; {hint}")
+    if not reach:
+        raise ConfigError("--inject", f"{fault.name} cannot reach the kernels under test: "
+                                      f"{reaches(fault, affected[0], record)}; {hint}")
+    clean = run_virtual(s, paths, device=device, knobs=Knobs(kernel_design=args.kernel_design), kernels=kernels)
+    if _same(gathered, clean):
+        raise ConfigError("--inject", f"{fault.name} cannot show on scenario {s.name}: the injected run wrote the "
+                                      f"same slot mappings as the fault-free run on every path and rank"
+                                      f"{'' if inject_rank is None else f' (injected on rank {inject_rank})'}; {hint}")
 
 
 def _injection(args, s) -> tuple[Knobs, int | None]:

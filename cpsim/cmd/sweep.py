@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+
+from cpsim.report import terminal
 from rich.table import Table
 
 from cpsim.check import coordinator
@@ -60,6 +62,8 @@ def register(sub) -> None:
                                                    "invariant table and violations")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per (scenario, path, invariant)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
+    from cpsim.cmd import add_report_args
+    add_report_args(p)
     p.set_defaults(func=main)
 
 
@@ -185,7 +189,7 @@ def main(args) -> int:
     kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
     entries, skipped = plan(matrix, world, kernels)
     check_paths_apply([e.build(0) for e in entries], matrix["paths"], args, explicit=matrix["paths_given"])
-    console = Console()
+    console = terminal.console()
     progress = _progress(console, args.quiet, len(entries))
     if world is None:
         results = run_virtual_sweep(args, entries, progress)
@@ -200,9 +204,11 @@ def main(args) -> int:
 
 class _Bar:
     def __init__(self, console: Console, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        self.p = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TextColumn("{task.description}"), console=console, transient=True)
+        from rich.progress import Progress, TextColumn
+
+        from cpsim.report.progress import columns
+        self.p = Progress(*columns("[bold]sweep"), TextColumn("{task.description}"), console=console,
+                          transient=True)
         self.task = self.p.add_task("", total=total)
         self.p.start()
 
@@ -262,33 +268,36 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
         t.add_row(label, "", "", "", f"[dim]skipped: {why}[/dim]")
     console.print(t)
     failing = [r for r in results if not coordinator.passed(r.verdicts)]
+    from cpsim.cmd import subjects_for
+    subjects = subjects_for(kernels or {}, dict.fromkeys(v.path for r in results for v in r.verdicts
+                                                         if v.path != "*" and "~" not in v.path))
     if failing and not args.quiet:
-        print_groups(console, failing)
+        print_groups(console, failing, subjects, getattr(args, "examples", None))
     if not args.quiet and results:
-        describe_kernels(console, kernels or {})
+        describe_kernels(console, kernels or {}, notes_only=bool(failing))
     console.print("[bold green]every scenario passes[/bold green]" if ok else
                   f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
 
     def json_() -> None:
         from cpsim.report.torchrun import to_dict
         report.write_json(args.json, to_dict(results, infos or [], {
-            "mode": "sweep" if world is None else "sweep-torchrun", "skipped": skipped}))
+            "mode": "sweep" if world is None else "sweep-torchrun", "skipped": skipped}, subjects))
 
     def junit() -> None:
         from cpsim.report.junit import write_junit
-        write_junit(args.junit, [(r.scenario, r.verdicts, junit_label(r)) for r in results], skipped)
+        write_junit(args.junit, [(r.scenario, r.verdicts, junit_label(r)) for r in results], skipped, subjects)
 
     def html() -> None:
         from cpsim.report.html import write_html_many
         write_html_many(args.html, f"sweep of {len(results)} scenario run(s)"
                         + (f" on {world} ranks" if world else " (virtual world)"),
                         [(f"{junit_label(r)} · ranks {r.ranks[0]}-{r.ranks[-1]}", r.scenario, r.verdicts)
-                         for r in results], skipped)
+                         for r in results], skipped, subjects=subjects)
 
     sys.stdout.flush()
     try:  # every output that can be written is, even when another fails
         write_outputs([("--json", args.json, json_), ("--junit", args.junit, junit), ("--html", args.html, html)])
     except ConfigError as e:
-        Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
         return 2
     return 0 if ok else 1

@@ -14,15 +14,14 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Callable
 
-import torch
-
 from cpsim.check import coordinator
 
 from cpsim import faults
 from cpsim.allocator import allocate_world
 from cpsim.check.coordinator import Verdict
 from cpsim.check.gathered import Gathered
-from cpsim.layout import PAD_SLOT_ID, owner_rank
+from cpsim.check.ownership import Ownership, ranges  # noqa: F401  (re-exported)
+from cpsim.check.ownership import ownership as _ownership
 from cpsim.paths import PATHS, Knobs
 from cpsim.scenario import PRESETS, Scenario, preset
 from cpsim.run.world import run_virtual
@@ -71,63 +70,11 @@ def reproduce(fault: faults.Fault, fixed: bool = False, paths=PATHS, inject_rank
     return run(s, knobs(fault, s, fixed), paths, inject_rank, device, kernels)
 
 
-# ---- ownership: who holds which positions -----------------------------------
-
-@dataclass
-class Ownership:
-    path: str
-    group: str
-    request: int
-    rank: int
-    expected: list[int]    # positions the rank should hold
-    actual: list[int]      # positions it holds a real slot for
-
+# ---- ownership: who holds which positions (cpsim.check.ownership) -------------
 
 def ownership(r: Run) -> list[Ownership]:
-    """Per (path, sharded group, request, rank): owned positions expected vs held (replayed positions of
-    a prefix-cacheable group are expected on no rank).
-
-    Only (path, group, request) combinations where some rank differs are returned.
-    """
-    s = r.scenario
-    pos = torch.from_numpy(s.batch.positions())
-    req = torch.from_numpy(s.batch.token_request())
-    replayed = torch.from_numpy(s.replay_mask())  # PAD by design in the prefix-cacheable groups
-    n = pos.numel()
-    out: list[Ownership] = []
-    for path, G in r.gathered.items():
-        for gi, g in enumerate(s.groups):
-            world = g.world(s.cp)
-            if world == 1 or not g.slot_mapped or not bool(G.enabled[:, gi].all()):
-                continue
-            x = G.slots[:, gi, :n]
-            if x.shape[1] < n:
-                continue
-            real = (x != PAD_SLOT_ID) & (x != coordinator.MISSING)
-            owner = owner_rank(pos, world, s.cp.interleave)
-            held = ~replayed if g.pads_replay else torch.ones_like(replayed)
-            for i in range(s.batch.num_reqs):
-                sel = req == i
-                rows = [Ownership(path, g.name, i, rk, pos[sel & held & (owner == rk % world)].tolist(),
-                                  pos[sel & real[rk]].tolist()) for rk in range(x.shape[0])]
-                if any(o.expected != o.actual for o in rows):
-                    out += rows
-    return out
-
-
-def ranges(values: list[int]) -> str:
-    """Compact positions: [0,1,2,5] -> '0-2, 5'."""
-    if not values:
-        return "-"
-    parts, start, prev = [], values[0], values[0]
-    for v in values[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ", ".join(parts)
+    """``cpsim.check.ownership.ownership`` of a run."""
+    return _ownership(r.scenario, r.gathered)
 
 
 # ---- the detection matrix -----------------------------------------------------
@@ -142,6 +89,7 @@ class Cell:
     baseline_failed: dict[str, list[str]]  # fault-free run of the same scenario and paths
     applicable: bool                    # some affected path ran on this scenario
     seconds: float
+    why: str = ""                       # why the cell is n/a (the fault cannot reach or show there)
 
     @property
     def caught(self) -> bool:
@@ -158,13 +106,85 @@ class Matrix:
     def caught(self, name: str) -> bool:
         return any(c.caught for c in self.for_fault(name))
 
+    def applicable(self, name: str) -> bool:
+        """A row counts when the fault can show in at least one of its cells."""
+        return any(c.applicable for c in self.for_fault(name))
+
     @property
     def faults(self) -> list[str]:
         return list(dict.fromkeys(c.fault for c in self.cells))
 
     @property
     def rate(self) -> tuple[int, int]:
-        return sum(self.caught(f) for f in self.faults), len(self.faults)
+        """(caught, applicable rows): rows whose fault can reach no cell are not counted."""
+        rows = [f for f in self.faults if self.applicable(f)]
+        return sum(self.caught(f) for f in rows), len(rows)
+
+
+# ---- where a fault can show with a user's kernels --------------------------------
+
+# ABIs whose slot mapping is int32: slots past 2^31 - 1 cannot be written (vllm-ascend's v1/v2 kernels).
+INT32_SLOT_ABIS = ("ascend-v1", "ascend-v1-fused", "ascend-v1-fused-adaptive", "ascend-v2")
+
+
+def _user(record: dict | None, path: str) -> tuple[dict | None, dict | None]:
+    """(the path's user kernel entry or None, its user replay kernel entry or None) from a to_record dict."""
+    item = (record or {}).get(path)
+    if not isinstance(item, dict):
+        return (({"spec": item, "abi": "auto"} if isinstance(item, str) and item != "builtin" else None), None)
+    return (item if item.get("spec", "builtin") != "builtin" else None), item.get("replay") or None
+
+
+def reaches(fault: faults.Fault, path: str, record: dict | None) -> str:
+    """Why ``fault`` cannot reach ``path``'s kernels under ``record`` ("" when it can).
+
+    Host-side knobs (table widths, block sizes, the slot buffer) shape the inputs of any kernel; the
+    FAULT_* switches are compiled into cpsim's built-in kernels only, so they reach a path only where
+    its kernel is built-in (the replay switches: where the replay-padding kernel is, or always for the
+    host-side list of groups)."""
+    from cpsim import kernels
+    k, replay = _user(record, path)
+    if k is None and replay is None:
+        return ""
+    kn = fault.knobs
+    if fault.knobs_fn is not None or kn.virtual_from_kernel_block or kn.unsharded_width_per_cp \
+            or kn.sharded_width_undivided or kn.buffer_size:
+        return ""
+    bits = kn.kernel_fault
+    replay_bits = bits & kernels.REPLAY_FAULTS
+    if replay_bits and (replay is None or replay_bits & kernels.FAULT_REPLAY_ALL_GROUPS):
+        return ""
+    if k is None and ((bits & ~kernels.REPLAY_FAULTS) or kn.draft_overwrite):
+        return ""
+    what = "the replay-padding kernel" if replay_bits else "the kernel"
+    return f"{what} under test on {path} is the user's: the fault is built into cpsim's own kernel or its launch"
+
+
+def representable(s: Scenario, path: str, record: dict | None) -> str:
+    """Why ``path``'s kernel cannot represent ``s`` ("" when it can): an int32 ABI and slots >= 2^31."""
+    from cpsim.scenario import INT32_MAX
+    k, _ = _user(record, path)
+    if k is None or k.get("abi") not in INT32_SLOT_ABIS:
+        return ""
+    top = max((g.num_blocks * g.block_size - 1 for g in s.groups if g.slot_mapped), default=0)
+    if top > INT32_MAX:
+        return f"the {k['abi']} ABI writes int32 slots; this scenario needs slots up to {top} (>= 2^31) on {path}"
+    return ""
+
+
+def cell_paths(fault: faults.Fault, s: Scenario, record: dict | None) -> tuple[tuple[str, ...], str]:
+    """The affected paths where ``fault`` can show on ``s`` with these kernels, and why the others cannot."""
+    keep, why = [], []
+    for p in fault.paths:
+        reasons = [r for r in (reaches(fault, p, record), representable(s, p, record)) if r]
+        (why.extend(reasons) if reasons else keep.append(p))
+    return tuple(keep), "; ".join(dict.fromkeys(why))
+
+
+def baseline_paths(fault: faults.Fault, s: Scenario, record: dict | None) -> tuple[str, ...]:
+    """The affected paths whose fault-free run is judged: every one the kernel can represent, reached by
+    the fault or not, so a user's kernel that fails the fault-free scenario still shows "baseline fails"."""
+    return tuple(p for p in fault.paths if not representable(s, p, record))
 
 
 TRIGGER = "trigger"
@@ -196,12 +216,22 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
     """
     names = names or faults.names()
     cat = {n: faults.get(n) for n in names}
+    scen = {TRIGGER + ":" + n: f.trigger() for n, f in cat.items()} | {p: preset(p, seed=seed) for p in presets}
+    where, base_on = {}, {}  # (fault, scenario) -> (paths the fault can show on, why not the others); baseline's
+    for n, f in cat.items():
+        for sc in (TRIGGER, *presets):
+            s = scen[TRIGGER + ":" + n if sc == TRIGGER else sc]
+            where[(n, sc)] = cell_paths(f, s, kernel_record)
+            base_on[(n, sc)] = baseline_paths(f, s, kernel_record)
     tasks: dict[tuple, tuple] = {}
     for n, f in cat.items():
-        tasks[(n, TRIGGER, True)] = (n, TRIGGER, True, seed, f.paths, kernel_record)
-        tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, f.paths, kernel_record)
+        ps = where[(n, TRIGGER)][0]
+        if ps:
+            tasks[(n, TRIGGER, True)] = (n, TRIGGER, True, seed, ps, kernel_record)
+            tasks[(n, TRIGGER, False)] = (n, TRIGGER, False, seed, base_on[(n, TRIGGER)], kernel_record)
         for p in presets:
-            tasks[(n, p, True)] = (n, p, True, seed, f.paths, kernel_record)
+            if where[(n, p)][0]:
+                tasks[(n, p, True)] = (n, p, True, seed, where[(n, p)][0], kernel_record)
     for p in presets:
         tasks[(None, p, False)] = (None, p, False, seed, PATHS, kernel_record)
     results: dict[tuple, tuple] = {}
@@ -220,19 +250,38 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
 
     m = Matrix()
     for n, f in cat.items():
-        failed, applicable, secs = results[(n, TRIGGER, True)]
-        base, _, base_secs = results[(n, TRIGGER, False)]
-        m.cells.append(Cell(n, TRIGGER, failed, base, applicable, secs + base_secs))
+        ps, why = where[(n, TRIGGER)]
+        if not ps:
+            m.cells.append(Cell(n, TRIGGER, {}, {}, False, 0.0, why))
+        else:
+            failed, applicable, secs = results[(n, TRIGGER, True)]
+            base, _, base_secs = results[(n, TRIGGER, False)]
+            m.cells.append(Cell(n, TRIGGER, failed, base, applicable, secs + base_secs,
+                                why if applicable else "no affected path runs there"))
         for p in presets:
+            ps, why = where[(n, p)]
+            if not ps:
+                m.cells.append(Cell(n, p, {}, {}, False, 0.0, why))
+                continue
             failed, applicable, secs = results[(n, p, True)]
-            base = _restrict(results[(None, p, False)][0], f.paths)
-            m.cells.append(Cell(n, p, failed, base, applicable, secs))
+            base = _restrict(results[(None, p, False)][0], base_on[(n, p)])
+            m.cells.append(Cell(n, p, failed, base, applicable, secs, "" if applicable else
+                                "no affected path runs there"))
     return m
 
 
-def num_tasks(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS) -> int:
-    n = len(names or faults.names())
-    return n * (2 + len(presets)) + len(presets)
+def num_tasks(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, kernel_record: dict | None = None,
+              seed: int = 0) -> int:
+    """Runs ``matrix`` makes (cells where the fault cannot show are not run)."""
+    if not kernel_record:
+        n = len(names or faults.names())
+        return n * (2 + len(presets)) + len(presets)
+    count = len(presets)
+    for n in names or faults.names():
+        f = faults.get(n)
+        count += 2 * bool(cell_paths(f, f.trigger(), kernel_record)[0])
+        count += sum(bool(cell_paths(f, preset(p, seed=seed), kernel_record)[0]) for p in presets)
+    return count
 
 
 def _restrict(failed: dict[str, list[str]], paths: tuple[str, ...]) -> dict[str, list[str]]:

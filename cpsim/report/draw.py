@@ -23,6 +23,7 @@ matplotlib is imported lazily (``draw`` extra) and always with the Agg backend.
 from __future__ import annotations
 
 import io
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +58,15 @@ _ALL_COLOUR = "#8a8a8a"
 _NONE_COLOUR = "#f4c7c7"
 _SEVERAL_COLOUR = "#000000"
 _BAD = "#e00000"
+
+# Text sizes in points. The smallest is 8.5 pt: 11.3 px where the picture is shown at 96 px per
+# inch (the HTML report embeds it so), the least that stays legible.
+FONT_MIN = 8.5
+FONT_TITLE = 9.5
+FONT_SUPTITLE = 11.0
+ROW_IN = 0.15               # inches per strip or block row: one FONT_MIN label each
+COLUMN_IN = 8.0             # inches per drawn path
+LEGEND_ENTRY_IN = 1.7       # inches one legend entry takes at FONT_MIN
 
 
 @dataclass
@@ -287,6 +297,10 @@ def build(s: Scenario, gathered: dict, allocs_world: list[list[Allocation]],
             mark = _locate(s, panel, vio, tok, gathered[vio.path], gi, w)
             if mark:
                 panel.marks.append((vio.invariant, *mark))
+    for panel in panels.values():  # every violated invariant gets its callout, with no arrow when it has no cell
+        for inv in dict.fromkeys(v.invariant for v in panel.violations):
+            if not any(m[0] == inv for m in panel.marks):
+                panel.marks.append((inv, "note", 0, 0))
     return Picture(s, paths, panels, verdicts, w, skipped)
 
 
@@ -304,6 +318,11 @@ def _locate(s: Scenario, panel: Panel, vio, tok: dict, G, gi: int, w: int) -> tu
                     return "blocks", panel.block_keys.index((e.rank, slot // B)), slot % B
         row = _strip_row(s, e.request, e.position, w)
         return "strip", row, e.position % w
+    for e in vio.examples:  # an entry with no token (padding, the tail): the block its wrong slot landed in
+        if e.rank is not None and str(e.actual).lstrip("-").isdigit():
+            slot = int(e.actual)
+            if slot >= 0 and (e.rank, slot // B) in panel.block_keys:
+                return "blocks", panel.block_keys.index((e.rank, slot // B)), slot % B
     return None
 
 
@@ -358,8 +377,25 @@ def _short(text: str, n: int = 110) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def render(pic: Picture, title: str = "") -> "Figure":
-    """The matplotlib Figure (not shown, not saved): tests read its texts."""
+def kernel_lines(subjects: dict | None) -> list[str]:
+    """The kernel under test on each path for the figure's title (none when all are built-in)."""
+    out = []
+    for path, sub in (subjects or {}).items():
+        if sub.get("kind") == "builtin" and not sub.get("replay"):
+            continue
+        who = "built-in" if sub.get("kind") == "builtin" else (
+            f"{sub['spec'].rpartition(':')[2]} ({sub.get('abi', '')}"
+            + (f", sha256 {sub['sha256']}" if sub.get("sha256") else "") + ")")
+        if sub.get("replay"):
+            who += f" + replay {sub['replay']['spec'].rpartition(':')[2]}"
+        out.append(f"kernel under test on {path}: {who}")
+    return out
+
+
+def render(pic: Picture, title: str = "", subjects: dict | None = None) -> "Figure":
+    """The matplotlib Figure (not shown, not saved): tests read its texts.
+
+    ``subjects`` (``cpsim.kernels.subject``) names the kernel under test on each path in the title."""
     _, Figure = _mpl()
     from matplotlib.patches import Patch
     s = pic.scenario
@@ -370,9 +406,10 @@ def render(pic: Picture, title: str = "") -> "Figure":
         p0 = pic.panels.get((pic.paths[0], gi)) if pic.paths else None
         nstrip = p0.strip.shape[0] if p0 is not None else 1
         nblk = p0.blocks.shape[0] if p0 is not None else 0
-        heights += [0.9 + 0.13 * nstrip, 0.5 + 0.11 * max(nblk, 2)]
+        p0_lines = 2 + min(len(p0.violations), 4) if p0 is not None else 1
+        heights += [0.6 + 0.2 * p0_lines + ROW_IN * nstrip, 0.6 + ROW_IN * max(nblk, 2)]
     ncol = max(len(pic.paths), 1)
-    fig = Figure(figsize=(7.5 * ncol, 1.6 + sum(heights)), layout="constrained", dpi=100)
+    fig = Figure(figsize=(COLUMN_IN * ncol, 2.2 + sum(heights)), layout="constrained", dpi=100)
     if not pic.paths or not groups:
         fig.suptitle(f"{s.name}: nothing to draw (no applicable path or no slot-mapped group)")
         return fig
@@ -386,6 +423,7 @@ def render(pic: Picture, title: str = "") -> "Figure":
              f"— {verdict_line}"]
     across = [vio for v in pic.verdicts for vio in v.violations
               if (vio.path, next((i for i, g in enumerate(s.groups) if g.name == vio.group), -1)) not in pic.panels]
+    lines += kernel_lines(subjects)
     lines += [_short(f"✗ {vio.invariant} [{vio.path}] {vio.group}: {vio.message}", 150) for vio in across[:6]]
     if len(across) > 6:
         lines.append(f"… {len(across) - 6} more")
@@ -394,12 +432,19 @@ def render(pic: Picture, title: str = "") -> "Figure":
         lines.append(f"not drawn (no per-token slots): {', '.join(hidden)}")
     if pic.skipped:
         lines.append(f"not applicable at CP {R}: {', '.join(pic.skipped)}")
-    fig.suptitle("\n".join(lines), fontsize=10, color="black" if coordinator.passed(pic.verdicts) else _BAD)
+    # Lines wrapped to the canvas: a one-column figure is narrower than a long title (~0.6 em a character).
+    width = max(40, int(fig.get_figwidth() * 72 / (FONT_SUPTITLE * 0.62)))
+    lines = [part for line in lines for part in textwrap.wrap(line, width, subsequent_indent="  ") or [""]]
+    fig.suptitle("\n".join(lines), fontsize=FONT_SUPTITLE,
+                 color="black" if coordinator.passed(pic.verdicts) else _BAD)
     handles = [Patch(color=_RANK_COLOURS[r % len(_RANK_COLOURS)], label=f"rank {r}") for r in range(R)]
     handles += [Patch(color=_ALL_COLOUR, label="every rank"), Patch(color=_NONE_COLOUR, label="no rank"),
                 Patch(color=_SEVERAL_COLOUR, label="several"),
                 Patch(facecolor="none", edgecolor=_BAD, label="differs from reference")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 12), fontsize=8, frameon=False)
+    # As many legend columns as fit the figure's width (a legend wider than the canvas is clipped).
+    fit = max(1, int(fig.get_figwidth() / LEGEND_ENTRY_IN))
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), fit), fontsize=FONT_MIN,
+               frameon=False)
     return fig
 
 
@@ -412,21 +457,26 @@ def _draw_panel(fig, top, bottom, panel: Panel, pic: Picture, R: int) -> None:
            (f", b={g.b}" if g.bpk > 1 else "") + (", unsharded" if gw == 1 else "") + \
            (f", cp_size {gw}: replica sets {sets}; strip shows ranks {0}-{gw - 1}" if sets else "") + ")"
     lines = [head + (f" — {panel.note}" if panel.note else "")]
-    for vio in panel.violations[:4]:
-        lines.append(_short(f"✗ {vio.invariant} ×{vio.count}: {vio.message}"))
-    if len(panel.violations) > 4:
-        lines.append(f"… {len(panel.violations) - 4} more violation(s)")
-    ax.set_title("\n".join(lines), fontsize=8, loc="left", color=_BAD if panel.violations else "black")
+    # One line per violated invariant (every one is named), its first violation's message.
+    by_inv: dict[str, list] = {}
+    for vio in panel.violations:
+        by_inv.setdefault(vio.invariant, []).append(vio)
+    for inv, vios in list(by_inv.items())[:4]:
+        more = f" (+{len(vios) - 1} more)" if len(vios) > 1 else ""
+        lines.append(_short(f"✗ {inv} ×{sum(v.count for v in vios)}: {vios[0].message}{more}", 95))
+    if len(by_inv) > 4:
+        lines.append(_short(f"… also {', '.join(list(by_inv)[4:])}", 95))
+    ax.set_title("\n".join(lines), fontsize=FONT_TITLE, loc="left", color=_BAD if panel.violations else "black")
     _image(ax, panel.strip, R)
     _outline(ax, panel.strip_bad)
-    ax.set_yticks(range(len(panel.strip_labels)), panel.strip_labels, fontsize=5)
-    ax.set_xlabel(f"position mod {pic.width} (token strip, colour = rank holding a real slot)", fontsize=6)
-    ax.tick_params(axis="x", labelsize=6)
+    ax.set_yticks(range(len(panel.strip_labels)), panel.strip_labels, fontsize=FONT_MIN)
+    ax.set_xlabel(f"position mod {pic.width} (token strip, colour = rank holding a real slot)", fontsize=FONT_MIN)
+    ax.tick_params(axis="x", labelsize=FONT_MIN)
     axb = fig.add_subplot(bottom)
     if panel.blocks.shape[0]:
         _image(axb, panel.blocks, R)
         _outline(axb, panel.blocks_bad)
-        axb.set_yticks(range(len(panel.block_labels)), panel.block_labels, fontsize=5)
+        axb.set_yticks(range(len(panel.block_labels)), panel.block_labels, fontsize=FONT_MIN)
         ranks = [k[0] for k in panel.block_keys]
         for j in range(1, len(ranks)):
             if ranks[j] != ranks[j - 1]:
@@ -438,18 +488,32 @@ def _draw_panel(fig, top, bottom, panel: Panel, pic: Picture, R: int) -> None:
                 axb.axvline(k * g.b - 0.5, color="#555555", linewidth=0.5, linestyle=":")
     else:
         axb.set_yticks([])
-        axb.text(0.5, 0.5, panel.note or "no slots written", ha="center", va="center", fontsize=8,
+        axb.text(0.5, 0.5, panel.note or "no slots written", ha="center", va="center", fontsize=FONT_MIN,
                  transform=axb.transAxes)
     extra = f"; {panel.stray_dropped} more stray block(s) not drawn" if panel.stray_dropped else ""
-    axb.set_xlabel(f"slot offset in physical block (rows: rank, request, block #; colour = owner of the "
-                   f"position stored){extra}", fontsize=6)
-    axb.tick_params(axis="x", labelsize=6)
-    for k, (inv, where, row, col) in enumerate(panel.marks):
+    axb.set_xlabel(f"slot offset in physical block (rows: rank, request, block #;\ncolour = owner of the "
+                   f"position stored){extra}", fontsize=FONT_MIN)
+    axb.tick_params(axis="x", labelsize=FONT_MIN)
+    _callouts(ax, axb, panel.marks)
+
+
+def _callouts(ax, axb, marks) -> None:
+    """One callout per violated invariant, its box inside the axes (so inside the canvas), stacked from
+    the top right; an arrow to the cell where it shows, none when it has no cell ("note")."""
+    stacks = {id(ax): 0, id(axb): 0}
+    for inv, where, row, col in marks:
         target = ax if where == "strip" else axb
-        target.annotate(inv, xy=(col, row), xytext=(24 + 84 * k, 12 + 12 * (k % 2)), textcoords="offset points",
-                        fontsize=7, color=_BAD, fontweight="bold",
-                        bbox=dict(boxstyle="round,pad=0.2", fc="white", ec=_BAD, lw=0.8),
-                        arrowprops=dict(arrowstyle="->", color=_BAD, lw=1.0), zorder=5)
+        k = stacks[id(target)]
+        stacks[id(target)] += 1
+        # Two columns of callouts, right then middle, from the top down.
+        xy_text = (0.98 - 0.45 * (k % 2), 0.96 - 0.3 * (k // 2) % 0.9)
+        style = dict(fontsize=FONT_MIN, color=_BAD, fontweight="bold", ha="right", va="top", zorder=5,
+                     bbox=dict(boxstyle="round,pad=0.2", fc="white", ec=_BAD, lw=0.8))
+        if where == "note":
+            target.text(*xy_text, inv, transform=target.transAxes, **style)
+            continue
+        target.annotate(inv, xy=(col, row), xytext=xy_text, textcoords="axes fraction",
+                        arrowprops=dict(arrowstyle="->", color=_BAD, lw=1.0), annotation_clip=False, **style)
 
 
 def save(fig: "Figure", out: str | Path) -> Path:

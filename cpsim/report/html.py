@@ -29,8 +29,14 @@ th{background:#f3f3f3} td.pass{background:#e6f4ea;color:#1e6b32;text-align:cente
 td.fail{background:#fce8e6;color:#a50e0e;font-weight:600;text-align:center} td.na{color:#999;text-align:center}
 .vio{border-left:4px solid #c5221f;background:#fdf3f2;padding:6px 10px;margin:8px 0}
 .vio code{font-weight:600} .muted{color:#666} pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:12px}
-img{max-width:100%;border:1px solid #ddd}
+.picture{overflow-x:auto;max-width:100%} .picture img{border:1px solid #ddd;max-width:none}
+table.kernels td,table.kernels th{font-size:13px}
 """
+
+# The picture is rendered at PICTURE_SCALE x 96 dots per inch and shown at 96 CSS px per inch, so its
+# smallest text (draw.FONT_MIN, 8.5 pt) is 11.3 px on the page and sharp on high-density screens.
+PICTURE_DPI = 192
+PICTURE_SCALE = 2
 
 
 def _e(x: Any) -> str:
@@ -104,24 +110,59 @@ def _violations(verdicts: list[Verdict]) -> str:
     return "".join(out)
 
 
+def _user_kernels(subjects: dict[str, dict] | None) -> str:
+    """The user's kernels for a title: ``attr (path)``, comma-separated; "" when all are built-in."""
+    names = []
+    for path, sub in (subjects or {}).items():
+        for x in (sub, sub.get("replay")):
+            if x and x.get("kind", "user") != "builtin" and x.get("spec") not in (None, "builtin"):
+                names.append(f"{x['spec'].rpartition(':')[2]} ({path})")
+    return ", ".join(dict.fromkeys(names))
+
+
+def _subjects(subjects: dict[str, dict] | None) -> str:
+    """The kernel-under-test table of the title block."""
+    if not subjects:
+        return ""
+    rows = ["<table class=\"kernels\"><tr><th>path</th><th>kernel under test</th><th>ABI</th><th>file</th>"
+            "<th>sha256</th><th>profile</th></tr>"]
+    for path, sub in subjects.items():
+        for x, label in ((sub, path), (sub.get("replay"), f"{path} replay padding")):
+            if not x:
+                continue
+            builtin = x.get("kind") == "builtin"
+            name = x["spec"].rpartition(":")[2] if ":" in x["spec"] else x["spec"]
+            rows.append(f"<tr><td>{_e(label)}</td><td>{'cpsim built-in' if builtin else '<b>' + _e(name) + '</b>'}"
+                        f"</td><td>{_e(x.get('abi', ''))}</td><td><code>{_e(x.get('file', ''))}</code></td>"
+                        f"<td><code>{_e(x.get('sha256', ''))}</code></td><td>{_e(x.get('profile', sub.get('profile', '')))}"
+                        f"</td></tr>")
+    return "".join(rows) + "</table>"
+
+
 def render_html(s: Scenario, verdicts: list[Verdict], picture_png_bytes: bytes | None = None,
-                extra: dict[str, Any] | None = None, picture_note: str = "") -> str:
+                extra: dict[str, Any] | None = None, picture_note: str = "",
+                subjects: dict[str, dict] | None = None) -> str:
     ok = passed(verdicts)
+    who = _user_kernels(subjects)
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
-             f"<title>cpsim {_e(s.name)}: {'pass' if ok else 'FAIL'}</title><style>{_CSS}</style></head><body>",
-             f"<h1>cpsim report: {_e(s.name)}</h1>",
+             f"<title>cpsim {_e(s.name)}{' · ' + _e(who) if who else ''}: {'pass' if ok else 'FAIL'}</title>"
+             f"<style>{_CSS}</style></head><body>",
+             f"<h1>cpsim report: {_e(s.name)}{' · ' + _e(who) if who else ''}</h1>",
              f'<p><span class="verdict {"ok" if ok else "bad"}">'
              f'{"all invariants hold" if ok else "invariants violated"}</span> '
              f'<span class="muted">fingerprint {_e(s.fingerprint())} · cpsim {_e(__version__)}</span></p>',
-             "<h2>Scenario</h2>", _scenario(s),
-             "<h2>Invariants &times; paths</h2>", _grid(verdicts),
-             "<h2>Violations</h2>", _violations(verdicts)]
+             _subjects(subjects),
+             "<h2>Invariants &times; paths</h2>", _grid(verdicts)]
+    # The picture right after the grid: the grid says *that* something broke, the picture *how*.
     parts.append("<h2>Picture</h2>")
     if picture_png_bytes:
         b64 = base64.b64encode(picture_png_bytes).decode()
-        parts.append(f'<img alt="CP layout of {_e(s.name)}" src="data:image/png;base64,{b64}">')
+        w, h = png_size(picture_png_bytes)
+        parts.append(f'<div class="picture"><img alt="CP layout of {_e(s.name)}" width="{w // PICTURE_SCALE}" '
+                     f'height="{h // PICTURE_SCALE}" src="data:image/png;base64,{b64}"></div>')
     else:
         parts.append(f'<p class="muted">{_e(picture_note or "no picture")}</p>')
+    parts += ["<h2>Violations</h2>", _violations(verdicts), "<h2>Scenario</h2>", _scenario(s)]
     if extra:
         parts.append("<h2>Details</h2><pre>" + _e(json.dumps(extra, indent=2, default=str)) + "</pre>")
     parts.append("<h2>Scenario JSON</h2><details><summary>show</summary><pre>"
@@ -129,23 +170,32 @@ def render_html(s: Scenario, verdicts: list[Verdict], picture_png_bytes: bytes |
     return "".join(parts)
 
 
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
 def write_html(path: str | Path, scenario: Scenario, verdicts: list[Verdict],
                picture_png_bytes: bytes | None = None, extra: dict[str, Any] | None = None,
-               picture_note: str = "") -> None:
-    Path(path).write_text(render_html(scenario, verdicts, picture_png_bytes, extra, picture_note), encoding="utf-8")
+               picture_note: str = "", subjects: dict[str, dict] | None = None) -> None:
+    Path(path).write_text(render_html(scenario, verdicts, picture_png_bytes, extra, picture_note, subjects),
+                          encoding="utf-8")
 
 
 def write_checked(path: str | Path, s: Scenario, gathered: dict | None, verdicts: list[Verdict],
-                  extra: dict[str, Any] | None = None) -> None:
+                  extra: dict[str, Any] | None = None, subjects: dict[str, dict] | None = None) -> None:
     """The page of one checked scenario, with its picture when it can be drawn."""
     from cpsim.allocator import allocate_world
 
-    png, note = (picture_for(s, gathered, allocate_world(s), verdicts) if gathered
+    png, note = (picture_for(s, gathered, allocate_world(s), verdicts, subjects) if gathered
                  else (None, "no picture: the run raised before gathering"))
-    write_html(path, s, verdicts, png, extra, picture_note=note)
+    write_html(path, s, verdicts, png, extra, picture_note=note, subjects=subjects)
 
 
-def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdict]) -> tuple[bytes | None, str]:
+def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdict],
+                subjects: dict[str, dict] | None = None) -> tuple[bytes | None, str]:
     """PNG of the layout for the page, or why there is none (too big, no matplotlib)."""
     from cpsim.report import draw
     from cpsim.errors import ConfigError
@@ -153,24 +203,29 @@ def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdic
     try:
         draw.check_size(s)
         fig = draw.render(draw.build(s, gathered, allocs_world, verdicts, [p for p in ("v1", "v2")
-                                                                            if p in gathered] or None))
-        return draw.png_bytes(fig, dpi=80), ""
+                                                                            if p in gathered] or None),
+                          subjects=subjects)
+        return draw.png_bytes(fig, dpi=PICTURE_DPI), ""
     except ConfigError as e:
         return None, f"no picture: {e.rule}"
 
 
 
 def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]],
-                     skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> str:
+                     skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
+                     subjects: dict[str, dict] | None = None) -> str:
     """One page for many scenarios (a sweep, the CP groups of a torchrun job): a summary table, then
     each scenario's invariant table and violations. No pictures: a sweep is too big to draw."""
     ok = all(passed(v) for _, _, v in items)
+    who = _user_kernels(subjects)
+    title = f"{title} · {who}" if who else title
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>cpsim {_e(title)}: {'pass' if ok else 'FAIL'}</title><style>{_CSS}</style></head><body>",
              f"<h1>cpsim report: {_e(title)}</h1>",
              f'<p><span class="verdict {"ok" if ok else "bad"}">'
              f'{"every scenario passes" if ok else "invariants violated"}</span> '
              f'<span class="muted">{len(items)} scenario run(s) · cpsim {_e(__version__)}</span></p>',
+             _subjects(subjects),
              "<h2>Summary</h2><table><tr><th>scenario</th><th>CP</th><th>seed</th><th>fingerprint</th>"
              "<th>result</th></tr>"]
     for i, (label, s, verdicts) in enumerate(items):
@@ -192,5 +247,6 @@ def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]
 
 
 def write_html_many(path: str | Path, title: str, items: list[tuple[str, Scenario, list[Verdict]]],
-                    skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
-    Path(path).write_text(render_html_many(title, items, skipped, extra), encoding="utf-8")
+                    skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
+                    subjects: dict[str, dict] | None = None) -> None:
+    Path(path).write_text(render_html_many(title, items, skipped, extra, subjects), encoding="utf-8")

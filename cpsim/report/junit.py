@@ -70,7 +70,33 @@ def _cases(s: Scenario, verdicts: list[Verdict], label: str):
                 yield cls, f"{g.name}::{v.invariant}", "fail" if vios else "pass", vios, ""
 
 
-def to_element(results: Sequence[tuple], skipped: Mapping[str, str] | None = None) -> ET.Element:
+def subject_properties(subjects: Mapping[str, dict] | None) -> list[tuple[str, str]]:
+    """``<property>`` pairs naming the kernel under test on each path (and the release profile)."""
+    from cpsim.report.report import subject_line
+    out = []
+    for path, sub in (subjects or {}).items():
+        out.append((f"cpsim.kernel.{path}", subject_line(sub)))
+        for k in ("kind", "spec", "abi", "file", "sha256", "profile"):
+            if sub.get(k):
+                out.append((f"cpsim.kernel.{path}.{k}", str(sub[k])))
+        if sub.get("replay"):
+            for k in ("spec", "abi", "file", "sha256"):
+                if sub["replay"].get(k):
+                    out.append((f"cpsim.kernel.{path}.replay.{k}", str(sub["replay"][k])))
+    return out
+
+
+def _properties(suite: ET.Element, props: list[tuple[str, str]]) -> None:
+    if props:
+        el = ET.SubElement(suite, "properties")
+        for name, value in props:
+            ET.SubElement(el, "property", name=name, value=value)
+
+
+def to_element(results: Sequence[tuple], skipped: Mapping[str, str] | None = None,
+               subjects: Mapping[str, dict] | None = None) -> ET.Element:
+    """``subjects`` (path -> kernel under test) become each suite's ``<properties>``."""
+    props = subject_properties(subjects)
     root = ET.Element("testsuites", name="cpsim")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for label, reason in (skipped or {}).items():
@@ -84,6 +110,7 @@ def to_element(results: Sequence[tuple], skipped: Mapping[str, str] | None = Non
         s, verdicts = item[0], item[1]
         label = item[2] if len(item) > 2 else s.name
         suite = ET.SubElement(root, "testsuite", name=f"cpsim.{label}", id=s.fingerprint())
+        _properties(suite, props)
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         for cls, name, status, vios, why in _cases(s, verdicts, label):
             case = ET.SubElement(suite, "testcase", classname=cls, name=name, time="0")
@@ -106,7 +133,8 @@ def to_element(results: Sequence[tuple], skipped: Mapping[str, str] | None = Non
     return root
 
 
-def write_junit(path: str | Path, results: Sequence[tuple], skipped: Mapping[str, str] | None = None) -> None:
-    tree = ET.ElementTree(to_element(results, skipped))
+def write_junit(path: str | Path, results: Sequence[tuple], skipped: Mapping[str, str] | None = None,
+                subjects: Mapping[str, dict] | None = None) -> None:
+    tree = ET.ElementTree(to_element(results, skipped, subjects))
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)

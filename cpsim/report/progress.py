@@ -14,6 +14,8 @@ from typing import Iterator
 
 from rich.console import Console
 
+from cpsim.report import terminal
+
 
 class Bar:
     """What a command sees: advance by steps, optionally relabel the current step."""
@@ -35,7 +37,7 @@ class Bar:
 
 
 def enabled(quiet: bool = False, console: Console | None = None) -> bool:
-    console = console or Console()
+    console = console or terminal.console()
     return not quiet and console.is_terminal
 
 
@@ -45,8 +47,22 @@ def progress(description: str, total: int | None, quiet: bool = False,
     if not enabled(quiet, console):
         yield Bar()
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console or Console(), transient=True) as p:
+    with Progress(*columns(), console=console or terminal.console(), transient=True) as p:
         yield Bar(p, p.add_task(description, total=total))
+
+
+def columns(label: str = "{task.description}") -> tuple:
+    """label, bar, done/total, elapsed, "eta" remaining (from the rate so far), the same on every command."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    return (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
+            TimeRemainingColumn())
+
+
+def eta(done: int, total: int, elapsed: float) -> str:
+    """Remaining time at the rate so far, as m:ss ("-:--" before the first step)."""
+    if done <= 0 or total <= done:
+        return "-:--" if done <= 0 else "0:00"
+    left = int(elapsed * (total - done) / done)
+    return f"{left // 60}:{left % 60:02d}"
