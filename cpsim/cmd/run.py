@@ -51,10 +51,15 @@ def register(sub) -> None:
                    help="built-in Triton kernels: per-request (vllm-ascend-faithful) or tile (tile-parallel)")
     p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim bugs list`)")
     p.add_argument("--inject-on-rank", type=int, metavar="R", help="inject it on CP rank R only")
+    from cpsim.cmd.stack_run import add_stack_args
+    add_stack_args(p)
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
+    if getattr(args, "stack", None):
+        from cpsim.cmd.stack_run import main_stack
+        return main_stack(args)
     if launched_by_torchrun():
         return main_torchrun(args)
     from cpsim.run.dist import select_device

@@ -1,0 +1,147 @@
+"""The parent side of a stack run: scenario -> plain arrays -> child driver -> explicit steps -> verdicts.
+
+The child (:mod:`cpsim.stack.driver`) runs the release's code in the side venv's python
+with this tree on ``PYTHONPATH``; this process never imports it. What comes back is read
+as plain arrays (no pickle) and judged with :func:`cpsim.check.explicit.check`: the tables,
+their widths and the slot buffers are the ones the release's host objects allocated, so
+``block-sizing`` and ``capacity`` judge the constructors' arithmetic, not cpsim's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cpsim import layout
+from cpsim.capture.batch import ExplicitStep, RankBatch, validate
+from cpsim.check import coordinator, explicit
+from cpsim.errors import ConfigError
+from cpsim.scenario import Scenario
+from cpsim.stack import FAMILIES
+from cpsim.stack.exchange import read, write
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON_ENV = "CPSIM_STACK_PYTHON"
+DEFAULT_TIMEOUT = 600.0
+# Invariants every runtime must hold whatever its contract (the rest, sizing and padding reach,
+# are profile rules: the release profiles of docs/UPSTREAM.md say which differ).
+UNIVERSAL = ("kernel-completes", "row-bounds", "exactly-one-owner", "owner-rule", "replicas-agree",
+             "dense-local", "no-collision", "same-scenario")
+
+
+@dataclass
+class StackResult:
+    release: str
+    patches: list[str]
+    steps: dict[str, ExplicitStep]
+    verdicts: list[coordinator.Verdict] = field(default_factory=list)
+    scenario: Scenario | None = None
+
+
+def kv_manager_blocks(s: Scenario, gi: int) -> list[np.ndarray]:
+    """Group ``gi``'s block ids per request as a release's KV manager hands them to every CP rank:
+    ``cdiv(allocated_len, B x g)`` ids each (one state block for mamba), drawn without the null block 0."""
+    g = s.groups[gi]
+    world = g.world(s.cp)
+    counts = [0 if n <= 0 else (1 if not g.slot_mapped else layout.cdiv(n, g.block_size * world))
+              for n in s.batch.allocated_lens()]
+    total = sum(counts)
+    if total > g.num_blocks - 1:
+        raise ConfigError(f"groups.{g.name}.num_blocks", f"{g.num_blocks} blocks cannot hold the {total} "
+                                                         f"this batch needs (block 0 is the null block)")
+    rng = np.random.default_rng([s.seed, gi, 0x57AC])
+    ids = rng.choice(g.num_blocks - 1, size=total, replace=False).astype(np.int64) + 1
+    return np.split(ids, np.cumsum(counts)[:-1]) if counts else []
+
+
+def plain_input(s: Scenario, family: str, paths: list[str], classes: str | None) -> tuple[dict, dict]:
+    b = s.batch
+    n_pad = max(b.num_tokens_padded, b.num_tokens)
+    pos = np.zeros(n_pad, dtype=np.int64)
+    pos[: b.num_tokens] = b.positions()
+    meta = {
+        "family": family, "paths": paths, "classes": classes,
+        "cp": {"dcp": s.cp.dcp, "pcp": s.cp.pcp, "interleave": s.cp.interleave},
+        "limits": {"max_model_len": s.limits.max_model_len, "max_num_reqs": s.limits.max_num_reqs,
+                   "max_num_batched_tokens": s.limits.max_num_batched_tokens,
+                   "num_speculative_tokens": s.limits.num_speculative_tokens},
+        "groups": [{"name": g.name, "kind": g.kind, "block_size": g.block_size, "kernel_block_size": g.b,
+                    "world": g.world(s.cp)} for g in s.groups],
+        "num_tokens_padded": n_pad,
+        "has_padding_flags": bool(b.padding_mask().any()),
+        "has_replay": bool(s.replay_mask().any()),
+    }
+    arrays = {"positions": pos, "query_start_loc": b.query_start_loc().astype(np.int64),
+              "rows": np.asarray(b.rows_v2(), dtype=np.int64)}
+    for gi in range(len(s.groups)):
+        per_req = kv_manager_blocks(s, gi)
+        arrays[f"counts_g{gi}"] = np.array([len(x) for x in per_req], dtype=np.int64)
+        arrays[f"blocks_g{gi}"] = np.concatenate(per_req) if per_req else np.zeros(0, np.int64)
+    return meta, arrays
+
+
+def stack_python(given: str | None) -> str:
+    py = given or os.environ.get(PYTHON_ENV) or sys.executable
+    if not Path(py).exists():
+        raise ConfigError("--stack-python", f"{py} does not exist (make a side venv, docs/UPSTREAM.md)")
+    return py
+
+
+def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
+          timeout: float = DEFAULT_TIMEOUT) -> StackResult:
+    """Run the family's adapter in a child; exit-2 errors as ConfigError, a dead child as RuntimeError."""
+    if family not in FAMILIES:
+        raise ConfigError("--stack", f"must be one of {', '.join(FAMILIES)}, got {family!r}")
+    py = stack_python(python)
+    meta, arrays = plain_input(s, family, paths, str(Path(classes).resolve()) if classes else None)
+    with tempfile.TemporaryDirectory(prefix="cpsim-stack-") as tmp:
+        where = Path(tmp)
+        write(where, "in", meta, arrays)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        try:
+            proc = subprocess.run([py, "-m", "cpsim.stack.driver", str(where)], env=env, cwd=tmp,
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the stack driver ({family}) ran past {timeout:.0f} s and was killed") from None
+        out_json = where / "out.json"
+        if proc.returncode == 3 and out_json.exists():
+            u = read(where, "out")[0]["unsupported"]
+            raise ConfigError(u["field"], u["rule"])
+        if proc.returncode != 0 or not out_json.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"the stack driver ({family}) exited {proc.returncode}: " + " | ".join(tail))
+        out, got = read(where, "out")
+    steps = {p: _step(s, meta, arrays, got, out["entry_sizes"], p) for p in paths}
+    return StackResult(out["release"], out["patches"], steps)
+
+
+def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str) -> ExplicitStep:
+    ranks = []
+    num_reqs = len(arrays["query_start_loc"]) - 1
+    rows = arrays["rows"] if path == "v2" else np.arange(num_reqs, dtype=np.int64)
+    for r in range(s.cp.world):
+        tables = [got.get(f"{path}_r{r}_g{gi}_table") for gi in range(len(s.groups))]
+        ranks.append(RankBatch(arrays["positions"], arrays["query_start_loc"], rows, meta["num_tokens_padded"],
+                               [None if t is None else t.astype(np.int64) for t in tables],
+                               got[f"{path}_r{r}_slots"]))
+    return validate(ExplicitStep(path, s.cp, s.groups, tuple(entry_sizes), s.limits, ranks,
+                                 {"name": f"{s.name}@{meta['family']}"}))
+
+
+def judge(result: StackResult) -> StackResult:
+    """Every invariant on every path's step (the coordinator's checks, unchanged)."""
+    for path, step in result.steps.items():
+        sc, _, verdicts = explicit.check(step)
+        result.scenario = sc
+        result.verdicts += verdicts
+    return result
+
+
+def universal_failures(verdicts) -> list[coordinator.Verdict]:
+    return [v for v in verdicts if v.status == "fail" and v.invariant in UNIVERSAL]

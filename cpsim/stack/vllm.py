@@ -1,0 +1,198 @@
+"""Adapter for vLLM's host block tables, read from vLLM 0.33.0.
+
+Read from (vLLM 0.33.0 wheel): ``vllm/v1/worker/block_table.py`` (``MultiGroupBlockTable``,
+``BlockTable``, ``get_block_table_width``), ``vllm/v1/worker/gpu/block_table.py``
+(``BlockTables``, the MRV2 host class), ``vllm/v1/kv_cache_interface.py`` (each spec's
+``max_num_blocks_per_req``, ``uses_slot_mapping``, ``dcp_sharded``,
+``block_table_token_alignment``) and the two runners that call them
+(``gpu_model_runner.py`` ``may_reinitialize_input_batch``; ``gpu/model_runner.py``, the
+``BlockTables(...)`` call): widths are the spec's ``max_num_blocks_per_req`` (v1: then
+``get_block_table_width`` in the constructor; MRV2: the runner applies it), the slot buffer is
+``max_num_batched_tokens``, v1 passes ``positions[:num_scheduled]``, MRV2 passes the padded count.
+
+Translation of cpsim groups (anything else is exit 2, see :func:`check_supported`):
+attention sharded over the whole CP world -> ``FullAttentionSpec(dcp_sharded=True)``; attention
+replicated (``cp_sharded`` false or ``cp_size`` 1) -> ``dcp_sharded=False`` (MRV2 only: v1 has one
+DCP size for every group); mamba -> ``MambaSpec`` in the ``align`` cache mode (position-indexed
+rows, cpsim's model of a state table), v1 ``SlotMappingMode.NONE``. Block ids: each request gets
+``cdiv(allocated_len, B x g)`` blocks, the same list on every rank (the scheduler's KV manager
+hands one list to all DCP ranks), drawn without 0 (vLLM's null block).
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+
+from cpsim.stack.exchange import Unsupported, request_blocks
+
+RELEASES = ("0.33.0",)
+PATCHES = (
+    "CUDA_VISIBLE_DEVICES='' and TRITON_INTERPRET=1 before vLLM is imported: with no CUDA device vLLM's "
+    "triton_utils would hand out a placeholder (kernels as plain functions); an empty list keeps real Triton, "
+    "whose interpreter then runs the released kernels on CPU tensors",
+    "PIN_MEMORY = False in vllm.utils.torch_utils and vllm.v1.utils: pinning needs a CUDA driver",
+    "vllm.v1.worker.gpu.buffer_utils.UvaBuffer backed by a plain CPU tensor (its .uva() is that tensor) and "
+    "is_uva_available answered True there: UVA views need a CUDA device; the MRV2 tables' staged writes go "
+    "through them",
+    "get_dcp_group / get_pcp_group in vllm.v1.worker.block_table answered per rank (world_size DCP, "
+    "rank_in_group = the CP rank being built; PCP 1/0): the virtual world has no process groups",
+)
+
+CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
+
+
+def check_supported(meta: dict, path: str) -> None:
+    """Raise :class:`Unsupported` for what vLLM 0.33.0's host classes cannot be handed."""
+    cp = meta["cp"]
+    if cp["pcp"] != 1:
+        raise Unsupported("--pcp", f"vLLM 0.33.0 shards KV over DCP only (block_table.py uses dcp_world_size); "
+                                   f"PCP {cp['pcp']} has no counterpart")
+    world = cp["dcp"] * cp["pcp"]
+    for g in meta["groups"]:
+        where = f"groups.{g['name']}"
+        if g["kind"] == "sliding_window":
+            raise Unsupported(f"{where}.kind", "cpsim's ring-buffer sliding window has no vLLM 0.33.0 counterpart "
+                                               "(CircularBufferSpec takes no slot mapping)")
+        if g["kind"] == "attention" and 1 < g["world"] < world:
+            raise Unsupported(f"{where}.cp_size", f"vLLM 0.33.0 shards a group over all of DCP or replicates it "
+                                                  f"(dcp_sharded); CP size {g['world']} of {world} is neither")
+        if path == "v1" and g["kind"] == "attention" and g["world"] == 1 and world > 1:
+            raise Unsupported(f"{where}.cp_sharded", "vLLM 0.33.0's v1 BlockTable applies one DCP size to every "
+                                                     "group; a replicated attention group exists on MRV2 only "
+                                                     "(use --paths v2)")
+    if meta["has_padding_flags"]:
+        raise Unsupported("batch.is_padding", "vLLM 0.33.0's block tables take no per-token padding flags")
+    if meta["has_replay"]:
+        raise Unsupported("batch.replay_start", "vLLM 0.33.0's block tables take no prefix-replay window")
+
+
+def entry_sizes(meta: dict) -> list[int]:
+    """vLLM 0.33.0's tables hold physical block ids: one entry is B slots."""
+    return [g["block_size"] for g in meta["groups"]]
+
+
+class _Group:
+    def __init__(self, world_size: int, rank_in_group: int):
+        self.world_size, self.rank_in_group = world_size, rank_in_group
+
+
+class _CpuUvaBuffer:
+    """UvaBuffer's interface over a plain CPU tensor (no UVA on a CPU host)."""
+
+    def __init__(self, size, dtype):
+        import torch
+        self.cpu = torch.zeros(size, dtype=dtype, device="cpu")
+        self.np = self.cpu.numpy()
+
+    def uva(self, n=None):
+        return self.cpu[:n] if n is not None else self.cpu
+
+
+def load(classes):
+    """Patch the installed vLLM for CPU and return (release, namespace of its host classes)."""
+    os.environ.update(CPU_ENV)
+    if classes is not None:
+        raise Unsupported("--stack-classes", "the vllm adapter drives the installed release only")
+    try:
+        import vllm
+    except ImportError as e:
+        raise Unsupported("--stack-python", f"vLLM is not importable there ({e})") from None
+    if vllm.__version__ not in RELEASES:
+        raise Unsupported("--stack", f"installed vLLM {vllm.__version__} is not a release this adapter was read "
+                                     f"from ({', '.join(RELEASES)}); see docs/UPSTREAM.md, adding a release")
+    import vllm.utils.torch_utils as torch_utils
+    import vllm.v1.utils as v1_utils
+    torch_utils.PIN_MEMORY = False
+    v1_utils.PIN_MEMORY = False
+    from vllm.v1.worker.gpu import buffer_utils
+    buffer_utils.UvaBuffer = _CpuUvaBuffer
+    buffer_utils.is_uva_available = lambda: True
+    from vllm.v1 import kv_cache_interface as kvi
+    from vllm.v1.worker import block_table as v1
+    from vllm.v1.worker.gpu import block_table as v2
+    return f"vllm {vllm.__version__}", SimpleNamespace(v1=v1, v2=v2, kvi=kvi)
+
+
+def _specs(mod, meta: dict):
+    import torch
+    kvi = mod.kvi
+    out = []
+    for g in meta["groups"]:
+        if g["kind"] == "mamba":
+            out.append(kvi.MambaSpec(block_size=g["block_size"], shapes=((1,),), dtypes=(torch.float32,),
+                                     mamba_cache_mode="align",
+                                     num_speculative_blocks=meta["limits"]["num_speculative_tokens"]))
+        else:
+            out.append(kvi.FullAttentionSpec(block_size=g["block_size"], num_kv_heads=1, head_size=1,
+                                             dtype=torch.float16, dcp_sharded=g["world"] > 1))
+    return out
+
+
+def _config(meta: dict):
+    return SimpleNamespace(parallel_config=SimpleNamespace(decode_context_parallel_size=meta["cp"]["dcp"]),
+                           cache_config=SimpleNamespace(mamba_cache_mode="align"))
+
+
+def drive(mod, meta: dict, arrays: dict, path: str, rank: int):
+    """One rank: build the release's host object, fill it, compute slots; (tables, slots [G, entries])."""
+    mod.v1.get_dcp_group = lambda: _Group(meta["cp"]["dcp"], rank)
+    mod.v1.get_pcp_group = lambda: _Group(1, 0)
+    return (_drive_v1 if path == "v1" else _drive_v2)(mod, meta, arrays, rank)
+
+
+def _batch(meta, arrays):
+    import torch
+    qsl = torch.from_numpy(arrays["query_start_loc"].astype(np.int32))
+    pos = torch.from_numpy(arrays["positions"].astype(np.int64))
+    return qsl, pos
+
+
+def _drive_v1(mod, meta, arrays, rank):
+    import torch
+    lim, specs, cfg = meta["limits"], _specs(mod, meta), _config(meta)
+    mml = lim["max_model_len"]
+    modes = [mod.v1.SlotMappingMode.NONE if g["kind"] == "mamba" else mod.v1.SlotMappingMode.TOKEN_TO_KV_SLOT
+             for g in meta["groups"]]
+    table = mod.v1.MultiGroupBlockTable(
+        max_num_reqs=lim["max_num_reqs"], max_num_batched_tokens=lim["max_num_batched_tokens"], pin_memory=False,
+        device=torch.device("cpu"), block_sizes=[g["block_size"] for g in meta["groups"]],
+        max_num_blocks=[sp.max_num_blocks_per_req(cfg, mml) for sp in specs],
+        cp_kv_cache_interleave_size=meta["cp"]["interleave"], slot_mapping_modes=modes)
+    blocks = [request_blocks(arrays, gi) for gi in range(len(meta["groups"]))]
+    num_reqs = len(arrays["query_start_loc"]) - 1
+    for i in range(num_reqs):
+        table.add_row(tuple(b[i] for b in blocks), i)
+    table.commit_block_table(num_reqs)
+    qsl, pos = _batch(meta, arrays)
+    table.compute_slot_mapping(num_reqs, qsl, pos[: int(qsl[-1])])
+    tables = [bt.block_table.gpu.numpy().copy() for bt in table.block_tables]
+    slots = np.stack([bt.slot_mapping.gpu.numpy().astype(np.int64) for bt in table.block_tables])
+    return tables, slots
+
+
+def _drive_v2(mod, meta, arrays, rank):
+    import torch
+    lim, specs, cfg = meta["limits"], _specs(mod, meta), _config(meta)
+    mml = lim["max_model_len"]
+    widths = [mod.v1.get_block_table_width(sp.max_num_blocks_per_req(cfg, mml), sp.block_size,
+                                           token_alignment=sp.block_table_token_alignment) for sp in specs]
+    tables = mod.v2.BlockTables(
+        block_sizes=[sp.block_size for sp in specs], max_num_reqs=lim["max_num_reqs"],
+        max_num_batched_tokens=lim["max_num_batched_tokens"], max_num_blocks_per_group=widths,
+        device=torch.device("cpu"), cp_size=meta["cp"]["dcp"], cp_rank=rank, cp_interleave=meta["cp"]["interleave"],
+        slot_mapping_enabled=[sp.uses_slot_mapping for sp in specs], dcp_sharded=[sp.dcp_sharded for sp in specs])
+    blocks = [request_blocks(arrays, gi) for gi in range(len(meta["groups"]))]
+    rows = arrays["rows"].tolist()
+    for i, row in enumerate(rows):
+        if row >= 0:
+            tables.append_block_ids(row, tuple(b[i] for b in blocks), overwrite=True)
+    tables.apply_staged_writes()
+    qsl, pos = _batch(meta, arrays)
+    n_pad = meta["num_tokens_padded"]
+    idx = torch.from_numpy(arrays["rows"].astype(np.int32))
+    tables.compute_slot_mappings(idx, qsl, pos[:n_pad], n_pad)
+    return ([t.gpu.numpy().copy() for t in tables.block_tables],
+            tables.slot_mappings.numpy().astype(np.int64).copy())
