@@ -19,8 +19,11 @@ from cpsim.stack.exchange import Unsupported, read, write
 
 
 def load_classes_file(path: str):
+    """The user's host classes; the file's folder goes on sys.path so that it may import its siblings."""
+    sys.path.insert(0, str(Path(path).parent))
     spec = importlib.util.spec_from_file_location("cpsim_stack_classes", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
