@@ -1,10 +1,11 @@
 """The stack driver: runs in the side venv's python, drives one release's host classes, sends arrays back.
 
-``python -m cpsim.stack.driver FOLDER``: reads ``FOLDER/in.json`` + ``in.npz``,
-writes ``FOLDER/out.json`` + ``out.npz``. Exit 0 with outputs; exit 3 with
-``{"unsupported": {field, rule}}`` when the adapter cannot express the scenario
-for the installed release. Anything else (a crash, an exception from the release's
-code) is a failure the parent reports; it never reads as success.
+``python -m cpsim.stack.driver FOLDER``: reads ``FOLDER/in.json`` + ``in.npz`` (one or more
+jobs: a scenario each, arrays prefixed ``j{K}/``), writes ``FOLDER/out.json`` + ``out.npz``.
+The release is imported and patched once for all jobs. A job the adapter cannot express for
+the installed release is answered ``{"unsupported": {field, rule}}``; exit 3 when the release
+itself cannot be loaded. Anything else (a crash, an exception from the release's code) is a
+failure the parent reports; it never reads as success.
 """
 
 from __future__ import annotations
@@ -28,28 +29,40 @@ def load_classes_file(path: str):
     return module
 
 
-def main(folder: str) -> int:
-    where = Path(folder)
-    meta, arrays = read(where, "in")
-    adapter = importlib.import_module(FAMILIES[meta["family"]])
+def job_arrays(arrays: dict, k: int) -> dict:
+    pre = f"j{k}/"
+    return {name[len(pre):]: a for name, a in arrays.items() if name.startswith(pre)}
+
+
+def run_job(adapter, module, meta: dict, arrays: dict, out: dict, k: int) -> dict:
     try:
         for path in meta["paths"]:
             adapter.check_supported(meta, path)
-        classes = load_classes_file(meta["classes"]) if meta.get("classes") else None
+    except Unsupported as e:
+        return {"unsupported": {"field": e.field, "rule": e.rule}}
+    for path in meta["paths"]:
+        for rank in range(meta["cp"]["dcp"] * meta["cp"]["pcp"]):
+            tables, slots = adapter.drive(module, meta, arrays, path, rank)
+            out[f"j{k}/{path}_r{rank}_slots"] = slots
+            for gi, t in enumerate(tables):
+                if t is not None:
+                    out[f"j{k}/{path}_r{rank}_g{gi}_table"] = t
+    return {"entry_sizes": adapter.entry_sizes(meta)}
+
+
+def main(folder: str) -> int:
+    where = Path(folder)
+    top, arrays = read(where, "in")
+    adapter = importlib.import_module(FAMILIES[top["family"]])
+    try:
+        classes = load_classes_file(top["classes"]) if top.get("classes") else None
         release, module = adapter.load(classes)
-        out: dict = {}
-        for path in meta["paths"]:
-            for rank in range(meta["cp"]["dcp"] * meta["cp"]["pcp"]):
-                tables, slots = adapter.drive(module, meta, arrays, path, rank)
-                out[f"{path}_r{rank}_slots"] = slots
-                for gi, t in enumerate(tables):
-                    if t is not None:
-                        out[f"{path}_r{rank}_g{gi}_table"] = t
     except Unsupported as e:
         write(where, "out", {"unsupported": {"field": e.field, "rule": e.rule}}, {})
         return 3
-    write(where, "out", {"release": release, "patches": list(adapter.PATCHES),
-                         "entry_sizes": adapter.entry_sizes(meta)}, out)
+    out: dict = {}
+    jobs = [run_job(adapter, module, meta, job_arrays(arrays, k), out, k) for k, meta in enumerate(top["jobs"])]
+    write(where, "out", {"release": release, "patches": list(adapter.PATCHES), "jobs": jobs}, out)
     return 0
 
 

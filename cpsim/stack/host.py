@@ -60,13 +60,13 @@ def kv_manager_blocks(s: Scenario, gi: int) -> list[np.ndarray]:
     return np.split(ids, np.cumsum(counts)[:-1]) if counts else []
 
 
-def plain_input(s: Scenario, family: str, paths: list[str], classes: str | None) -> tuple[dict, dict]:
+def plain_input(s: Scenario, paths: list[str]) -> tuple[dict, dict]:
     b = s.batch
     n_pad = max(b.num_tokens_padded, b.num_tokens)
     pos = np.zeros(n_pad, dtype=np.int64)
     pos[: b.num_tokens] = b.positions()
     meta = {
-        "family": family, "paths": paths, "classes": classes,
+        "name": s.name, "paths": paths,
         "cp": {"dcp": s.cp.dcp, "pcp": s.cp.pcp, "interleave": s.cp.interleave},
         "limits": {"max_model_len": s.limits.max_model_len, "max_num_reqs": s.limits.max_num_reqs,
                    "max_num_batched_tokens": s.limits.max_num_batched_tokens,
@@ -93,16 +93,36 @@ def stack_python(given: str | None) -> str:
     return py
 
 
-def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
-          timeout: float = DEFAULT_TIMEOUT) -> StackResult:
-    """Run the family's adapter in a child; exit-2 errors as ConfigError, a dead child as RuntimeError."""
+@dataclass
+class Job:
+    """One scenario's answer: its explicit steps, or why the release cannot express it."""
+
+    scenario: Scenario
+    steps: dict[str, ExplicitStep] = field(default_factory=dict)
+    unsupported: tuple[str, str] | None = None
+    verdicts: list[coordinator.Verdict] = field(default_factory=list)
+    judged: Scenario | None = None
+
+
+def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python: str | None = None,
+               classes: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> tuple[str, list[str], list[Job]]:
+    """All scenarios through one child (the release is imported once): (release, patches, jobs).
+
+    A release that cannot be loaded is a ConfigError (exit 2); a dead or hung child a RuntimeError."""
     if family not in FAMILIES:
         raise ConfigError("--stack", f"must be one of {', '.join(FAMILIES)}, got {family!r}")
     py = stack_python(python)
-    meta, arrays = plain_input(s, family, paths, str(Path(classes).resolve()) if classes else None)
+    top = {"family": family, "classes": str(Path(classes).resolve()) if classes else None, "jobs": []}
+    arrays: dict = {}
+    inputs = []
+    for k, s in enumerate(scenarios):
+        meta, arr = plain_input(s, paths)
+        top["jobs"].append(meta)
+        arrays.update({f"j{k}/{n}": a for n, a in arr.items()})
+        inputs.append((meta, arr))
     with tempfile.TemporaryDirectory(prefix="cpsim-stack-") as tmp:
         where = Path(tmp)
-        write(where, "in", meta, arrays)
+        write(where, "in", top, arrays)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
         try:
             proc = subprocess.run([py, "-m", "cpsim.stack.driver", str(where)], env=env, cwd=tmp,
@@ -117,11 +137,29 @@ def drive(s: Scenario, family: str, paths: list[str], python: str | None = None,
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             raise RuntimeError(f"the stack driver ({family}) exited {proc.returncode}: " + " | ".join(tail))
         out, got = read(where, "out")
-    steps = {p: _step(s, meta, arrays, got, out["entry_sizes"], p) for p in paths}
-    return StackResult(out["release"], out["patches"], steps)
+    if len(out.get("jobs", [])) != len(scenarios):
+        raise RuntimeError(f"the stack driver ({family}) answered {len(out.get('jobs', []))} of {len(scenarios)} jobs")
+    jobs = []
+    for k, (s, (meta, arr), answer) in enumerate(zip(scenarios, inputs, out["jobs"])):
+        if "unsupported" in answer:
+            jobs.append(Job(s, unsupported=(answer["unsupported"]["field"], answer["unsupported"]["rule"])))
+            continue
+        mine = {n[len(f"j{k}/"):]: a for n, a in got.items() if n.startswith(f"j{k}/")}
+        jobs.append(Job(s, {p: _step(s, meta, arr, mine, answer["entry_sizes"], p, family) for p in paths}))
+    return out["release"], out["patches"], jobs
 
 
-def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str) -> ExplicitStep:
+def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
+          timeout: float = DEFAULT_TIMEOUT) -> StackResult:
+    """One scenario; a scenario the release cannot express is a ConfigError (exit 2)."""
+    release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout)
+    if job.unsupported:
+        raise ConfigError(*job.unsupported)
+    return StackResult(release, patches, job.steps)
+
+
+def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,
+          family: str) -> ExplicitStep:
     ranks = []
     num_reqs = len(arrays["query_start_loc"]) - 1
     rows = arrays["rows"] if path == "v2" else np.arange(num_reqs, dtype=np.int64)
@@ -131,15 +169,20 @@ def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[in
                                [None if t is None else t.astype(np.int64) for t in tables],
                                got[f"{path}_r{r}_slots"]))
     return validate(ExplicitStep(path, s.cp, s.groups, tuple(entry_sizes), s.limits, ranks,
-                                 {"name": f"{s.name}@{meta['family']}"}))
+                                 {"name": f"{s.name}@{family}"}))
+
+
+def judge_steps(steps: dict[str, ExplicitStep]) -> tuple[Scenario | None, list[coordinator.Verdict]]:
+    """Every invariant on every path's step (the coordinator's checks, unchanged)."""
+    judged, out = None, []
+    for step in steps.values():
+        judged, _, verdicts = explicit.check(step)
+        out += verdicts
+    return judged, out
 
 
 def judge(result: StackResult) -> StackResult:
-    """Every invariant on every path's step (the coordinator's checks, unchanged)."""
-    for path, step in result.steps.items():
-        sc, _, verdicts = explicit.check(step)
-        result.scenario = sc
-        result.verdicts += verdicts
+    result.scenario, result.verdicts = judge_steps(result.steps)
     return result
 
 
