@@ -35,6 +35,7 @@ def job_arrays(arrays: dict, k: int) -> dict:
 
 
 def run_job(adapter, module, meta: dict, arrays: dict, out: dict, k: int) -> dict:
+    meta["release_version"] = getattr(module, "version", None)  # rules that differ by release
     try:
         for path in meta["paths"]:
             adapter.check_supported(meta, path)

@@ -28,13 +28,27 @@ import numpy as np
 
 from cpsim.stack.exchange import Unsupported, request_blocks
 
-RELEASES = ("0.33.0",)
+# What differs between the releases read (each from that release's wheel, same files as above):
+# kernel_blocks: the constructors take kernel_block_sizes and the tables hold kernel-block ids
+#   (BlockTable.map_to_kernel_blocks; 0.28, 0.31), else physical ids (0.33);
+# v2_flags: BlockTables takes slot_mapping_enabled and dcp_sharded (0.31, 0.33; 0.28 has neither);
+# v2_widths: how gpu/model_runner.py sizes the MRV2 tables: "spec" = the spec's
+#   max_num_blocks_per_req then get_block_table_width(token_alignment=spec's) (0.31, 0.33);
+#   "runner-0.28" = cdiv(max_len, B x DCP) for every group, a mamba group's then
+#   (+ num_speculative_blocks, no alignment) (0.28).
+RELEASE_RULES = {
+    "0.28.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.28"},
+    "0.31.0": {"kernel_blocks": True, "v2_flags": True, "v2_widths": "spec"},
+    "0.33.0": {"kernel_blocks": False, "v2_flags": True, "v2_widths": "spec"},
+}
+RELEASES = tuple(RELEASE_RULES)
 PATCHES = (
     "CUDA_VISIBLE_DEVICES='' and TRITON_INTERPRET=1 before vLLM is imported: with no CUDA device vLLM's "
     "triton_utils would hand out a placeholder (kernels as plain functions); an empty list keeps real Triton, "
     "whose interpreter then runs the released kernels on CPU tensors",
     "PIN_MEMORY = False in vllm.utils.torch_utils and vllm.v1.utils: pinning needs a CUDA driver",
-    "vllm.v1.worker.gpu.buffer_utils.UvaBuffer backed by a plain CPU tensor (its .uva() is that tensor) and "
+    "vllm.v1.worker.gpu.buffer_utils.UvaBuffer backed by a plain CPU tensor (its .uva() is that tensor; in "
+    "0.28 .uva is an attribute, so the stand-in follows the release's form) and "
     "is_uva_available answered True there: UVA views need a CUDA device; the MRV2 tables' staged writes go "
     "through them",
     "get_dcp_group / get_pcp_group in vllm.v1.worker.block_table answered per rank (world_size DCP, "
@@ -59,19 +73,30 @@ def check_supported(meta: dict, path: str) -> None:
         if g["kind"] == "attention" and 1 < g["world"] < world:
             raise Unsupported(f"{where}.cp_size", f"vLLM 0.33.0 shards a group over all of DCP or replicates it "
                                                   f"(dcp_sharded); CP size {g['world']} of {world} is neither")
-        if path == "v1" and g["kind"] == "attention" and g["world"] == 1 and world > 1:
+        if (path == "v1" or not _rules(meta)["v2_flags"]) and g["kind"] == "attention" and g["world"] == 1 \
+                and world > 1:
             raise Unsupported(f"{where}.cp_sharded", "vLLM 0.33.0's v1 BlockTable applies one DCP size to every "
-                                                     "group; a replicated attention group exists on MRV2 only "
-                                                     "(use --paths v2)")
+                                                     "group; a replicated attention group exists on MRV2 "
+                                                     "(dcp_sharded, 0.31 on; use --paths v2)")
     if meta["has_padding_flags"]:
         raise Unsupported("batch.is_padding", "vLLM 0.33.0's block tables take no per-token padding flags")
     if meta["has_replay"]:
         raise Unsupported("batch.replay_start", "vLLM 0.33.0's block tables take no prefix-replay window")
 
 
+def _rules(meta: dict) -> dict:
+    """The installed release's rules (the driver puts its version into ``meta``; before load: 0.33's)."""
+    return RELEASE_RULES[meta.get("release_version") or "0.33.0"]
+
+
 def entry_sizes(meta: dict) -> list[int]:
-    """vLLM 0.33.0's tables hold physical block ids: one entry is B slots."""
-    return [g["block_size"] for g in meta["groups"]]
+    """Physical ids (0.33: one entry is B slots) or kernel-block ids (0.28, 0.31: b slots)."""
+    kernel = _rules(meta)["kernel_blocks"]
+    return [g["kernel_block_size"] if kernel and g["kind"] != "mamba" else g["block_size"] for g in meta["groups"]]
+
+
+def _kernel_sizes(meta: dict) -> list[int]:
+    return [g["block_size"] if g["kind"] == "mamba" else g["kernel_block_size"] for g in meta["groups"]]
 
 
 class _Group:
@@ -91,6 +116,16 @@ class _CpuUvaBuffer:
         return self.cpu[:n] if n is not None else self.cpu
 
 
+class _CpuUvaBufferAttr:
+    """0.28's UvaBuffer: ``.uva`` is the view itself (an attribute, not a method)."""
+
+    def __init__(self, size, dtype):
+        import torch
+        self.cpu = torch.zeros(size, dtype=dtype, device="cpu")
+        self.np = self.cpu.numpy()
+        self.uva = self.cpu
+
+
 def load(classes):
     """Patch the installed vLLM for CPU and return (release, namespace of its host classes)."""
     os.environ.update(CPU_ENV)
@@ -108,12 +143,13 @@ def load(classes):
     torch_utils.PIN_MEMORY = False
     v1_utils.PIN_MEMORY = False
     from vllm.v1.worker.gpu import buffer_utils
-    buffer_utils.UvaBuffer = _CpuUvaBuffer
+    method = callable(getattr(buffer_utils.UvaBuffer, "uva", None))
+    buffer_utils.UvaBuffer = _CpuUvaBuffer if method else _CpuUvaBufferAttr
     buffer_utils.is_uva_available = lambda: True
     from vllm.v1 import kv_cache_interface as kvi
     from vllm.v1.worker import block_table as v1
     from vllm.v1.worker.gpu import block_table as v2
-    return f"vllm {vllm.__version__}", SimpleNamespace(v1=v1, v2=v2, kvi=kvi)
+    return f"vllm {vllm.__version__}", SimpleNamespace(v1=v1, v2=v2, kvi=kvi, version=vllm.__version__)
 
 
 def _specs(mod, meta: dict):
@@ -126,21 +162,37 @@ def _specs(mod, meta: dict):
                                      mamba_cache_mode="align",
                                      num_speculative_blocks=meta["limits"]["num_speculative_tokens"]))
         else:
+            # dcp_sharded is a spec field from 0.31 on; 0.28's specs are all sharded over DCP.
+            fields = getattr(kvi.FullAttentionSpec, "__dataclass_fields__", {})
+            extra = {"dcp_sharded": g["world"] > 1} if "dcp_sharded" in fields else {}
             out.append(kvi.FullAttentionSpec(block_size=g["block_size"], num_kv_heads=1, head_size=1,
-                                             dtype=torch.float16, dcp_sharded=g["world"] > 1))
+                                             dtype=torch.float16, **extra))
     return out
 
 
 def _config(meta: dict):
     return SimpleNamespace(parallel_config=SimpleNamespace(decode_context_parallel_size=meta["cp"]["dcp"]),
-                           cache_config=SimpleNamespace(mamba_cache_mode="align"))
+                           cache_config=SimpleNamespace(mamba_cache_mode="align", enable_prefix_caching=True))
 
 
 def drive(mod, meta: dict, arrays: dict, path: str, rank: int):
     """One rank: build the release's host object, fill it, compute slots; (tables, slots [G, entries])."""
+    meta["release_version"] = mod.version
     mod.v1.get_dcp_group = lambda: _Group(meta["cp"]["dcp"], rank)
     mod.v1.get_pcp_group = lambda: _Group(1, 0)
     return (_drive_v1 if path == "v1" else _drive_v2)(mod, meta, arrays, rank)
+
+
+def _v2_width(mod, rules, spec, cfg, mml: int, dcp: int) -> int:
+    """The MRV2 runner's table width of the release (gpu/model_runner.py, the loop before BlockTables)."""
+    width = mod.v1.get_block_table_width
+    if rules["v2_widths"] == "spec":
+        return width(spec.max_num_blocks_per_req(cfg, mml), spec.block_size,
+                     token_alignment=spec.block_table_token_alignment)
+    n = -(-mml // (spec.block_size * dcp))
+    if isinstance(spec, mod.kvi.MambaSpec):
+        return width(n + spec.num_speculative_blocks, spec.block_size, token_alignment=None)
+    return width(n, spec.block_size)
 
 
 def _batch(meta, arrays):
@@ -160,7 +212,8 @@ def _drive_v1(mod, meta, arrays, rank):
         max_num_reqs=lim["max_num_reqs"], max_num_batched_tokens=lim["max_num_batched_tokens"], pin_memory=False,
         device=torch.device("cpu"), block_sizes=[g["block_size"] for g in meta["groups"]],
         max_num_blocks=[sp.max_num_blocks_per_req(cfg, mml) for sp in specs],
-        cp_kv_cache_interleave_size=meta["cp"]["interleave"], slot_mapping_modes=modes)
+        cp_kv_cache_interleave_size=meta["cp"]["interleave"], slot_mapping_modes=modes,
+        **({"kernel_block_sizes": _kernel_sizes(meta)} if _rules(meta)["kernel_blocks"] else {}))
     blocks = [request_blocks(arrays, gi) for gi in range(len(meta["groups"]))]
     num_reqs = len(arrays["query_start_loc"]) - 1
     for i in range(num_reqs):
@@ -177,13 +230,19 @@ def _drive_v2(mod, meta, arrays, rank):
     import torch
     lim, specs, cfg = meta["limits"], _specs(mod, meta), _config(meta)
     mml = lim["max_model_len"]
-    widths = [mod.v1.get_block_table_width(sp.max_num_blocks_per_req(cfg, mml), sp.block_size,
-                                           token_alignment=sp.block_table_token_alignment) for sp in specs]
+    rules = _rules(meta)
+    widths = [_v2_width(mod, rules, sp, cfg, mml, meta["cp"]["dcp"]) for sp in specs]
+    extra = {}
+    if rules["v2_flags"]:
+        extra.update(slot_mapping_enabled=[sp.uses_slot_mapping for sp in specs],
+                     dcp_sharded=[sp.dcp_sharded for sp in specs])
+    if rules["kernel_blocks"]:
+        extra.update(kernel_block_sizes=_kernel_sizes(meta))
     tables = mod.v2.BlockTables(
         block_sizes=[sp.block_size for sp in specs], max_num_reqs=lim["max_num_reqs"],
         max_num_batched_tokens=lim["max_num_batched_tokens"], max_num_blocks_per_group=widths,
         device=torch.device("cpu"), cp_size=meta["cp"]["dcp"], cp_rank=rank, cp_interleave=meta["cp"]["interleave"],
-        slot_mapping_enabled=[sp.uses_slot_mapping for sp in specs], dcp_sharded=[sp.dcp_sharded for sp in specs])
+        **extra)
     blocks = [request_blocks(arrays, gi) for gi in range(len(meta["groups"]))]
     rows = arrays["rows"].tolist()
     for i, row in enumerate(rows):
