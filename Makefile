@@ -26,7 +26,7 @@ PYTHON := $(PY)
 STAMP :=
 endif
 
-.PHONY: run test venv clean ascend-venv ascend-check
+.PHONY: run test venv clean ascend-venv ascend-check upstream-check
 venv: $(STAMP)
 
 $(VENV)/.cpsim-ready: pyproject.toml Makefile
@@ -52,6 +52,12 @@ $(ASCEND_VENV)/.cpsim-ready: Makefile
 # Every built-in kernel x constexpr combination through triton-ascend up to triton-adapter-opt.
 ascend-check: $(STAMP) ascend-venv
 	$(PYTHON) -m cpsim ascend-check --ascend-python $(ASCEND_VENV)/bin/python $(ASCEND_ARGS)
+
+# Released vLLM host block tables, each in its own side venv under $(UPSTREAM_VENVS) (never $(VENV)).
+UPSTREAM_VENVS ?= .venv-upstream
+UPSTREAM_ARGS ?=
+upstream-check: $(STAMP)
+	$(PYTHON) scripts/upstream_check.py --venvs $(UPSTREAM_VENVS) $(UPSTREAM_ARGS)
 
 clean:
 	rm -rf $(VENV) $(ASCEND_VENV) .pytest_cache .hypothesis
