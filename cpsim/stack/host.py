@@ -46,10 +46,10 @@ class StackResult:
 
 def kv_manager_blocks(s: Scenario, gi: int) -> list[np.ndarray]:
     """Group ``gi``'s block ids per request as a release's KV manager hands them to every CP rank:
-    ``cdiv(allocated_len, B x g)`` ids each (one state block for mamba), drawn without the null block 0."""
+    ``cdiv(allocated_len, B x g)`` ids each (one block for a mamba or ring group, as cpsim's allocator), drawn without the null block 0."""
     g = s.groups[gi]
     world = g.world(s.cp)
-    counts = [0 if n <= 0 else (1 if not g.slot_mapped else layout.cdiv(n, g.block_size * world))
+    counts = [0 if n <= 0 else (1 if g.circular or not g.slot_mapped else layout.cdiv(n, g.block_size * world))
               for n in s.batch.allocated_lens()]
     total = sum(counts)
     if total > g.num_blocks - 1:
