@@ -154,7 +154,7 @@ def test_planned_packages_fit_their_layers(tmp_path):
     """``cpsim.stack`` (vLLM host classes per rank) sits beside fuzz and capture and may use run and
     report; ``cpsim.check.profiles`` (release profiles) is plain data inside the oracle."""
     root = broken_copy(tmp_path, "layout.py", "")
-    (root / "cpsim" / "stack").mkdir()
+    (root / "cpsim" / "stack").mkdir(exist_ok=True)
     (root / "cpsim" / "stack" / "__init__.py").write_text("from cpsim.report import report\nfrom cpsim.run import world\n")
     (root / "cpsim" / "check" / "profiles.py").write_text("from cpsim.scenario import Scenario\nPROFILES = {}\n")
     r = lint_imports(root)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cpsim import layout
-from cpsim.capture.batch import ExplicitStep, RankBatch, validate
+from cpsim.check.batch import ExplicitStep, RankBatch
 from cpsim.check import coordinator, explicit
 from cpsim.errors import ConfigError
 from cpsim.scenario import Scenario
@@ -168,7 +168,7 @@ def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[in
         ranks.append(RankBatch(arrays["positions"], arrays["query_start_loc"], rows, meta["num_tokens_padded"],
                                [None if t is None else t.astype(np.int64) for t in tables],
                                got[f"{path}_r{r}_slots"]))
-    return validate(ExplicitStep(path, s.cp, s.groups, tuple(entry_sizes), s.limits, ranks,
+    return (ExplicitStep(path, s.cp, s.groups, tuple(entry_sizes), s.limits, ranks,
                                  {"name": f"{s.name}@{family}"}))
 
 
