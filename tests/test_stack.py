@@ -17,7 +17,7 @@ from cpsim import cli
 from cpsim.stack import host
 
 HOSTS = Path(__file__).parent / "stack_hosts"
-VLLM_PYTHON = os.environ.get(host.PYTHON_ENV, "/work/venvs/vllm-0.33/bin/python")
+VLLM_PYTHON = os.environ.get(host.PYTHON_ENV, str(Path(__file__).resolve().parent.parent / ".venv-upstream" / "vllm-0.33.0" / "bin" / "python"))
 
 
 def run(tmp_path, *argv) -> tuple[int, dict]:
