@@ -178,3 +178,26 @@ def test_shortcuts_name_the_package_they_need(path, name):
         pytest.skip(f"{package} is installed here")
     with pytest.raises(ConfigError, match=f"needs {package} installed"):
         load(name, path)
+
+
+def _callable_without(tmp_path, name):
+    """tests/kernels/callable_abi.py with input ``name`` dropped from its signature (a constant instead)."""
+    text = (K / "callable_abi.py").read_text()
+    value = {"is_circular": "False", "cp_rank": "0"}[name]
+    sig = "cp_world_size, cp_rank, cp_interleave, is_circular, pad_id):"
+    assert text.count(sig) == 1
+    text = text.replace(sig, sig.replace(f"{name}, ", "") + f"\n    {name} = {value}")
+    out = tmp_path / f"callable_without_{name}.py"
+    out.write_text(text)
+    return f"{out}:slot_mapping"
+
+
+@pytest.mark.parametrize("name,scenario", [("is_circular", "hybrid-mamba"), ("cp_rank", "mtp")])
+def test_callable_that_does_not_ask_is_not_checked_and_told_what_to_ask(tmp_path, name, scenario):
+    from cpsim.plugin.testing import load_kernel, run_one
+    from cpsim.scenario import preset
+    k = load_kernel(_callable_without(tmp_path, name), "v1")
+    assert name not in k.params
+    s, verdicts = run_one(k, "v1", preset(scenario))
+    assert all(v.status != "fail" for v in verdicts)
+    assert any(f"not checked: ask for {name}" in n for n in k.notes)

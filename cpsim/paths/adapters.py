@@ -424,6 +424,19 @@ def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput
 
 # ---- callable: a Python function per group ----------------------------------
 
+def callable_needs(params, g: KVGroup, n: int) -> str:
+    """The input a callable must declare to map group ``g`` (CP size ``n``), or "":
+    a ring table needs ``is_circular``; a sharded group needs ``cp_world_size`` (which also tells a
+    replicated group, size 1, from a sharded one) and ``cp_rank``."""
+    if g.circular and "is_circular" not in params:
+        return "is_circular"
+    if n > 1 and "cp_world_size" not in params:
+        return "cp_world_size"
+    if n > 1 and "cp_rank" not in params:
+        return "cp_rank"
+    return ""
+
+
 def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
     out = v1._poisoned(s, knobs, device) if path != "v2" else _guard.buffer(
@@ -442,10 +455,14 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
             rows, kv_bs = range(s.batch.num_reqs), v1._sizes(s, g, knobs)[0]
         widths.append(table.shape[1])
         entries.append(entry)
-        enabled.append(g.slot_mapped)
-        if not g.slot_mapped:
-            continue
         n = g.world(s.cp)
+        missing = callable_needs(k.params, g, n)
+        if missing:
+            k.note(f"group {g.name}: not checked: ask for {missing} (the callable cannot map this group "
+                   f"correctly without it)")
+        enabled.append(g.slot_mapped and not missing)
+        if not enabled[-1]:
+            continue
         inputs = dict(
             positions=bt.positions[:n_tok], query_start_loc=bt.query_start_loc, req_indices=req,
             idx_mapping=_i32(rows, device), block_table=table, block_size=entry, kv_block_size=kv_bs,
