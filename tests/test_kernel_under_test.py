@@ -136,7 +136,7 @@ def test_a_scenario_the_abi_cannot_express_is_not_a_pass():
 
 def test_callable_returning_a_non_tensor_is_a_config_error(tmp_path):
     f = tmp_path / "bad_callable.py"
-    f.write_text("def slots(positions):\n    return positions.tolist()\n")
+    f.write_text("def slots(positions, cp_world_size, cp_rank):\n    return positions.tolist()\n")
     with pytest.raises(ConfigError, match="returns a 1-D integer tensor"):
         check_kernel(f"{f}:slots", scenarios=["mtp"])
 

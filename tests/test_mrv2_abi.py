@@ -1,4 +1,4 @@
-"""The vllm-mrv2 ABI: detection, a correct kernel in that signature, and one-line-broken copies."""
+"""The cpsim-mrv2 ABI (formerly vllm-mrv2): detection, a correct kernel in that signature, and one-line-broken copies."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ MIXED = (str(ROOT / "docs/examples/mixed-cp8.json"), str(ROOT / "docs/examples/m
 @pytest.mark.parametrize("spec", [MRV2, BUILTIN], ids=["test-kernel", "builtin"])
 def test_mrv2_abi_is_detected(spec):
     k = load(spec, "v2")
-    assert k.abi == "vllm-mrv2" and "is_padding" in k.params
+    assert k.abi == "cpsim-mrv2" and "is_padding" in k.params
 
 
 @pytest.mark.parametrize("scenario", ("partial-replica",) + MIXED, ids=["partial-replica", "json", "toml"])
@@ -54,7 +54,7 @@ def test_one_line_bug_fails_with_the_expected_invariant(tmp_path, old, new, inva
 def test_cli_run_with_mrv2_kernel_exits_0(capsys):
     rc = cli.main(["run", "--scenario", "partial-replica", "--paths", "v2", "--kernel-v2", MRV2])
     assert rc == 0
-    assert "(vllm-mrv2)" in capsys.readouterr().out
+    assert "(cpsim-mrv2)" in capsys.readouterr().out
 
 
 def test_older_abi_without_is_padding_gets_a_host_mask_and_a_note():

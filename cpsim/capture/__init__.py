@@ -46,13 +46,16 @@ def __getattr__(name: str) -> Any:
 __all__ = ["KNOWN_KERNELS", "CapturedKernel", "Policy", "Recorder", "capture", "install", "uninstall", "wrap",
            "active"]
 
-# Where the kernels cpsim knows are looked up at launch time (module:attr).
+# Where the kernels cpsim knows are looked up at launch time (module:attr): cpsim's own and the
+# module-level kernels of the releases read for docs/UPSTREAM_ABIS.md (vLLM 0.18-0.33, vllm-ascend
+# 0.18-0.23). vLLM 0.29+'s v1 kernel is a launcher's static method, which launch-time lookup does not see.
 KNOWN_KERNELS = (
     "cpsim.kernels.triton_v1:_compute_slot_mapping_kernel",
     "cpsim.kernels.triton_v2:_compute_slot_mappings_kernel",
-    "vllm_ascend.ops.triton.compute_slot_mapping:_compute_slot_mapping_kernel",
-    "vllm_ascend.ops.triton.v2.block_table.compute_slot_mappings:_compute_slot_mappings_kernel",
+    "vllm.v1.worker.block_table:_compute_slot_mapping_kernel",
     "vllm.v1.worker.gpu.block_table:_compute_slot_mappings_kernel",
+    "vllm_ascend.worker.block_table:_compute_slot_mapping_kernel",
+    "vllm_ascend.worker.v2.block_table:_compute_slot_mappings_kernel",
 )
 
 _active: "_Session | None" = None

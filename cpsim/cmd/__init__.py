@@ -120,7 +120,7 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
     from cpsim.kernels.under_test import ABIS, V2_LAUNCHES
     g = p.add_argument_group("kernel under test",
                              "SPEC is package.module:attr or path/to/file.py:attr; "
-                             "'ascend' (v1, v1-fused, v2) or 'vllm' (v2) imports the installed upstream kernel; "
+                             "'vllm' or 'ascend' (v1, v2) imports the installed release's kernel; "
                              "'builtin' is cpsim's own")
     g.add_argument("--kernel-v1", metavar="SPEC", help="kernel for the v1 path (vllm-ascend BlockTable)")
     g.add_argument("--kernel-v1-fused", metavar="SPEC", help="kernel for the v1-fused path (CP size 1 only)")

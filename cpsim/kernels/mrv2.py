@@ -1,4 +1,4 @@
-"""v2 slot-mapping kernel in the current upstream MRV2 signature (ABI ``vllm-mrv2``).
+"""v2 slot-mapping kernel in cpsim's own MRV2 model (ABI ``cpsim-mrv2``; no vLLM release has this signature).
 
 One launch for all groups, grid ``(num_groups, num_reqs + 1)``; the last program
 of each group pads the tail from ``query_start_loc[num_reqs]``. Each group has its

@@ -24,12 +24,17 @@ from cpsim.errors import ConfigError
 
 @dataclass(frozen=True)
 class Abi:
+    """A calling convention, as plain data: ``detect`` applies the table to a list of parameter names."""
+
     name: str
     paths: tuple[str, ...]          # cpsim paths this ABI can stand in for
     required: tuple[str, ...] = ()
     optional: tuple[str, ...] = ()  # passed when the kernel declares them
     one_of: tuple[str, ...] = ()    # exactly one of these must be declared
     launch: str = ""
+    releases: str = ""              # the releases whose host code launches a kernel this way
+    origin: str = ""                # package whose kernels take this ABI when names alone are ambiguous
+    out_dtype: str = "int64"        # the slot buffer the host hands the kernel
 
     def describe(self) -> str:
         parts = list(self.required)
@@ -59,43 +64,82 @@ CALLABLE_INPUTS = {
     "max_num_tokens": "entries of the slot buffer",
 }
 
+# Parameter lists of the released kernels (docs/UPSTREAM_ABIS.md says where each was read).
+_VLLM_V1_HEAD = ("num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_ptr",
+                 "block_table_stride")
+_VLLM_V1_TAIL = ("TOTAL_CP_WORLD_SIZE", "TOTAL_CP_RANK", "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "BLOCK_SIZE")
+_MRV2_HEAD = ("max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
+              "block_sizes")
+_MRV2_TAIL = ("slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE", "CP_INTERLEAVE", "PAD_ID",
+              "TRITON_BLOCK_SIZE")
+
 ABIS: dict[str, Abi] = {a.name: a for a in (
     Abi("ascend-v1", ("v1",), (
         "num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_ptr",
         "block_table_stride", "block_size", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE", "BLOCKS_PER_KV_BLOCK",
         "TOTAL_CP_WORLD_SIZE", "TOTAL_CP_RANK", "CP_KV_CACHE_INTERLEAVE_SIZE", "PAD_ID", "TILE_BLOCK_SIZE",
         "BLOCK_TABLE_WINDOW_SIZE"), ("IS_CIRCULAR",),
-        launch="grid (num_reqs + 1,), one launch per group, int32 output"),
+        launch="grid (num_reqs + 1,), one launch per group, int32 output", out_dtype="int32"),
+    Abi("vllm-v1-0.19", ("v1",), _VLLM_V1_HEAD + ("block_size", "slot_mapping_ptr") + _VLLM_V1_TAIL,
+        launch="grid (num_reqs + 1,), one launch per slot-mapped group, kernel-block table, block_size = kernel "
+               "block b (the virtual block is b x CP), CP = PCP x DCP, num_tokens = scheduled count, int64 output",
+        releases="vLLM 0.19-0.25 (_compute_slot_mapping_kernel)", origin="vllm"),
+    Abi("vllm-v1-0.26", ("v1",), _VLLM_V1_HEAD + ("block_size", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE",
+                                                  "BLOCKS_PER_KV_BLOCK") + _VLLM_V1_TAIL,
+        launch="grid (num_reqs + 1,), one launch per slot-mapped group (state groups left alone), kernel-block "
+               "table, KV_CACHE_BLOCK_SIZE = B, CP = DCP, num_tokens = scheduled count, int64 output",
+        releases="vLLM 0.26-0.28 (_compute_slot_mapping_kernel), 0.29-0.31 (ComputeSlotMappingKernel.kernel)",
+        origin="vllm"),
+    Abi("vllm-v1-0.32", ("v1",), _VLLM_V1_HEAD + ("slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE") + _VLLM_V1_TAIL,
+        launch="grid (num_reqs + 1,), one launch per slot-mapped group (state groups left alone), physical "
+               "table, KV_CACHE_BLOCK_SIZE = B, CP = DCP, num_tokens = scheduled count, int64 output",
+        releases="vLLM 0.32-0.33 (ComputeSlotMappingKernel.kernel)", origin="vllm"),
     Abi("ascend-v1-fused", ("v1-fused",), (
         "num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_addrs_ptr",
         "slot_mapping_addrs_ptr", "block_table_strides_ptr", "block_sizes_ptr", "PAD_ID", "NUM_REQS",
         "TILE_BLOCK_SIZE", "PARALLEL_TILES", "BLOCK_TABLE_WINDOW_SIZE"), ("is_circular_ptr", "HAS_CIRCULAR"),
-        launch="grid (num_groups * (NUM_REQS * PARALLEL_TILES + 1),), int32 outputs"),
+        launch="grid (num_groups * (NUM_REQS * PARALLEL_TILES + 1),), int32 outputs", out_dtype="int32"),
     Abi("ascend-v1-fused-adaptive", ("v1-fused",), (
         "num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_addrs_ptr",
         "slot_mapping_addrs_ptr", "block_table_strides_ptr", "block_sizes_ptr", "PAD_ID", "NUM_REQS",
         "SMALL_TILE_BLOCK_SIZE", "SMALL_BLOCK_TABLE_WINDOW_SIZE", "LARGE_BLOCK_TABLE_WINDOW_SIZE"),
         ("is_circular_ptr", "HAS_CIRCULAR"),
         launch="grid (num_groups * (NUM_REQS + 1),), small tiles for short requests, 1024 for long ones, "
-               "int32 outputs"),
-    Abi("ascend-v2", ("v2",), (
-        "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
-        "block_sizes", "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE", "CP_INTERLEAVE",
-        "PAD_ID", "TRITON_BLOCK_SIZE"), ("slot_mapping_enabled", "HAS_SLOT_MAPPING_ENABLED"),
+               "int32 outputs", out_dtype="int32"),
+    Abi("ascend-v2", ("v2",), _MRV2_HEAD + _MRV2_TAIL, ("slot_mapping_enabled", "HAS_SLOT_MAPPING_ENABLED"),
         ("BLOCK_TABLE_PAD_SIZE", "BLOCK_TABLE_WINDOW_SIZE"),
-        launch="grid (num_groups, num_reqs + 1), int32 output"),
-    Abi("vllm-v2", ("v2",), (
-        "num_tokens", "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs",
-        "block_table_strides", "block_sizes", "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE",
-        "CP_INTERLEAVE", "PAD_ID", "TRITON_BLOCK_SIZE"),
+        launch="grid (num_groups, num_reqs + 1), int32 output", origin="vllm_ascend", out_dtype="int32"),
+    Abi("ascend-v2-0.18", ("v2",), _MRV2_HEAD + _MRV2_TAIL + ("TOTAL_BLOCK_SIZE",),
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
+               "physical tables, TOTAL_BLOCK_SIZE = 4096, int32 output",
+        releases="vllm-ascend 0.18.0, 0.23.0, 0.23.0.post1 (worker/v2/block_table.py)", origin="vllm_ascend",
+        out_dtype="int32"),
+    Abi("vllm-v2", ("v2",), ("num_tokens",) + _MRV2_HEAD + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), int64 output"),
-    Abi("vllm-mrv2", ("v2",), (
+    Abi("vllm-mrv2-0.18", ("v2",), _MRV2_HEAD + _MRV2_TAIL,
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size "
+               "(--kernel-v2-launch split: one per group CP size), physical tables, int64 output",
+        releases="vLLM 0.18-0.28 (v1/worker/gpu/block_table.py)", origin="vllm"),
+    Abi("vllm-mrv2-0.29", ("v2",), _MRV2_HEAD + ("kernel_block_sizes", "slot_mapping_enabled") + _MRV2_TAIL,
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
+               "kernel-block tables, per-group slot_mapping_enabled, int64 output",
+        releases="vLLM 0.29-0.30", origin="vllm"),
+    Abi("vllm-mrv2-0.31", ("v2",), _MRV2_HEAD + ("kernel_block_sizes", "slot_mapping_enabled", "dcp_sharded")
+        + _MRV2_TAIL,
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
+               "kernel-block tables, per-group slot_mapping_enabled and dcp_sharded, int64 output",
+        releases="vLLM 0.31", origin="vllm"),
+    Abi("vllm-mrv2-0.32", ("v2",), _MRV2_HEAD + ("slot_mapping_enabled", "dcp_sharded") + _MRV2_TAIL,
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
+               "physical tables, per-group slot_mapping_enabled and dcp_sharded, int64 output",
+        releases="vLLM 0.32-0.33", origin="vllm"),
+    Abi("cpsim-mrv2", ("v2",), (
         "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
         "num_blocks_ptr", "num_blocks_stride", "block_sizes", "kernel_block_sizes", "group_cp_sizes",
         "slot_mappings_ptr", "slot_mappings_stride", "cp_rank", "CP_SIZE", "CP_INTERLEAVE", "PAD_ID",
         "TRITON_BLOCK_SIZE"), ("is_padding", "is_circular"),
         launch="grid (num_groups, num_reqs + 1), one launch for every group with its own CP size, "
-               "kernel-block tables, int64 output"),
+               "kernel-block tables, int64 output (cpsim's own MRV2 model; no release has it)", origin="cpsim"),
     Abi("callable", ("v1", "v1-fused", "v2"), (), tuple(CALLABLE_INPUTS),
         launch="called once per group and rank; returns the group's slots (1-D integer tensor)"),
     # Prefix-cache replay padding (--kernel-replay), run after every path's slot-mapping kernels.
@@ -110,17 +154,25 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
         launch="grid (num_reqs,), as vllm-replay-pad; bit g of CACHEABLE_GROUPS set: group g is prefix-cacheable "
                "(NUM_GROUPS = every group)"),
 )}
+# ABI names that no longer load, and why (exit 2 with this line).
+RETIRED_ABIS = {
+    "vllm-mrv2": "vllm-mrv2 matched no vLLM release (num_blocks_ptr and group_cp_sizes are cpsim's own MRV2 "
+                 "model); it is now named cpsim-mrv2. Released MRV2 ABIs: vllm-mrv2-0.18, vllm-mrv2-0.29, "
+                 "vllm-mrv2-0.31, vllm-mrv2-0.32",
+}
 REPLAY_ABIS = tuple(n for n, a in ABIS.items() if REPLAY in a.paths)
 
-# Where the installed upstream kernels live (cpsim path, shortcut) -> module:attr.
+# Where the installed upstream kernels live: (cpsim path, shortcut) -> (package, candidates). The first
+# candidate the installed release has is taken: each is a module:attr some release really ships
+# (docs/UPSTREAM_ABIS.md). vllm-ascend 0.23 imports vLLM's v1 kernel under its older name for CP 1 only
+# (CP > 1 goes through its torch BlockTable._compute_pcp_dcp_slot_mapping, not a kernel).
 SHORTCUTS = {
-    ("v1", "ascend"): ("vllm_ascend", "vllm_ascend.ops.triton.compute_slot_mapping:_compute_slot_mapping_kernel"),
-    ("v1-fused", "ascend"): ("vllm_ascend", "vllm_ascend.ops.triton.compute_slot_mapping:"
-                                            "_compute_slot_mapping_fused_groups_kernel"),
-    ("v2", "ascend"): ("vllm_ascend", "vllm_ascend.ops.triton.v2.block_table.compute_slot_mappings:"
-                                      "_compute_slot_mappings_kernel"),
-    ("v2", "vllm"): ("vllm", "vllm.v1.worker.gpu.block_table:_compute_slot_mappings_kernel"),
-    ("replay", "vllm"): ("vllm", "vllm.models.deepseek_v41.nvidia.model_state:_pad_replayed_slots_kernel"),
+    ("v1", "vllm"): ("vllm", ("vllm.v1.worker.block_table:ComputeSlotMappingKernel.kernel",      # 0.29-0.33
+                              "vllm.v1.worker.block_table:_compute_slot_mapping_kernel")),       # 0.19-0.28
+    ("v2", "vllm"): ("vllm", ("vllm.v1.worker.gpu.block_table:_compute_slot_mappings_kernel",)),  # 0.18-0.33
+    ("v1", "ascend"): ("vllm_ascend", ("vllm_ascend.worker.block_table:_compute_slot_mapping_kernel",)),  # 0.23
+    ("v2", "ascend"): ("vllm_ascend", ("vllm_ascend.worker.v2.block_table:_compute_slot_mappings_kernel",)),
+    ("replay", "vllm"): ("vllm", ("vllm.models.deepseek_v41.nvidia.model_state:_pad_replayed_slots_kernel",)),
 }
 
 V2_LAUNCHES = ("split", "single")
@@ -209,10 +261,36 @@ def mismatch(abi: Abi, params: list[tuple[str, bool]]) -> str | None:
 
 
 def detect_abi(obj: Any, forced: str = "auto", where: str = "kernel") -> str:
-    params = parameters(obj)
+    """The ABI of a loaded kernel object (see ``choose_abi``)."""
     triton = is_triton_kernel(obj)
     if not triton and not callable(obj):
         raise ConfigError(where, f"{obj!r} is neither a Triton kernel nor a callable")
+    return choose_abi(parameters(obj), triton, origin(obj), forced, where, _name(obj))
+
+
+def origin(obj: Any) -> str:
+    """Which package a kernel's source file belongs to ("vllm", "vllm_ascend" or ""), from its path:
+    a file of an unpacked release wheel or sdist counts as that release's."""
+    fn = obj
+    while is_triton_kernel(fn):
+        fn = fn.fn
+    file = getattr(getattr(fn, "__code__", None), "co_filename", "") or ""
+    module = getattr(fn, "__module__", "") or ""
+    parts = Path(file).parts
+    if "vllm_ascend" in parts or module.startswith("vllm_ascend"):
+        return "vllm_ascend"
+    if ("vllm" in parts and "v1" in parts) or module.startswith("vllm."):
+        return "vllm"
+    return ""
+
+
+def choose_abi(params: list[tuple[str, bool]], triton: bool, source: str = "", forced: str = "auto",
+               where: str = "kernel", name: str = "kernel") -> str:
+    """Apply the ABI table to (parameter name, has default) pairs: the one ABI they fit. Parameter
+    names pick the ABI; where two ABIs take the same names (vLLM 0.18-0.28's MRV2 kernel and
+    cpsim's ascend-v2), the kernel's ``source`` package decides, else ``--kernel-abi`` must."""
+    if forced in RETIRED_ABIS:
+        raise ConfigError("--kernel-abi", RETIRED_ABIS[forced])
     if forced != "auto":
         if forced not in ABIS:
             raise ConfigError("--kernel-abi", f"unknown ABI {forced!r}; choose from auto, {', '.join(ABIS)}")
@@ -221,24 +299,40 @@ def detect_abi(obj: Any, forced: str = "auto", where: str = "kernel") -> str:
             raise ConfigError(where, f"the {forced} ABI does not fit {kind}")
         why = mismatch(ABIS[forced], params)
         if why:
-            raise ConfigError(where, _signature_error(obj, params, {forced: why}))
+            raise ConfigError(where, _signature_error(name, params, {forced: why}))
         return forced
     candidates = [a for a in ABIS.values() if (a.name == "callable") != triton]
     why = {a.name: mismatch(a, params) for a in candidates}
     fits = [n for n, w in why.items() if w is None]
+    if len(fits) > 1 and source:
+        fits = [n for n in fits if ABIS[n].origin == source] or fits
     if len(fits) == 1:
         return fits[0]
     if not fits:
-        raise ConfigError(where, _signature_error(obj, params, why))
-    raise ConfigError(where, f"{_name(obj)} fits several ABIs ({', '.join(fits)}); choose one with --kernel-abi")
+        raise ConfigError(where, _signature_error(name, params, why) + _triton_off_hint(params, triton))
+    dtypes = ", ".join(f"{n} writes {ABIS[n].out_dtype}" for n in fits)
+    raise ConfigError(where, f"{name} fits several ABIs ({dtypes}); choose one with --kernel-abi")
+
+
+def _triton_off_hint(params: list[tuple[str, bool]], triton: bool) -> str:
+    """A plain function whose names fit a Triton ABI: vLLM's import replaced ``@triton.jit`` by a no-op."""
+    if triton:
+        return ""
+    fits = [a.name for a in ABIS.values() if a.name != "callable" and mismatch(a, params) is None]
+    if not fits:
+        return ""
+    return (f"\nhint: its parameters fit the {fits[0]} Triton ABI but it arrived as a plain Python function: "
+            f"vLLM turns Triton off when it sees no CUDA device (its triton_utils hands out a placeholder "
+            f"@triton.jit); run with CUDA_VISIBLE_DEVICES= (set, empty) to keep real Triton, or load the "
+            f"kernel file with --shim-vllm")
 
 
 def _name(obj: Any) -> str:
     return getattr(obj, "__name__", None) or type(obj).__name__
 
 
-def _signature_error(obj, params, why: dict[str, str]) -> str:
-    lines = [f"{_name(obj)}({', '.join(n for n, _ in params)}) matches no kernel ABI:"]
+def _signature_error(name: str, params, why: dict[str, str]) -> str:
+    lines = [f"{name}({', '.join(n for n, _ in params)}) matches no kernel ABI:"]
     closest = sorted(why, key=lambda n: len(why[n]))
     lines += [f"  {n}: {why[n]}" for n in closest]
     lines.append("expected parameters (the callable ABI takes any subset of its names):")
@@ -249,28 +343,62 @@ def _signature_error(obj, params, why: dict[str, str]) -> str:
 # ---- loading ---------------------------------------------------------------
 
 def resolve(spec: str, path: str, where: str) -> Any:
-    """Import the object SPEC names."""
-    shortcut = SHORTCUTS.get((path, spec))
-    if shortcut is None and spec in ("ascend", "vllm"):
+    """Import the object SPEC names (a wrapper class or its instance stands for its ``kernel``)."""
+    if spec in ("ascend", "vllm"):
+        return _resolve_shortcut(spec, path, where)
+    return unwrap(_import(spec, where))
+
+
+def _resolve_shortcut(name: str, path: str, where: str) -> Any:
+    shortcut = SHORTCUTS.get((path, name))
+    if shortcut is None:
         have = ", ".join(f"{p}={n}" for p, n in SHORTCUTS)
-        raise ConfigError(where, f"no {spec!r} shortcut for the {path} path (shortcuts: {have})")
-    if shortcut is not None:
-        package, spec = shortcut
-        if importlib.util.find_spec(package) is None:
-            raise ConfigError(where, f"the shortcut needs {package} installed (not importable here); "
-                                     f"or point at the kernel file: {where} path/to/file.py:<kernel name> "
-                                     f"(add --shim-vllm if vLLM itself is not installed)")
+        raise ConfigError(where, f"no {name!r} shortcut for the {path} path (shortcuts: {have})")
+    package, candidates = shortcut
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(where, f"the shortcut needs {package} installed (not importable here); "
+                                 f"or point at the kernel file: {where} path/to/file.py:<kernel name> "
+                                 f"(add --shim-vllm if vLLM itself is not installed)")
+    for spec in candidates:
+        module_part, _, attr = spec.partition(":")
+        module = _import_module(module_part, where)
+        if _has_path(module, attr):
+            return unwrap(_import(spec, where))
+    raise ConfigError(where, f"the installed {package} {_version(package)} has none of "
+                             f"{', '.join(candidates)} (the modules the releases cpsim read ship; "
+                             f"docs/UPSTREAM_ABIS.md); point at the kernel file instead")
+
+
+def _version(package: str) -> str:
+    try:
+        from importlib.metadata import version
+        return version(package.replace("_", "-"))
+    except Exception:  # noqa: BLE001 - only for a message
+        return "(version unknown)"
+
+
+def _has_path(obj: Any, attr: str) -> bool:
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
+def _import_module(module_part: str, where: str):
+    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
+        return _load_file(Path(module_part), where)
+    try:
+        return importlib.import_module(module_part)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - any import failure (even sys.exit) is bad input here
+        raise ConfigError(where, f"cannot import {module_part}: {type(e).__name__}: {e}{_hint(e)}") from None
+
+
+def _import(spec: str, where: str) -> Any:
     module_part, sep, attr = spec.rpartition(":")
     if not sep or not module_part or not attr:
         raise ConfigError(where, f"{spec!r} is not package.module:attr nor path/to/file.py:attr")
-    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
-        module = _load_file(Path(module_part), where)
-    else:
-        try:
-            module = importlib.import_module(module_part)
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - any import failure (even sys.exit) is bad input here
-            raise ConfigError(where, f"cannot import {module_part}: {type(e).__name__}: {e}{_hint(e)}") from None
-    obj = module
+    obj = _import_module(module_part, where)
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(where, f"{module_part} has no attribute {attr!r}")
@@ -278,11 +406,23 @@ def resolve(spec: str, path: str, where: str) -> Any:
     return obj
 
 
+def unwrap(obj: Any) -> Any:
+    """vLLM 0.29+ ships its v1 kernel as the static method ``kernel`` of a launcher class
+    (``ComputeSlotMappingKernel``, instantiated as ``_COMPUTE_SLOT_MAPPING_KERNEL``): the class
+    or its instance stands for that kernel."""
+    inner = getattr(obj, "kernel", None) if not is_triton_kernel(obj) else None
+    return inner if inner is not None and is_triton_kernel(inner) else obj
+
+
 def _hint(e: Exception) -> str:
     name = getattr(e, "name", "") or ""
-    if isinstance(e, ImportError) and name.split(".")[0] == "vllm":
-        return " (run with --shim-vllm to provide vllm.triton_utils and _load_ptr from Triton)"
-    return ""
+    if not isinstance(e, ImportError) or name.split(".")[0] != "vllm":
+        return ""
+    from cpsim.kernels import vllm_shim
+    if vllm_shim.installed():
+        return (f" (--shim-vllm is on but does not provide {name}: it stands in only for the vLLM names "
+                f"released slot-mapping files import; docs/TESTING_YOUR_KERNEL.md lists them)")
+    return " (run with --shim-vllm to provide the vLLM names a released kernel file imports)"
 
 
 def _load_file(file: Path, where: str):
@@ -319,7 +459,7 @@ def load(spec: Any, path: str, abi: str = "auto", *, shim_vllm: bool = False, de
     if isinstance(spec, str):
         obj, text = resolve(spec, path, where), spec
     else:
-        obj, text = spec, f"{getattr(spec, '__module__', '?')}:{_name(spec)}"
+        obj, text = unwrap(spec), f"{getattr(spec, '__module__', '?')}:{_name(spec)}"
     name = detect_abi(obj, abi, where)
     if path not in ABIS[name].paths:
         fits = [a for a, d in ABIS.items() if path in d.paths]

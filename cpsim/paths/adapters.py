@@ -12,16 +12,19 @@ What an ABI cannot express is not faked: the group is left out of the check
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cpsim import kernels
 from cpsim.errors import ConfigError
+from cpsim.kernels.under_test import ABIS
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, v1, v2
 from cpsim.paths._inputs import batch_tensors, prepare_triton
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024
+ASCEND_TOTAL_BLOCK_SIZE = 4096  # vllm-ascend 0.18-0.23 AscendBlockTables.compute_slot_mappings passes this
 FUSED_PARALLEL_TILES = 2  # cpsim's choice: >1 so the tile-striding loop is exercised
 
 
@@ -36,18 +39,37 @@ def run(k, path: str, s: Scenario, allocs, rank: int, device: torch.device, knob
         return out
     runner = {"ascend-v1": _ascend_v1, "ascend-v1-fused": _ascend_v1_fused,
               "ascend-v1-fused-adaptive": _ascend_v1_fused,
-              "ascend-v2": _v2, "vllm-v2": _v2, "vllm-mrv2": _mrv2}[k.abi]
+              "vllm-v1-0.19": _vllm_v1, "vllm-v1-0.26": _vllm_v1, "vllm-v1-0.32": _vllm_v1,
+              "ascend-v2": _v2, "ascend-v2-0.18": _v2, "vllm-v2": _v2, "vllm-mrv2-0.18": _v2,
+              "vllm-mrv2-0.29": _mrv2_flags, "vllm-mrv2-0.31": _mrv2_flags, "vllm-mrv2-0.32": _mrv2_flags,
+              "cpsim-mrv2": _mrv2}[k.abi]
     prepare_triton(device)
     out = runner(k, s, allocs, rank, device, knobs)
-    if k.abi != "vllm-mrv2" or "is_padding" not in k.params:
+    if k.abi != "cpsim-mrv2" or "is_padding" not in k.params:
         _mask_padding(k, s, out)
     return out
 
 
+# Released MRV2 kernels that emit PAD themselves for a dummy request (idx_mapping == -1): vLLM 0.31+.
+DUMMY_AWARE = ("vllm-mrv2-0.31", "vllm-mrv2-0.32")
+
+
 def _mask_padding(k, s: Scenario, out: RankOutput | None) -> None:
     """An ABI without an is_padding input cannot see padding tokens: the mask is applied on
-    the host (as cpsim's v1 paths do) and the kernel is not judged on it."""
+    the host (as cpsim's v1 paths do) and the kernel is not judged on it. A kernel whose release
+    pads a dummy request's tokens itself (``DUMMY_AWARE``) is judged on those: they stay out of the mask."""
     if out is None or not s.batch.has_padding:
+        return
+    if k.abi in DUMMY_AWARE:
+        rows = np.asarray(s.batch.rows_v2()[:s.batch.num_reqs], dtype=np.int64)
+        dummy = rows[s.batch.token_request()] < 0
+        mask = s.batch.padding_mask() & ~dummy
+        k.note(f"the {k.abi} kernel takes no is_padding input: is_padding tokens of real requests were set to "
+               f"PAD on the host after the launch (not checked); a dummy request's tokens (idx_mapping -1) "
+               f"are the kernel's to pad, as in its release")
+        idx = np.flatnonzero(mask)
+        idx = torch.from_numpy(idx[idx < out.slots.shape[1]]).to(out.slots.device)
+        out.slots.index_fill_(1, idx, PAD_SLOT_ID)
         return
     k.note(f"the {k.abi} kernel takes no is_padding input: is_padding tokens were set to PAD on the host "
            f"after the launch, so the kernel is not checked on them")
@@ -76,6 +98,69 @@ def _check_int32(k, g: KVGroup) -> None:
 
 def _skip_circular(k, g: KVGroup) -> None:
     k.note(f"group {g.name}: a sliding-window ring table has no flag in this {k.abi} kernel; group not checked")
+
+
+def _out_dtype(k) -> torch.dtype:
+    return torch.int32 if ABIS[k.abi].out_dtype == "int32" else torch.int64
+
+
+def _note_dcp_only(k, s: Scenario) -> None:
+    if s.cp.pcp > 1:
+        k.note(f"the releases of the {k.abi} ABI shard KV over DCP only (the host passes the DCP size and rank); "
+               f"this scenario has PCP {s.cp.pcp}, so the kernel was handed cpsim's N = PCP x DCP = {s.cp.world} "
+               f"and the rank among them, which cpsim's owner rule judges")
+
+
+# ---- vLLM v1 (0.19-0.33): one launch per slot-mapped group -------------------
+
+def _vllm_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
+    """As vLLM's ``BlockTable.compute_slot_mapping``: grid (num_reqs + 1,), ``num_tokens`` =
+    ``positions.shape[0]`` (the runner slices positions to the scheduled count), int64 buffer.
+    0.19-0.25 pass the kernel block as ``block_size`` over a kernel-block table and CP = PCP x DCP;
+    0.26-0.31 add KV_CACHE_BLOCK_SIZE / BLOCKS_PER_KV_BLOCK; 0.32+ take a physical table."""
+    bt = batch_tensors(s, device)
+    out = v1._poisoned(s, knobs, device)
+    T = out.shape[1]
+    n_tok = min(bt.num_scheduled, T)
+    qsl = bt.query_start_loc.clamp(max=T)
+    if k.abi != "vllm-v1-0.19":
+        _note_dcp_only(k, s)
+    enabled = []
+    for gi, g in enumerate(s.groups):
+        if not g.slot_mapped or g.circular:
+            if g.circular:
+                k.note(f"group {g.name}: no vLLM release has a ring-buffer sliding-window slot rule (its "
+                       f"sliding-window groups map every position as a plain table); group not checked")
+            enabled.append(False)
+            continue
+        n = g.world(s.cp)
+        if k.abi == "vllm-v1-0.32":
+            table = _guard.table_of(v1.group_number(s, g), allocs[gi], list(range(s.batch.num_reqs)),
+                                    s.limits.max_num_reqs, v1.physical_width(s, g, knobs), 1, g.num_blocks,
+                                    g.block_size, g.block_size, device)
+        else:
+            table = v1._tables(s, g, allocs[gi], knobs, device)
+        buf = _guard.buffer([gi], T, torch.int64, device)[0]
+        args = dict(num_tokens=n_tok, max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=bt.positions,
+                    block_table_ptr=table, block_table_stride=table.stride(0), slot_mapping_ptr=buf,
+                    TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=rank % n, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave,
+                    PAD_ID=PAD_SLOT_ID, BLOCK_SIZE=TILE)
+        kv_bs, bpk = v1._sizes(s, g, knobs)
+        if k.abi == "vllm-v1-0.19":
+            args["block_size"] = g.b
+        elif k.abi == "vllm-v1-0.26":
+            args.update(block_size=g.b, KV_CACHE_BLOCK_SIZE=kv_bs, BLOCKS_PER_KV_BLOCK=bpk)
+        else:
+            args["KV_CACHE_BLOCK_SIZE"] = g.b if knobs.virtual_from_kernel_block else g.block_size
+        _guard.launch(g.name)
+        k.obj[(s.batch.num_reqs + 1,)](**args)
+        out[gi] = buf
+        enabled.append(True)
+    res = v1._result(out, s, knobs, enabled)
+    if k.abi == "vllm-v1-0.32":  # physical entries: one per block of B slots
+        res = RankOutput(res.slots, res.enabled, [v1.physical_width(s, g, knobs) for g in s.groups],
+                         [g.block_size for g in s.groups])
+    return res
 
 
 # ---- v1: one launch per group, logical (kernel-block) table -----------------
@@ -197,10 +282,10 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
                 k.note(f"group {g.name} is not CP-sharded: launched separately with CP_SIZE=1 (the {k.abi} ABI "
                        f"has no per-group CP size; the runtime's single launch applies CP_SIZE to every group - "
                        f"--kernel-v2-launch single reproduces that)")
-        if k.abi == "ascend-v2":
+        if ABIS[k.abi].out_dtype == "int32":
             _check_int32(k, g)
         launches.setdefault(key, []).append(gi)
-    dtype = torch.int32 if k.abi == "ascend-v2" else torch.int64
+    dtype = _out_dtype(k)
     rows = _i32(s.batch.rows_v2(), device)
     qsl = bt.query_start_loc.clamp(max=T)
     for (n, r), gis in launches.items():
@@ -217,6 +302,8 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
         if k.abi == "vllm-v2":
             # vLLM's runner hands the kernel positions[:num_tokens], the scheduled (unpadded) count.
             args["num_tokens"] = min(bt.num_scheduled, T)
+        if "TOTAL_BLOCK_SIZE" in k.params:
+            args["TOTAL_BLOCK_SIZE"] = ASCEND_TOTAL_BLOCK_SIZE  # the fixed table window the release passes
         if "BLOCK_TABLE_PAD_SIZE" in k.params:
             args["BLOCK_TABLE_PAD_SIZE"] = kernels.next_pow2(max(tables[i].stride(0) for i in gis))
         if "BLOCK_TABLE_WINDOW_SIZE" in k.params:
@@ -232,7 +319,66 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], list(entry))
 
 
-# ---- vllm-mrv2: kernel-block tables, num_blocks, per-group CP sizes, one launch ----
+# ---- released vLLM MRV2 (0.29-0.33): per-group flag arrays, one launch with the world CP size ----
+
+def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
+    """As vLLM's ``BlockTables.compute_slot_mappings``: one launch over every group, grid
+    (num_groups, num_reqs + 1), ``CP_SIZE`` = the world CP size for every group, per-group
+    ``slot_mapping_enabled`` (and from 0.31 ``dcp_sharded``: sharded over all of CP or replicated),
+    ``max_num_tokens`` = the buffer's width, int64. 0.29-0.31 tables hold kernel-block ids
+    (``kernel_block_sizes``), 0.32+ physical ids."""
+    bt = batch_tensors(s, device)
+    T = knobs.buffer_size or s.limits.slot_buffer_size
+    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
+    kernel_blocks = "kernel_block_sizes" in k.params
+    if kernel_blocks:
+        tables = [v2.kernel_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)]
+        entry = [g.b for g in s.groups]
+    else:
+        tables, entry = map(list, zip(*(v2._table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs))))
+    has_sharded = "dcp_sharded" in k.params
+    _note_dcp_only(k, s)
+    gis = []
+    for gi, g in enumerate(s.groups):
+        n = g.world(s.cp)
+        if g.circular:
+            k.note(f"group {g.name}: no vLLM release has a ring-buffer sliding-window slot rule; group not checked")
+        elif 1 < n < s.cp.world:
+            k.note(f"group {g.name}: a partial replica (CP size {n} of {s.cp.world}) has no counterpart in vLLM, "
+                   f"whose groups are sharded over all of DCP or replicated; group not checked")
+        else:
+            if n == 1 and s.cp.world > 1 and g.slot_mapped and not has_sharded:
+                k.note(f"group {g.name} is replicated, but the {k.abi} ABI has no dcp_sharded flag: launched "
+                       f"with CP_SIZE={s.cp.world} for every group, as that release's runtime does")
+            gis.append(gi)
+    if gis:
+        buf = _guard.buffer(gis, T, torch.int64, device)
+        args = dict(
+            max_num_tokens=T, idx_mapping=_i32(s.batch.rows_v2(), device),
+            query_start_loc=bt.query_start_loc.clamp(max=T), pos=bt.positions,
+            block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
+                                          device=device),
+            block_table_strides=_i64((tables[i].stride(0) for i in gis), device),
+            block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
+                              for i in gis) if kernel_blocks else (entry[i] for i in gis), device),
+            slot_mapping_enabled=torch.tensor([s.groups[i].slot_mapped for i in gis], dtype=torch.bool,
+                                              device=device),
+            slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=rank,
+            CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
+        )
+        if kernel_blocks:
+            args["kernel_block_sizes"] = _i32((s.groups[i].b for i in gis), device)
+        if has_sharded:
+            args["dcp_sharded"] = torch.tensor([s.groups[i].world(s.cp) > 1 for i in gis], dtype=torch.bool,
+                                               device=device)
+        _guard.launch(",".join(s.groups[i].name for i in gis))
+        k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
+        out[gis] = buf
+    done = set(gis)
+    return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], entry)
+
+
+# ---- cpsim-mrv2: kernel-block tables, num_blocks, per-group CP sizes, one launch ----
 
 def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
@@ -278,6 +424,19 @@ def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput
 
 # ---- callable: a Python function per group ----------------------------------
 
+def callable_needs(params, g: KVGroup, n: int) -> str:
+    """The input a callable must declare to map group ``g`` (CP size ``n``), or "":
+    a ring table needs ``is_circular``; a sharded group needs ``cp_world_size`` (which also tells a
+    replicated group, size 1, from a sharded one) and ``cp_rank``."""
+    if g.circular and "is_circular" not in params:
+        return "is_circular"
+    if n > 1 and "cp_world_size" not in params:
+        return "cp_world_size"
+    if n > 1 and "cp_rank" not in params:
+        return "cp_rank"
+    return ""
+
+
 def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
     out = v1._poisoned(s, knobs, device) if path != "v2" else _guard.buffer(
@@ -296,10 +455,14 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
             rows, kv_bs = range(s.batch.num_reqs), v1._sizes(s, g, knobs)[0]
         widths.append(table.shape[1])
         entries.append(entry)
-        enabled.append(g.slot_mapped)
-        if not g.slot_mapped:
-            continue
         n = g.world(s.cp)
+        missing = callable_needs(k.params, g, n)
+        if missing:
+            k.note(f"group {g.name}: not checked: ask for {missing} (the callable cannot map this group "
+                   f"correctly without it)")
+        enabled.append(g.slot_mapped and not missing)
+        if not enabled[-1]:
+            continue
         inputs = dict(
             positions=bt.positions[:n_tok], query_start_loc=bt.query_start_loc, req_indices=req,
             idx_mapping=_i32(rows, device), block_table=table, block_size=entry, kv_block_size=kv_bs,

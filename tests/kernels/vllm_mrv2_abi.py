@@ -1,6 +1,6 @@
-"""A slot-mapping kernel in upstream vLLM's current MRV2 ABI (``vllm-mrv2``), for cpsim's tests.
+"""A slot-mapping kernel in cpsim's own MRV2 model (ABI ``cpsim-mrv2``; no vLLM release has it), for cpsim's tests.
 
-Same parameter list and launch as today's ``vllm/v1/worker/gpu/block_table.py``
+Same parameter list and launch as cpsim's model of MRV2 (``cpsim.kernels.mrv2``)
 (grid ``(num_groups, num_reqs + 1)``, int64 output, kernel-block tables bounded by
 ``num_blocks``, a CP size per group, padding from ``query_start_loc[num_reqs]``),
 plus the optional ``is_padding`` input; our own plain body, one statement per rule
