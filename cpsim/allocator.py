@@ -37,6 +37,10 @@ class Allocation:
             out[i, :n] = b[:n]
         return torch.from_numpy(out)
 
+    def live(self) -> np.ndarray:
+        """[num_reqs] blocks each request really holds (vLLM's ``num_blocks``): an id 0 among them is a block."""
+        return np.array([len(b) for b in self.blocks], dtype=np.int64)
+
 
 def _blocks_for(s: Scenario, g: KVGroup, rank: int, seq_len: int) -> int:
     if seq_len <= 0:

@@ -14,6 +14,8 @@ On disk (``.npz``-compatible zip, see :mod:`cpsim.capture.archive`)::
     [r{R}/]query_start_loc.npy
     [r{R}/]idx_mapping.npy
     r{R}/g{G}/table.npy        int32/int64 [rows, width]; absent: the group was not launched
+    r{R}/g{G}/num_blocks.npy   optional int [rows]: live entries of each row (vLLM's num_blocks); entries
+                               below it are blocks, id 0 included; absent: up to the row's last non-zero id
     r{R}/slots.npy             [groups, entries]; absent: no outputs given (a kernel must run)
     [r{R}/]is_padding.npy      optional bool [scheduled tokens]: tokens that must get PAD (rejected drafts)
 
@@ -136,6 +138,11 @@ def validate(step: ExplicitStep) -> ExplicitStep:
                 bad = int(t.max()) if int(t.max()) >= limit else int(t.min())
                 raise ConfigError(tw, f"id {bad} out of range [0, {limit}) ({g.num_blocks} blocks"
                                       f"{f' x {bpk} kernel blocks' if bpk > 1 else ''})")
+            live = rb.live(gi)
+            if live is not None and (live.shape != (t.shape[0],) or (live < 0).any() or (live > t.shape[1]).any()):
+                raise ConfigError(f"{where}.g{gi}({g.name}).num_blocks",
+                                  f"must give each of the {t.shape[0]} rows a count in [0, width {t.shape[1]}], got "
+                                  f"{live.tolist()[:8] if live.ndim == 1 else live.shape}")
             if bpk > 1 and t.shape[1] % bpk:
                 raise ConfigError(tw, f"width {t.shape[1]} is not a multiple of {bpk} kernel blocks per block")
             if bpk > 1 and t.size:
@@ -176,6 +183,8 @@ def _arrays(step: ExplicitStep) -> dict[str, np.ndarray]:
         for gi, t in enumerate(r.tables):
             if t is not None:
                 out[f"r{i}/g{gi}/table"] = t
+            if r.live(gi) is not None:
+                out[f"r{i}/g{gi}/num_blocks"] = r.live(gi)
         if r.slots is not None:
             out[f"r{i}/slots"] = r.slots
     return out
@@ -198,7 +207,7 @@ def save(step: ExplicitStep, path: str | Path) -> Path:
 # ---- reading: every key and value checked (cpsim.schema), one line naming the field ------------
 
 _SHARED = ("positions", "query_start_loc", "idx_mapping", "is_padding")
-_ARRAY_NAME = re.compile(r"^r(\d+)/(?:(positions|query_start_loc|idx_mapping|is_padding|slots)|g(\d+)/table)$")
+_ARRAY_NAME = re.compile(r"^r(\d+)/(?:(positions|query_start_loc|idx_mapping|is_padding|slots)|g(\d+)/(?:table|num_blocks))$")
 
 
 def _check_names(names: list[str], world: int, groups: int, field_name: str, source: str) -> None:
@@ -214,7 +223,7 @@ def _check_names(names: list[str], world: int, groups: int, field_name: str, sou
                     f"group {m.group(3)} but {groups} group(s) are declared")
             raise ConfigError(field_name, f"array {name!r} names {what} (in {source})")
         known = list(_SHARED) + [f"r{r}/{n}" for r in range(min(world, 64)) for n in _SHARED + ("slots",)] + \
-            [f"r{r}/g{g}/table" for r in range(min(world, 64)) for g in range(groups)]
+            [f"r{r}/g{g}/{n}" for r in range(min(world, 64)) for g in range(groups) for n in ("table", "num_blocks")]
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = (f"did you mean {close[0]!r}?" if close else
                 f"arrays are {', '.join(_SHARED)} (shared, or r<R>/<name> per rank), r<R>/slots, r<R>/g<G>/table")
@@ -327,12 +336,15 @@ def from_meta(m, src, source: str) -> ExplicitStep:
         pos = arr(r, "positions", 1)
         tables = [src.get(f"r{r}/g{gi}/table", 2) if src.has(f"r{r}/g{gi}/table") else None
                   for gi in range(len(groups))]
+        live = [src.get(f"r{r}/g{gi}/num_blocks", 1) if src.has(f"r{r}/g{gi}/num_blocks") else None
+                for gi in range(len(groups))]
         slots = src.get(f"r{r}/slots", 2) if src.has(f"r{r}/slots") else None
         padded = rm.num_tokens_padded if rm.num_tokens_padded is not None else (int(qsl[-1]) if len(qsl) else 0)
         pad = None
         if src.has(f"r{r}/is_padding") or src.has("is_padding"):
             pad = arr(r, "is_padding", 1, flags=True).astype(bool)
-        ranks.append(RankBatch(pos, qsl, idx, padded, tables, slots, pad))
+        ranks.append(RankBatch(pos, qsl, idx, padded, tables, slots, pad,
+                               live if any(x is not None for x in live) else None))
     try:
         return validate(ExplicitStep(m.path, cp, groups, entry, limits, ranks, dict(m.label) | {"source": source}))
     except ConfigError as e:  # shapes and ids that disagree: name the file too

@@ -55,7 +55,7 @@ def main(args, console: Console | None = None) -> int:
         if not args.quiet:
             report.print_report(console, out.scenario, out.verdicts, title=title,
                                 examples=getattr(args, "examples", report.DEFAULT_EXAMPLES), gathered=out.gathered)
-            for note in step.label.get("notes", []):
+            for note in step.notes:
                 console.print(f"[dim]note: {escape(note)}[/dim]")
         finding = first_finding(step, out.gathered, out.verdicts)
         console.print(f"[bold red]{escape(finding.line(step))}[/bold red]", highlight=False)

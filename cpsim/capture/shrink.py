@@ -37,7 +37,8 @@ def subset(step: ExplicitStep, keep: np.ndarray, groups: list[int], tail: int) -
             s = rb.slots[groups]
             slots = np.concatenate([s[:, keep[keep < s.shape[1]]], s[:, n: n + tail]], axis=1)
         ranks.append(RankBatch(pos, qsl, rb.idx_mapping[live], len(keep) + pad_tail,
-                               [rb.tables[g] for g in groups], slots))
+                               [rb.tables[g] for g in groups], slots,
+                               None if rb.num_blocks is None else [rb.num_blocks[g] for g in groups]))
     limits = step.limits
     entries = len(keep) + tail
     if limits.slot_buffer_size != entries:

@@ -44,8 +44,10 @@ class Finding:
             where.append(f"token {self.token}")
         extra = ", ".join(f"{k} {v}" for k, v in (("request", self.request), ("position", self.position))
                           if v is not None)
+        what = (f"expected {self.expected}, got {self.actual}" if (self.expected, self.actual) != ("-", "-")
+                else self.message)  # a violation with no example (a table too narrow): its own line says it
         return (f"first violation: {self.invariant} [{self.path}] at {' '.join(where)}"
-                f"{f' ({extra})' if extra else ''}: expected {self.expected}, got {self.actual}")
+                f"{f' ({extra})' if extra else ''}: {what}")
 
 
 def _token(step: ExplicitStep, request: int | None, position: int | None) -> int | None:

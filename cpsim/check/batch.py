@@ -24,6 +24,12 @@ class RankBatch:
     tables: list[np.ndarray | None]  # per group; None = the group was not launched on this rank
     slots: np.ndarray | None = None  # int64 [groups, entries] as produced; None = not given
     is_padding: np.ndarray | None = None  # bool [num_scheduled]: scheduled tokens that must get PAD (rejected drafts)
+    # per group: int64 [rows] live entries of each table row (vLLM's ``num_blocks``); None = read off the
+    # row (entries up to its last non-zero id). Entries below it are blocks, id 0 included.
+    num_blocks: list[np.ndarray | None] | None = None
+
+    def live(self, gi: int) -> np.ndarray | None:
+        return None if self.num_blocks is None else self.num_blocks[gi]
 
     @property
     def num_reqs(self) -> int:
@@ -55,6 +61,12 @@ class ExplicitStep:
     limits: Limits
     ranks: list[RankBatch]
     label: dict[str, Any] = field(default_factory=dict)  # where it came from: step, call, source file, notes
+
+    @property
+    def notes(self) -> list[str]:
+        """``label.notes`` as a list (a hand-written file may give one string)."""
+        n = self.label.get("notes") or []
+        return [n] if isinstance(n, str) else [str(x) for x in n]
 
     @property
     def has_outputs(self) -> bool:

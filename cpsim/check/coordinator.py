@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cpsim import layout
-from cpsim.check import reference
+from cpsim.check import profiles, reference
 from cpsim.allocator import Allocation
 from cpsim.layout import GUARD, PAD_SLOT_ID, POISON
 from cpsim.scenario import Scenario
@@ -78,8 +78,9 @@ class _Ctx:
     """Per-check token arrays and per-group references, built once (numpy: the arrays are small
     and many, and a numpy operation on them costs a fraction of a torch one)."""
 
-    def __init__(self, s: Scenario, allocs_world: list[list[Allocation]]):
+    def __init__(self, s: Scenario, allocs_world: list[list[Allocation]], profile=None):
         self.s = s
+        self.profile = profile or profiles.PROFILES["cpsim"]
         self.allocs = allocs_world
         self.pos = s.batch.positions()
         self.req = s.batch.token_request()
@@ -249,10 +250,10 @@ def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
     B = g.block_size
     rr, tt = np.nonzero(_real(x))  # (rank, token) pairs held: only those can break the rule
     j = layout.owned_before(ctx.pos[tt], rr % world, world, ctx.s.cp.interleave)
-    blocks, widths = reference.stacked_blocks(allocs)
+    blocks, widths, live = reference.stacked_blocks(allocs)
     bi = j // B
-    inside = bi < widths[rr]
     reqs, width = blocks.shape[1], blocks.shape[2]
+    inside = (bi < widths[rr]) & (bi < live[rr, ctx.req[tt]]) if len(rr) else bi < 0
     want_block = np.where(inside, blocks.reshape(-1)[(rr * reqs + ctx.req[tt]) * width + np.minimum(bi, width - 1)]
                           if len(rr) else bi, -1)
     # got // B == block and got % B == j % B, in one comparison
@@ -401,13 +402,22 @@ def matches_reference(ctx, path, g, gi, full) -> list[Violation]:
 
 
 def block_sizing(ctx, path, g, widths: list[int], entry_sizes: list[int]) -> list[Violation]:
+    """Each rank's table holds every entry its group's spec needs. cpsim's profile also wants the exact
+    width; a release profile accepts wider tables (vLLM aligns to 128 tokens; ``--strict-sizing`` notes it)."""
     s = ctx.s
     mml = s.limits.max_model_len
     world = g.world(s.cp)
+    prof = ctx.profile
     out = []
     for r, (w, e) in enumerate(zip(widths, entry_sizes)):
         if g.circular:
             need, exact = 1, None
+        elif not g.slot_mapped and prof.state_width == "spec":
+            need = profiles.state_entries(prof, mml, g.block_size, s.limits.num_speculative_tokens) * (g.block_size // e)
+            exact = None
+        elif prof.width_rule != "exact":
+            need = layout.max_table_index(mml, g.block_size, e, world, s.cp.interleave) + 1
+            exact = None
         else:
             need = layout.max_table_index(mml, g.block_size, e, world, s.cp.interleave) + 1
             exact = layout.table_width(mml, g.block_size, world) * (g.block_size // e) if world > 1 else None
@@ -499,9 +509,10 @@ def not_run(path: str, reason: str) -> list[Verdict]:
 # ---- whole check -------------------------------------------------------------
 
 def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fingerprints: list[str] | None = None,
-          ) -> list[Verdict]:
-    """Every invariant for every gathered path; one Verdict per (invariant, path)."""
-    ctx = _Ctx(s, allocs_world)
+          profile: "profiles.Profile | None" = None) -> list[Verdict]:
+    """Every invariant for every gathered path; one Verdict per (invariant, path), judged by ``profile``
+    (default: cpsim's model)."""
+    ctx = _Ctx(s, allocs_world, profile)
     verdicts: list[Verdict] = []
     for path, G in gathered.items():
         failures = getattr(G, "failures", None) or []

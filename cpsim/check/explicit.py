@@ -49,20 +49,25 @@ class GivenBatch(Batch):
 class TableBlocks:
     """Stands in for an ``Allocation``: request i's physical blocks are its table row."""
 
-    def __init__(self, blocks: torch.Tensor):
+    def __init__(self, blocks: torch.Tensor, live: np.ndarray | None = None):
         self.blocks_ = blocks
+        if live is None:  # not given: entries up to the row's last non-zero id (a trailing 0 reads as no block)
+            rows = blocks.numpy()
+            nz = rows != 0
+            live = np.where(nz.any(1), rows.shape[1] - np.argmax(nz[:, ::-1], 1), 0) if rows.size else \
+                np.zeros(rows.shape[0], dtype=np.int64)
+        self.live_ = np.asarray(live, dtype=np.int64)
+
+    def live(self) -> np.ndarray:
+        return self.live_
 
     def padded(self, width: int | None = None) -> torch.Tensor:
         return self.blocks_ if width is None else self.blocks_[:, :width]
 
     @property
     def blocks(self) -> tuple[np.ndarray, ...]:
-        """Each request's row without its trailing null (0) entries, as ``Allocation.blocks`` (for pictures)."""
-        out = []
-        for row in self.blocks_.numpy():
-            nz = np.nonzero(row)[0]
-            out.append(row[: nz[-1] + 1] if nz.size else row[:0])
-        return tuple(out)
+        """Each request's live blocks, as ``Allocation.blocks`` (for pictures)."""
+        return tuple(row[:n] for row, n in zip(self.blocks_.numpy(), self.live_.tolist()))
 
 
 def request_blocks(step: ExplicitStep, rb: RankBatch, gi: int) -> TableBlocks:
@@ -74,9 +79,13 @@ def request_blocks(step: ExplicitStep, rb: RankBatch, gi: int) -> TableBlocks:
     phys = t[np.clip(rows, 0, None)]
     phys[rows < 0] = 0
     per = g.block_size // e
+    live = rb.live(gi)
+    if live is not None:
+        live = np.where(rows < 0, 0, live[np.clip(rows, 0, None)])
+        live = -(-live // per)  # kernel-block entries -> physical blocks
     if per > 1:
         phys = phys[:, ::per] // per
-    return TableBlocks(torch.from_numpy(np.ascontiguousarray(phys, dtype=np.int64)))
+    return TableBlocks(torch.from_numpy(np.ascontiguousarray(phys, dtype=np.int64)), live)
 
 
 def scenario(step: ExplicitStep) -> Scenario:
@@ -137,7 +146,7 @@ def _without_padding(step: ExplicitStep, runs: dict | None):
         aside.setdefault(step.path, []).append(out)
         ranks.append(RankBatch(np.concatenate([rb.positions[keep], rb.positions[n:]]),
                                np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), rb.idx_mapping,
-                               rb.num_tokens_padded - len(flagged), rb.tables, kept))
+                               rb.num_tokens_padded - len(flagged), rb.tables, kept, num_blocks=rb.num_blocks))
     new_runs = {}
     for name, per_rank in (runs or {}).items():
         moved = [move(x) for x in per_rank]
@@ -170,7 +179,7 @@ def _flagged_verdicts(step: ExplicitStep, verdicts, aside: dict, flagged: np.nda
             verdict.status = "fail"
 
 
-def check(step: ExplicitStep, runs: dict[str, list[np.ndarray]] | None = None
+def check(step: ExplicitStep, runs: dict[str, list[np.ndarray]] | None = None, profile=None
           ) -> tuple[Scenario, dict[str, Gathered], list[coordinator.Verdict]]:
     """Every applicable invariant on the given outputs and on each extra run (``{name: per-rank slots}``).
 
@@ -190,7 +199,7 @@ def check(step: ExplicitStep, runs: dict[str, list[np.ndarray]] | None = None
         gath[name] = gathered(step, slots, name)
     if not gath:
         gathered(step)  # raises: nothing to check
-    verdicts = coordinator.check(s, allocations(step), gath, fingerprints)
+    verdicts = coordinator.check(s, allocations(step), gath, fingerprints, profile)
     if flagged is not None:
         _flagged_verdicts(orig, verdicts, aside, flagged, gath)
     return s, gath, verdicts

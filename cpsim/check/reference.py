@@ -23,22 +23,27 @@ def group_index(s: Scenario, g: KVGroup, positions):
     return layout.table_index(positions, g.block_size, g.b, g.world(s.cp), s.cp.interleave)
 
 
-def stacked_blocks(allocs: Sequence[Allocation]) -> tuple[np.ndarray, np.ndarray]:
-    """([ranks, num_reqs, width] block ids, 0 past each request's blocks; [ranks] each rank's own width).
+def stacked_blocks(allocs: Sequence[Allocation]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """([ranks, num_reqs, width] block ids, 0 past each request's blocks; [ranks] each rank's own width;
+    [ranks, num_reqs] blocks each request holds).
 
     Each rank's ``padded()`` table, stacked: a rank's own width bounds its table indices, so an index
-    past it reads the null block even where a wider rank pads the stack."""
-    own: dict[int, np.ndarray] = {}  # replicas share one allocation object
+    past it reads no block even where a wider rank pads the stack. Which entries are blocks is the
+    live count (vLLM's ``num_blocks``), never the id: block 0 is a block (vLLM 0.33.0 allocates it)."""
+    own: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # replicas share one allocation object
     for a in allocs:
         if id(a) not in own:
-            own[id(a)] = a.padded().numpy()
-    mats = [own[id(a)] for a in allocs]
+            own[id(a)] = (a.padded().numpy(), a.live())
+    mats = [own[id(a)][0] for a in allocs]
     widths = np.array([m.shape[1] for m in mats], dtype=np.int64)
-    out = np.zeros((len(mats), max((m.shape[0] for m in mats), default=0), int(widths.max(initial=1))),
-                   dtype=np.int64)
+    reqs = max((m.shape[0] for m in mats), default=0)
+    out = np.zeros((len(mats), reqs, int(widths.max(initial=1))), dtype=np.int64)
+    live = np.zeros((len(mats), reqs), dtype=np.int64)
     for r, m in enumerate(mats):
         out[r, :m.shape[0], :m.shape[1]] = m
-    return out, widths
+        n = own[id(allocs[r])][1]
+        live[r, :n.size] = np.minimum(n, m.shape[1])
+    return out, widths, live
 
 
 def world_slots(s: Scenario, g: KVGroup, allocs: Sequence[Allocation], ranks: Sequence[int],
@@ -51,7 +56,7 @@ def world_slots(s: Scenario, g: KVGroup, allocs: Sequence[Allocation], ranks: Se
     out = np.full((len(ranks), positions.size), PAD_SLOT_ID, dtype=np.int64)
     if not g.slot_mapped or positions.size == 0 or not len(ranks):
         return out
-    blocks, widths = stacked_blocks(allocs)
+    blocks, widths, live = stacked_blocks(allocs)
     if g.pads_replay:
         pad = pad | replayed  # the cached KV stays as it is: replayed positions write nothing
     if g.circular:
@@ -65,9 +70,9 @@ def world_slots(s: Scenario, g: KVGroup, allocs: Sequence[Allocation], ranks: Se
     rr, tt = np.nonzero((owner[None, :] == shard[:, None]) & ~pad[None, :])
     reqs, width = blocks.shape[1], blocks.shape[2]
     idx = phys_idx[tt]
-    # Block 0 is the null block: an index past the request's allocation (``num_blocks``) reads 0 -> PAD.
+    # An index past the request's live blocks (``num_blocks``) has no block -> PAD; an id 0 below it is block 0.
     phys = blocks.reshape(-1)[(rr * reqs + req[tt]) * width + np.minimum(idx, width - 1)]
-    keep = (idx < widths[rr]) & (phys != 0)
+    keep = (idx < widths[rr]) & (idx < live[rr, req[tt]])
     rr, tt, phys = rr[keep], tt[keep], phys[keep]
     out[rr, tt] = phys * g.block_size + (k[tt] % g.bpk) * g.b + o[tt]
     return out

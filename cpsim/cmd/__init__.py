@@ -182,6 +182,20 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
     return out
 
 
+def add_profile_arg(p: argparse.ArgumentParser) -> None:
+    """``--profile NAME`` (``run`` only for now)."""
+    p.add_argument("--profile", metavar="NAME",
+                   help="the runtime contract the oracle judges by (cpsim, vllm-0.26, vllm-0.31, vllm-0.33, "
+                        "vllm-ascend-0.23; default: the loaded kernel's release, builtin = cpsim; docs/SPEC.md §4)")
+
+
+def profile_from_args(args, kernels: dict):
+    """``--profile NAME`` (exit 2 if unknown), else the one the kernels' released ABIs imply (cpsim for builtin)."""
+    from cpsim.check import profiles
+    name = getattr(args, "profile", None)
+    return profiles.get(name) if name else profiles.for_abis([k.abi for k in kernels.values()])
+
+
 def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
     """One line per kernel under test, then what its adapter could not model.
 
@@ -205,10 +219,13 @@ def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> di
     return kernels_from_args(args, device, paths, base=out)
 
 
-def subjects_for(kernels: dict, paths) -> dict:
-    """What ran on each of ``paths``, as plain data for every report (``cpsim.kernels.subject``)."""
+def subjects_for(kernels: dict, paths, profile: str | None = None) -> dict:
+    """What ran on each of ``paths``, as plain data for every report (``cpsim.kernels.subject``), with the
+    release profile the oracle judged by (default: the one the kernels imply)."""
+    from cpsim.check import profiles
     from cpsim.kernels.subject import subjects
-    return subjects(kernels or {}, list(dict.fromkeys([*paths, *(kernels or {})])))
+    name = profile or profiles.for_abis([k.abi for k in (kernels or {}).values()]).name
+    return subjects(kernels or {}, list(dict.fromkeys([*paths, *(kernels or {})])), name)
 
 
 def _examples(text: str) -> int:

@@ -21,9 +21,9 @@ from cpsim.check import coordinator
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
-from cpsim.cmd import (add_kernel_args, add_path_args, add_report_args, add_scenario_args, check_paths_apply,
-                       describe_kernels, execute_torchrun, kernels_from_args, parse_paths, scenario_from_args,
-                       subjects_for, torchrun_world)
+from cpsim.cmd import (add_kernel_args, add_path_args, add_profile_arg, add_report_args, add_scenario_args,
+                       check_paths_apply, describe_kernels, execute_torchrun, kernels_from_args, parse_paths,
+                       profile_from_args, scenario_from_args, subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import KERNEL_DESIGNS, Knobs
@@ -40,6 +40,7 @@ def register(sub) -> None:
     add_scenario_args(p)
     add_path_args(p)
     add_kernel_args(p)
+    add_profile_arg(p)
     add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/REPORT_SCHEMA.md)")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
@@ -81,18 +82,20 @@ def main(args) -> int:
                                kernels=kernels,
                                on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
     skipped = [p for p in paths if p not in gathered]
-    verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+    prof = profile_from_args(args, kernels)
+    verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, prof)
     if args.inject and coordinator.passed(verdicts):
         _fault_must_show(args, s, paths, dev.device, kernels, gathered, inject_rank)
     for p in skipped:
         verdicts += coordinator.not_run(p, f"not applicable at CP world size {s.cp.world} (CP size 1 only)")
-    subjects = subjects_for(kernels, paths)
+    subjects = subjects_for(kernels, paths, prof.name)
     if not args.quiet:
         report.print_report(console, s, verdicts, examples=args.examples, subjects=subjects, gathered=gathered)
         describe_kernels(console, kernels, notes_only=True)
+        console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
-    extra = {"paths_skipped": skipped, "inject": args.inject, "inject_rank": inject_rank,
+    extra = {"paths_skipped": skipped, "profile": prof.name, "inject": args.inject, "inject_rank": inject_rank,
              "kernels": {p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}
 
     def junit() -> None:
