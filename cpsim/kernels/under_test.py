@@ -60,6 +60,9 @@ CALLABLE_INPUTS = {
     "cp_rank": "this rank's index among them (0 when not sharded)",
     "cp_interleave": "CP KV-cache interleave size",
     "is_circular": "the table is a sliding-window ring (block 0 holds the window)",
+    "cp_sharded": "the group is sharded over its CP ranks (upstream `dcp_sharded`; false: replicated)",
+    "world_cp_size": "the world CP size N, as the runtime passes it to every group (`CP_SIZE`)",
+    "world_cp_rank": "this rank's total CP rank in [0, N)",
     "pad_id": "value for tokens this rank does not store",
     "max_num_tokens": "entries of the slot buffer",
 }

@@ -424,16 +424,23 @@ def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput
 
 # ---- callable: a Python function per group ----------------------------------
 
-def callable_needs(params, g: KVGroup, n: int) -> str:
-    """The input a callable must declare to map group ``g`` (CP size ``n``), or "":
+def callable_needs(params, g: KVGroup, n: int, world: int) -> str:
+    """The input a callable must declare to map group ``g`` (CP size ``n`` of the world's ``world``), or "":
     a ring table needs ``is_circular``; a sharded group needs ``cp_world_size`` (which also tells a
-    replicated group, size 1, from a sharded one) and ``cp_rank``."""
+    replicated group, size 1, from a sharded one) and ``cp_rank`` — or, when it spans the whole world,
+    ``world_cp_size`` / ``world_cp_rank``. A callable that reads the world CP size (as upstream's kernels
+    read ``CP_SIZE``) needs ``cp_sharded`` or ``cp_world_size`` for a group that does not span the
+    world (vLLM #57260 is the bug of not telling)."""
     if g.circular and "is_circular" not in params:
         return "is_circular"
-    if n > 1 and "cp_world_size" not in params:
+    whole = n == world
+    if n > 1 and "cp_world_size" not in params and not (whole and "world_cp_size" in params):
         return "cp_world_size"
-    if n > 1 and "cp_rank" not in params:
+    if n > 1 and "cp_rank" not in params and not (whole and "world_cp_rank" in params):
         return "cp_rank"
+    reads_world = "world_cp_size" in params or "world_cp_rank" in params
+    if reads_world and not whole and not {"cp_sharded", "cp_world_size"} & set(params):
+        return "cp_sharded" if n == 1 else "cp_world_size"
     return ""
 
 
@@ -456,7 +463,7 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
         widths.append(table.shape[1])
         entries.append(entry)
         n = g.world(s.cp)
-        missing = callable_needs(k.params, g, n)
+        missing = callable_needs(k.params, g, n, s.cp.world)
         if missing:
             k.note(f"group {g.name}: not checked: ask for {missing} (the callable cannot map this group "
                    f"correctly without it)")
@@ -468,6 +475,7 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
             idx_mapping=_i32(rows, device), block_table=table, block_size=entry, kv_block_size=kv_bs,
             cp_world_size=n, cp_rank=rank % n, cp_interleave=s.cp.interleave,
             is_circular=g.circular, pad_id=PAD_SLOT_ID, max_num_tokens=T,
+            cp_sharded=n > 1, world_cp_size=s.cp.world, world_cp_rank=rank,
         )
         _guard.launch(g.name)
         res = k.obj(**{p: inputs[p] for p in k.params if p in inputs})
