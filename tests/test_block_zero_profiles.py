@@ -142,3 +142,22 @@ def test_unknown_profile_is_exit_2(capsys):
     from cpsim import cli
     assert cli.main(["run", "--paths", "v1", "--profile", "vllm-9.9", "--quiet"]) == 2
     assert "--profile" in capsys.readouterr().err
+
+
+def test_strict_sizing_notes_wider_tables_and_bigger_buffers_as_waste():
+    """32 entries of B = 4 is vLLM's 128-token-aligned width for 2 needed: waste under cpsim, none under
+    vllm-0.33; 36 entries is waste under both; a buffer of 10 for 8 entries is waste."""
+    from cpsim.check import coordinator
+
+    def waste(tables, profile=None, extra=0):
+        slots = tuple(list(r) + [P] * extra for r in GOOD)
+        step = _step(slots=slots, tables=tables)
+        return coordinator.sizing_waste(explicit.scenario(step), {"v1": explicit.gathered(step)}, profile)
+
+    assert waste(([[0, 3]], [[5, 0]])) == []
+    wide = ([[0, 3] + [0] * 30], [[5, 0] + [0] * 30])
+    assert len(waste(wide)) == 2 and "table width 32 > 2" in waste(wide)[0]
+    assert waste(wide, profiles.get("vllm-0.33")) == []
+    wider = ([[0, 3] + [0] * 34], [[5, 0] + [0] * 34])
+    assert "table width 36 > 32" in waste(wider, profiles.get("vllm-0.33"))[0]
+    assert waste(([[0, 3]], [[5, 0]]), extra=2) == ["v1: slot buffer 10 > 8 entries (scheduled tokens + MTP drafts)"]

@@ -432,6 +432,42 @@ def block_sizing(ctx, path, g, widths: list[int], entry_sizes: list[int]) -> lis
     return out
 
 
+def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
+    """``--strict-sizing``: tables wider and slot buffers larger than the profile's rule, one line each.
+
+    Waste, not a violation: a wider table or a bigger buffer maps every token right. The rule is
+    the widest table the profile's host builds (cpsim: exact ``cdiv(mml, B·g)``; vLLM >= 0.27:
+    the spec's entries rounded up to 128 tokens, ``get_block_table_width``)."""
+    prof = profile or profiles.PROFILES["cpsim"]
+    mml = s.limits.max_model_len
+    out = []
+    for path, G in gathered.items():
+        if getattr(G, "failures", None):
+            continue
+        widths, entry_sizes = _np(G.widths).T.tolist(), _np(G.entry_sizes).T.tolist()
+        for gi, g in enumerate(s.groups):
+            for r, (w, e) in enumerate(zip(widths[gi], entry_sizes[gi])):
+                per = g.block_size // e
+                if g.circular:
+                    rule = per
+                elif not g.slot_mapped and prof.state_width == "spec":
+                    rule = profiles.state_entries(prof, mml, g.block_size, s.limits.num_speculative_tokens) * per
+                else:
+                    need = layout.max_table_index(mml, g.block_size, e, g.world(s.cp), s.cp.interleave) + 1
+                    phys = layout.cdiv(need, per)
+                    if prof.width_rule == "aligned-128" and g.slot_mapped:
+                        phys = profiles.aligned_width(phys, g.block_size)
+                    rule = phys * per
+                if w > rule:
+                    out.append(f"{path} group {g.name} rank {r}: table width {w} > {rule} entries the "
+                               f"{prof.name} rule needs ({w - rule} unused per row)")
+        entries = _np(G.slots).shape[2]
+        if entries > s.limits.slot_buffer_size:
+            out.append(f"{path}: slot buffer {entries} > {s.limits.slot_buffer_size} entries (scheduled tokens "
+                       f"+ MTP drafts)")
+    return out
+
+
 def capacity(ctx, path, entries: int) -> list[Violation]:
     lim = ctx.s.limits
     need = lim.slot_buffer_size

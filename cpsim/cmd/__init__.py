@@ -183,7 +183,9 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
 
 
 def add_profile_arg(p: argparse.ArgumentParser) -> None:
-    """``--profile NAME`` (``run`` only for now)."""
+    """``--profile NAME`` and ``--strict-sizing`` (``run`` only for now)."""
+    p.add_argument("--strict-sizing", action="store_true",
+                   help="also note tables wider and slot buffers larger than the profile's rule (waste; exit 0)")
     p.add_argument("--profile", metavar="NAME",
                    help="the runtime contract the oracle judges by (cpsim, vllm-0.26, vllm-0.31, vllm-0.33, "
                         "vllm-ascend-0.23; default: the loaded kernel's release, builtin = cpsim; docs/SPEC.md §4)")

@@ -89,13 +89,17 @@ def main(args) -> int:
     for p in skipped:
         verdicts += coordinator.not_run(p, f"not applicable at CP world size {s.cp.world} (CP size 1 only)")
     subjects = subjects_for(kernels, paths, prof.name)
+    waste = coordinator.sizing_waste(s, gathered, prof) if args.strict_sizing else []
     if not args.quiet:
         report.print_report(console, s, verdicts, examples=args.examples, subjects=subjects, gathered=gathered)
         describe_kernels(console, kernels, notes_only=True)
         console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
+        for line in waste:
+            console.print(f"  [yellow]note (strict sizing):[/yellow] {line}", highlight=False, soft_wrap=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
-    extra = {"paths_skipped": skipped, "profile": prof.name, "inject": args.inject, "inject_rank": inject_rank,
+    extra = {"paths_skipped": skipped, "profile": prof.name, "sizing_waste": waste,
+             "inject": args.inject, "inject_rank": inject_rank,
              "kernels": {p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}
 
     def junit() -> None:
