@@ -1,4 +1,4 @@
-"""A staged world (``cpsim.paths._stage``: the ranks of a path prepared together) hands every rank
+"""A staged world (``cpsim.paths.prep``: the ranks of a path prepared together) hands every rank
 exactly what a rank run alone would: same slots, guard entries, widths and entry sizes, with and
 without the catalogue's faults, and when its tables are too big to stage."""
 
@@ -10,7 +10,8 @@ import torch
 from cpsim import faults
 from cpsim.allocator import allocate_world
 from cpsim.fuzz import explore, space
-from cpsim.paths import PATHS, Knobs, _stage, run_path, staging
+from cpsim.paths import PATHS, Knobs, run_path, staging
+from cpsim.paths import prep as _stage
 
 
 def _fuzz_scenarios(n: int):

@@ -73,12 +73,12 @@ def first_failure(failures: list[KernelFailure]) -> KernelFailure:
 
 def staging(s, allocs: dict, device, builtin: bool = True, defer: bool = False):
     """A context in which the ranks ``allocs`` names (rank -> allocations) share their preparation
-    (``cpsim.paths._stage``) - only where every kernel is cpsim's (``builtin``); a no-op (None) when
+    (``cpsim.paths.prep``) - only where every kernel is cpsim's (``builtin``); a no-op (None) when
     any is the user's, the slot-mapping kernel or the replay kernel beside a built-in one. ``defer``:
     the ranks' outputs are read back together by the stage's ``settle``."""
     import contextlib
 
-    from cpsim.paths import _stage
+    from cpsim.paths import prep as _stage
     return _stage.staged(s, allocs, device, defer) if builtin else contextlib.nullcontext()
 
 
@@ -96,7 +96,8 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
-    from cpsim.paths import _guard, _stage, adapters, replay
+    from cpsim.paths import _guard, adapters, replay
+    from cpsim.paths import prep as _stage
     stage = _stage.current()
     if stage is not None:
         stage.begin(rank if stage.s is scenario and rank in stage.allocs else None)

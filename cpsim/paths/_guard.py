@@ -45,7 +45,7 @@ def buffer(groups: Iterable[int], entries: int, dtype: torch.dtype, device, fill
     The view's row stride is ``entries + 2 * WIDTH``; kernels that take a stride get it
     from the view, so row ``i``'s overrun lands in its own guard.
     """
-    from cpsim.paths import _stage
+    from cpsim.paths import prep as _stage
     groups = list(groups)
     stage = _stage.current()
     if stage is not None and stage.rank is not None and stage.device == torch.device(device):
@@ -117,8 +117,8 @@ def block(full: torch.Tensor, k: int, shape: tuple[int, int]) -> torch.Tensor:
 def table_of(gi: int, alloc, rows: list[int], num_rows: int, width: int, bpk: int, num_blocks: int,
              block_size: int, entry_size: int, device) -> torch.Tensor:
     """``table`` of ``allocator.table_entries(alloc, rows, num_rows, width, bpk)`` (group ``gi``);
-    inside a stage (``cpsim.paths._stage``) the tables of all staged ranks are built at once."""
-    from cpsim.paths import _stage
+    inside a stage (``cpsim.paths.prep``) the tables of all staged ranks are built at once."""
+    from cpsim.paths import prep as _stage
     stage = _stage.current()
     if stage is not None and stage.device == torch.device(device):
         staged = stage.table(gi, alloc, rows, num_rows, width, bpk, num_blocks, block_size, entry_size)

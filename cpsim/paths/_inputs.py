@@ -92,7 +92,7 @@ def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: 
     the rank's allocations and its tables alone; ``make(allocs, peer)`` makes them for another rank
     (``Stage.per_rank``). Inside a stage every staged rank's are made and uploaded in one copy; their
     tensors come after ``shared``'s, before ``extra``'s."""
-    from cpsim.paths import _stage
+    from cpsim.paths import prep as _stage
     stage = _stage.of(s, device)
     if stage is not None:
         bt = stage.batch(clamp)  # uploaded once for every staged rank
@@ -112,7 +112,7 @@ def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: 
 def shared_upload(s: Scenario, device, key, make) -> list[torch.Tensor]:
     """``make()``'s host arrays on ``device``: uploaded once per stage when ``s``'s ranks are staged
     (they must depend on the scenario and ``key`` alone), else now."""
-    from cpsim.paths import _stage
+    from cpsim.paths import prep as _stage
     stage = _stage.of(s, device)
     if stage is not None:
         return stage.shared(key, make)

@@ -67,7 +67,8 @@ if os.environ.get("CPSIM_WTIME"):
 
     import cpsim.run.kernel_worker as kw
     from cpsim import allocator
-    from cpsim.paths import _guard, _inputs, _stage, replay, v1, v2
+    from cpsim.paths import _guard, _inputs, replay, v1, v2
+    from cpsim.paths import prep as _stage
 
     _acc = collections.defaultdict(float)
     _chunks = collections.Counter()
