@@ -105,7 +105,7 @@ import cpsim.fuzz as FZ
 import cpsim.fuzz.space as SP
 import cpsim.paths._guard as G
 import cpsim.paths._inputs as In
-import cpsim.paths._stage as S
+import cpsim.paths.prep as S
 import cpsim.paths.replay as R
 import cpsim.paths.v1 as V1
 import cpsim.paths.v2 as V2

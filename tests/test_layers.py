@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 KNOWN_CYCLES = [
     {"cpsim.faults", "cpsim.faults.catalogue"},
     {"cpsim.fuzz", "cpsim.fuzz.explore"},
-    {"cpsim.paths._guard", "cpsim.paths._inputs", "cpsim.paths._stage"},
     {"cpsim.paths", "cpsim.paths.adapters", "cpsim.paths.replay", "cpsim.paths.v1", "cpsim.paths.v2"},
 ]
 

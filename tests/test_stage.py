@@ -1,4 +1,4 @@
-"""A staged world (``cpsim.paths._stage``: the ranks of a path prepared together) hands every rank
+"""A staged world (``cpsim.paths.prep``: the ranks of a path prepared together) hands every rank
 exactly what a rank run alone would: same slots, guard entries, widths and entry sizes, with and
 without the catalogue's faults, and when its tables are too big to stage."""
 
@@ -10,7 +10,8 @@ import torch
 from cpsim import faults
 from cpsim.allocator import allocate_world
 from cpsim.fuzz import explore, space
-from cpsim.paths import PATHS, Knobs, _stage, run_path, staging
+from cpsim.paths import PATHS, Knobs, run_path, staging
+from cpsim.paths import prep as _stage
 
 
 def _fuzz_scenarios(n: int):
@@ -113,15 +114,16 @@ def test_a_users_kernel_is_not_staged():
 def test_staged_tensors_are_aligned_as_fresh_ones():
     """Triton specialises a kernel on its pointers' 16-byte alignment: a staged rank's table and output
     rows must be as aligned as a fresh allocation's, or the device compiles extra variants."""
-    from cpsim.paths import _guard, v1
+    from cpsim.paths import v1
 
     for s in [x for x in _fuzz_scenarios(48) if x.cp.world > 2][:6]:
         allocs = allocate_world(s)
-        with staging(s, {r: allocs[r] for r in range(s.cp.world)}, "cpu") as stage:
+        with staging(s, {r: allocs[r] for r in range(s.cp.world)}, "cpu"):
             for r in range(s.cp.world):
-                stage.begin(r)
-                out = _guard.buffer(range(len(s.groups)), s.limits.slot_buffer_size + 3, torch.int64, "cpu")
+                inputs = _stage.for_rank(s, r, "cpu")
+                assert isinstance(inputs, _stage.Staged)
+                out = inputs.buffer(range(len(s.groups)), s.limits.slot_buffer_size + 3, torch.int64)
                 assert out.data_ptr() % 16 == 0
                 for gi, g in enumerate(s.groups):
-                    t = v1._tables(s, g, allocs[r][gi], Knobs(), "cpu")
+                    t = inputs.table(allocs[r][gi], v1.table_shape(s, g, Knobs()))
                     assert t.data_ptr() % 16 == 0, (r, gi, t.shape)

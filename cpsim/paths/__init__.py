@@ -73,40 +73,40 @@ def first_failure(failures: list[KernelFailure]) -> KernelFailure:
 
 def staging(s, allocs: dict, device, builtin: bool = True, defer: bool = False):
     """A context in which the ranks ``allocs`` names (rank -> allocations) share their preparation
-    (``cpsim.paths._stage``) - only where every kernel is cpsim's (``builtin``); a no-op (None) when
+    (``cpsim.paths.prep.Staged``) - only where every kernel is cpsim's (``builtin``); a no-op (None) when
     any is the user's, the slot-mapping kernel or the replay kernel beside a built-in one. ``defer``:
     the ranks' outputs are read back together by the stage's ``settle``."""
     import contextlib
 
-    from cpsim.paths import _stage
-    return _stage.staged(s, allocs, device, defer) if builtin else contextlib.nullcontext()
+    from cpsim.paths import prep
+    return prep.staged(s, allocs, device, defer) if builtin else contextlib.nullcontext()
 
 
 def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str = "cpu",
              knobs: Knobs = Knobs(), kernel=None) -> RankOutput | None:
     """Run one path for one rank; None when the path does not apply to the scenario.
 
-    ``kernel`` (a ``cpsim.kernels.under_test.KernelUnderTest``) replaces the path's
-    built-in kernel; tables and buffers are built the same way. Its ``replay`` kernel, if any,
-    replaces the built-in replay-padding kernel that runs after them (``cpsim.paths.replay``).
+    Inputs, launches, read-back: everything the rank run hands its kernels comes from one
+    preparation (``cpsim.paths.prep``: made for this run alone, or staged with the other ranks the
+    world runs in this process), and its buffers are read back through it after the launches.
+    ``kernel`` (a ``cpsim.kernels.under_test.KernelUnderTest``) replaces the path's built-in kernel;
+    tables and buffers are built the same way. Its ``replay`` kernel, if any, replaces the built-in
+    replay-padding kernel that runs after them (``cpsim.paths.replay``).
     """
-    from cpsim.paths import v1, v2
+    from cpsim.paths import _guard, adapters, prep, replay, v1, v2
 
     runners = {"v1": v1.run, "v1-fused": v1.run_fused, "v1-torch": v1.run_torch, "v2": v2.run}
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
-    from cpsim.paths import _guard, _stage, adapters, replay
-    stage = _stage.current()
-    if stage is not None:
-        stage.begin(rank if stage.s is scenario and rank in stage.allocs else None)
+    inputs = prep.for_rank(scenario, rank, device)
     with _guard.Watch(len(scenario.groups)) as watch:
         if kernel is not None and not kernel.builtin:
-            out = adapters.run(kernel, name, scenario, allocs, rank, torch.device(device), knobs)
+            out = adapters.run(kernel, name, scenario, allocs, rank, inputs.device, knobs)
         else:
-            out = runners[name](scenario, allocs, rank, torch.device(device), knobs)
+            out = runners[name](scenario, allocs, rank, inputs, knobs)
         if out is not None:  # the runtime's replay pass, after the slot-mapping kernels (cpsim's or the user's)
-            replay.pad(scenario, out.slots, torch.device(device), knobs, getattr(kernel, "replay", None))
-    if out is not None and not (stage is not None and stage.s is scenario and stage.later(watch, out)):
-        out.slots, out.guard = watch.read_back(out.slots)  # rows are views into guarded storage: one copy
+            replay.pad(scenario, out.slots, inputs, knobs, getattr(kernel, "replay", None))
+    if out is not None:
+        inputs.read_back(watch, out)  # rows are views into guarded storage: one copy (or one per stage)
     return out

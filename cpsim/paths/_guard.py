@@ -45,19 +45,18 @@ def buffer(groups: Iterable[int], entries: int, dtype: torch.dtype, device, fill
     The view's row stride is ``entries + 2 * WIDTH``; kernels that take a stride get it
     from the view, so row ``i``'s overrun lands in its own guard.
     """
-    from cpsim.paths import _stage
     groups = list(groups)
-    stage = _stage.current()
-    if stage is not None and stage.rank is not None and stage.device == torch.device(device):
-        full = stage.buffer(groups, entries, dtype, fill, WIDTH)
-        view = full[:, WIDTH:WIDTH + entries]
-    else:
-        full = torch.full((len(groups), entries + 2 * WIDTH), GUARD, dtype=dtype, device=device)
-        view = full[:, WIDTH:WIDTH + entries]
-        view.fill_(fill)
+    full = torch.full((len(groups), entries + 2 * WIDTH), GUARD, dtype=dtype, device=device)
+    view = full[:, WIDTH:WIDTH + entries]
+    view.fill_(fill)
+    watch(full, groups)
+    return view
+
+
+def watch(full: torch.Tensor, groups: list[int]) -> None:
+    """Have the open watch read ``full`` (rows for ``groups``, guard entries included) back."""
     if _watched is not None:
         _watched.append((full, groups))
-    return view
 
 
 def table(entries, num_blocks: int, block_size: int, entry_size: int, device) -> torch.Tensor:
@@ -112,20 +111,6 @@ def blocks(count: int, shape: tuple[int, int], fill: int, dtype, device, align: 
 
 def block(full: torch.Tensor, k: int, shape: tuple[int, int]) -> torch.Tensor:
     return full[k, :shape[0] * shape[1]].view(shape)
-
-
-def table_of(gi: int, alloc, rows: list[int], num_rows: int, width: int, bpk: int, num_blocks: int,
-             block_size: int, entry_size: int, device) -> torch.Tensor:
-    """``table`` of ``allocator.table_entries(alloc, rows, num_rows, width, bpk)`` (group ``gi``);
-    inside a stage (``cpsim.paths._stage``) the tables of all staged ranks are built at once."""
-    from cpsim.paths import _stage
-    stage = _stage.current()
-    if stage is not None and stage.device == torch.device(device):
-        staged = stage.table(gi, alloc, rows, num_rows, width, bpk, num_blocks, block_size, entry_size)
-        if staged is not None:
-            return staged
-    from cpsim.allocator import table_entries
-    return table(table_entries(alloc, rows, num_rows, width, bpk), num_blocks, block_size, entry_size, device)
 
 
 class Watch:

@@ -78,45 +78,9 @@ def upload_batch(s: Scenario, device, clamp: int | None = None, *extra: np.ndarr
     return BatchTensors(up[0], up[1], positions.size, s.batch.num_tokens), up[2:]
 
 
-def batch_tensors(s: Scenario, device: torch.device, *extra: np.ndarray, clamp: int | None = None,
-                  shared: tuple | None = None, own: tuple | None = None) -> BatchTensors | tuple:
-    """The batch's tensors on ``device`` (``query_start_loc`` capped at ``clamp``, the slot buffer's
-    entries, when given); with ``extra`` host arrays, also those, uploaded in the same copy (returns
-    ``(BatchTensors, [tensors])`` then).
-
-    ``shared``: ``(key, make)``, where ``make()`` gives host arrays that depend on the scenario and
-    on ``key`` alone, not on the rank; their tensors come first in the list. Inside a stage they are
-    uploaded once for all staged ranks; outside, in the same copy.
-
-    ``own``: ``(key, arrays, make)``: this rank's host ``arrays``, which depend on the scenario, ``key``,
-    the rank's allocations and its tables alone; ``make(allocs, peer)`` makes them for another rank
-    (``Stage.per_rank``). Inside a stage every staged rank's are made and uploaded in one copy; their
-    tensors come after ``shared``'s, before ``extra``'s."""
-    from cpsim.paths import _stage
-    stage = _stage.of(s, device)
-    if stage is not None:
-        bt = stage.batch(clamp)  # uploaded once for every staged rank
-        if not extra and shared is None and own is None:
-            return bt
-        common = stage.shared(*shared) if shared is not None else []
-        mine = stage.per_rank(own[0], own[2]) if own is not None else []
-        if mine is None:  # this rank's tables are not staged: its arrays go with ``extra``
-            extra = (*own[1], *extra)
-            mine = []
-        return bt, [*common, *mine, *(upload(list(extra), device) if extra else [])]
-    bt, rest = upload_batch(s, device, clamp, *(shared[1]() if shared is not None else []),
-                            *(own[1] if own is not None else []), *extra)
-    return (bt, rest) if extra or shared is not None or own is not None else bt
-
-
-def shared_upload(s: Scenario, device, key, make) -> list[torch.Tensor]:
-    """``make()``'s host arrays on ``device``: uploaded once per stage when ``s``'s ranks are staged
-    (they must depend on the scenario and ``key`` alone), else now."""
-    from cpsim.paths import _stage
-    stage = _stage.of(s, device)
-    if stage is not None:
-        return stage.shared(key, make)
-    return upload(list(make()), device)
+def batch_tensors(s: Scenario, device: torch.device, clamp: int | None = None) -> BatchTensors:
+    """The batch's tensors on ``device``, fresh, in one copy (``query_start_loc`` capped at ``clamp``)."""
+    return upload_batch(s, device, clamp)[0]
 
 
 _prepared: dict[str, object] = {}

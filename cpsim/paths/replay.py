@@ -18,7 +18,8 @@ import torch
 from cpsim import kernels
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, _guard
-from cpsim.paths._inputs import batch_tensors, prepare_triton
+from cpsim.paths._inputs import prepare_triton
+from cpsim.paths.prep import PerRank
 from cpsim.scenario import Scenario
 
 BLOCK = 1024  # upstream's launch
@@ -42,18 +43,19 @@ def replay_starts(s: Scenario) -> np.ndarray:
     return np.asarray([r.replay_start for r in s.batch.requests], dtype=np.int32)
 
 
-def pad(s: Scenario, slots: torch.Tensor, device: torch.device, knobs: Knobs = Knobs(), kernel=None) -> None:
-    """Overwrite, in place, the replayed tokens of the cacheable groups in ``slots`` ([groups, entries]).
+def pad(s: Scenario, slots: torch.Tensor, prep: PerRank, knobs: Knobs = Knobs(), kernel=None) -> None:
+    """Overwrite, in place, the replayed tokens of the cacheable groups in ``slots`` ([groups, entries]),
+    with inputs from the rank run's ``prep``.
 
     ``kernel``: the user's replay kernel (a ``KernelUnderTest``) instead of cpsim's."""
     if not runs(s, knobs):
         return
     groups = cacheable_groups(s, knobs)
-    prepare_triton(device)
+    prepare_triton(prep.device)
     T = slots.shape[1]
     # a short buffer drops tokens; capacity reports it
     common = (("replay", tuple(groups), T), lambda: [replay_starts(s), np.asarray(groups, dtype=np.int32)])
-    bt, (starts, group_ids) = batch_tensors(s, device, clamp=T, shared=common)
+    bt, (starts, group_ids) = prep.batch(s, clamp=T, shared=common)
     qsl = bt.query_start_loc
     names = ",".join(s.groups[gi].name for gi in groups)
     _guard.launch(f"replay-pad({names})" if kernel is None else f"replay-pad[{kernel.spec}]({names})")

@@ -13,7 +13,8 @@ from cpsim import kernels, layout
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile
-from cpsim.paths._inputs import batch_tensors, prepare_triton, shared_upload
+from cpsim.paths._inputs import prepare_triton
+from cpsim.paths.prep import PerRank, TableShape
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024
@@ -41,10 +42,14 @@ def buffer_size(s: Scenario, knobs: Knobs) -> int:
     return knobs.buffer_size or s.limits.slot_buffer_size
 
 
+def table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
+    """v1's table of group ``g``: a row per request, logical (kernel-block) entries."""
+    return TableShape(group_number(s, g), tuple(range(s.batch.num_reqs)), s.limits.max_num_reqs,
+                      physical_width(s, g, knobs), g.bpk, g.num_blocks, g.block_size, g.b)
+
+
 def _tables(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
-    rows = list(range(s.batch.num_reqs))
-    return _guard.table_of(group_number(s, g), alloc, rows, s.limits.max_num_reqs, physical_width(s, g, knobs), g.bpk,
-                           g.num_blocks, g.block_size, g.b, device)
+    return PerRank(device).table(alloc, table_shape(s, g, knobs))
 
 
 def group_number(s: Scenario, g: KVGroup) -> int:
@@ -68,30 +73,27 @@ def _result(out: torch.Tensor, s: Scenario, knobs: Knobs, enabled: list[bool]) -
     return RankOutput(out, enabled, widths, [g.b for g in s.groups])
 
 
-def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:
-    prepare_triton(device)
+def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
+    """One launch per group with slots, then the runner's padding mask."""
+    prepare_triton(prep.device)
     from cpsim.kernels.triton_v1 import _compute_slot_mapping_kernel
 
     T = buffer_size(s, knobs)
-    bt = batch_tensors(s, device, clamp=T)  # a short buffer drops tokens; capacity reports it
-    out = _poisoned(s, knobs, device)
-    qsl = bt.query_start_loc
-    enabled = []
+    bt, _ = prep.batch(s, clamp=T)  # a short buffer drops tokens; capacity reports it
+    out = prep.buffer(range(len(s.groups)), T, torch.int64)
     for gi, g in enumerate(s.groups):
         if not g.slot_mapped:
-            enabled.append(False)
             continue
-        enabled.append(True)
         n = g.world(s.cp)
-        table = _tables(s, g, allocs[gi], knobs, device)
+        table = prep.table(allocs[gi], table_shape(s, g, knobs))
         kv_bs, bpk = _sizes(s, g, knobs)
         _guard.launch(g.name)
         if knobs.kernel_design == "tile":
-            _tile.launch_v1(s, g, min(bt.num_tokens, T), qsl, bt.positions, table, out[gi], kv_bs, bpk, rank,
-                            knobs.kernel_fault)
+            _tile.launch_v1(s, g, min(bt.num_tokens, T), bt.query_start_loc, bt.positions, table, out[gi], kv_bs,
+                            bpk, rank, knobs.kernel_fault)
             continue
         _compute_slot_mapping_kernel[(s.batch.num_reqs + 1,)](
-            min(bt.num_tokens, T), T, qsl, bt.positions, table, table.stride(0), g.b, out[gi],
+            min(bt.num_tokens, T), T, bt.query_start_loc, bt.positions, table, table.stride(0), g.b, out[gi],
             KV_CACHE_BLOCK_SIZE=kv_bs, BLOCKS_PER_KV_BLOCK=bpk,
             TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=layout.shard_rank(rank, n),
             CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave, PAD_ID=PAD_SLOT_ID,
@@ -100,19 +102,20 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, 
         )
         if knobs.draft_overwrite and not g.circular:
             _write_draft(s, g, table, kv_bs, n, layout.shard_rank(rank, n), out[gi])
-    mask_padding(s, out)
-    return _result(out, s, knobs, enabled)
+    mask_padding(s, out, prep)
+    return _result(out, s, knobs, [g.slot_mapped for g in s.groups])
 
 
-def mask_padding(s: Scenario, out: torch.Tensor) -> None:
+def mask_padding(s: Scenario, out: torch.Tensor, prep: PerRank | None = None) -> None:
     """is_padding tokens get PAD after the launch: the v1 kernels (vllm-ascend ``BlockTable``)
     have no is_padding input, so the runner's mask is applied on the host, in every group."""
+    prep = prep or PerRank(out.device)
     if s.batch.has_padding:
         def index() -> list[np.ndarray]:
             idx = np.flatnonzero(s.batch.padding_mask())
             return [idx[idx < out.shape[1]]]
         # index_fill_: one operation, where ``out[:, idx] = PAD`` goes through advanced indexing
-        out.index_fill_(1, shared_upload(s, out.device, ("padding", out.shape[1]), index)[0], PAD_SLOT_ID)
+        out.index_fill_(1, prep.shared(("padding", out.shape[1]), index)[0], PAD_SLOT_ID)
 
 
 def draft_positions(s: Scenario) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,21 +156,22 @@ def _write_draft(s: Scenario, g: KVGroup, table: torch.Tensor, kv_bs: int, n: in
     out[:m] = slots[:m]
 
 
-def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device,
+def run_fused(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank,
               knobs: Knobs) -> RankOutput | None:
     """All groups in one launch; exists for CP world size 1 only."""
     if s.cp.world > 1:
         return None
+    device = prep.device
     prepare_triton(device)
     from cpsim.kernels.triton_v1 import _compute_slot_mapping_fused_kernel
 
     T = buffer_size(s, knobs)
-    bt = batch_tensors(s, device, clamp=T)
-    out = _poisoned(s, knobs, device)
+    bt, _ = prep.batch(s, clamp=T)
+    out = prep.buffer(range(len(s.groups)), T, torch.int64)
     groups = [(gi, g) for gi, g in enumerate(s.groups) if g.slot_mapped]
     if groups:
-        tables = [_tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
-        view = _guard.buffer([gi for gi, _ in groups], T, torch.int64, device)
+        tables = [prep.table(allocs[gi], table_shape(s, g, knobs)) for gi, g in groups]
+        view = prep.buffer([gi for gi, _ in groups], T, torch.int64)
         ptrs = torch.tensor([t.data_ptr() for t in tables], dtype=torch.int64, device=device)
         strides = torch.tensor([t.stride(0) for t in tables], dtype=torch.int64, device=device)
         sizes = torch.tensor([g.b for _, g in groups], dtype=torch.int32, device=device)
@@ -184,17 +188,18 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
                 FAULT=knobs.kernel_fault, POS_INT32=pos_int32(s),
             )
         out[[gi for gi, _ in groups]] = view
-    mask_padding(s, out)
+    mask_padding(s, out, prep)
     return _result(out, s, knobs, [g.slot_mapped for g in s.groups])
 
 
-def run_torch(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device,
+def run_torch(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank,
               knobs: Knobs) -> RankOutput:
     """The DCP torch path production uses when DCP > 1 (run here at every CP size)."""
     from cpsim.kernels.torch_dcp import compute_dcp_slot_mapping
 
-    bt = batch_tensors(s, device)
-    out = _poisoned(s, knobs, device)
+    device = prep.device
+    bt, _ = prep.batch(s)
+    out = prep.buffer(range(len(s.groups)), buffer_size(s, knobs), torch.int64)
     T = out.shape[1]
     n_tok = min(bt.num_scheduled, T)
     # numpy, not torch.repeat_interleave: with intra-op threads on a busy CPU the latter took ~20 ms.
@@ -205,7 +210,7 @@ def run_torch(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
         enabled.append(g.slot_mapped)
         if not g.slot_mapped:
             continue
-        table = _tables(s, g, allocs[gi], knobs, device)
+        table = prep.table(allocs[gi], table_shape(s, g, knobs))
         if g.circular:
             first = table[:, 0].to(torch.int64)[req]
             slots = torch.where(pos >= 0, first * g.b + pos % g.b, torch.full_like(pos, PAD_SLOT_ID))
@@ -217,5 +222,5 @@ def run_torch(s: Scenario, allocs: list[Allocation], rank: int, device: torch.de
         out[gi, :n_tok] = slots
         start = bt.num_tokens if knobs.kernel_fault & kernels.FAULT_STALE_TAIL else n_tok
         out[gi, start:] = PAD_SLOT_ID
-    mask_padding(s, out)
+    mask_padding(s, out, prep)
     return _result(out, s, knobs, enabled)

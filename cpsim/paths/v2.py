@@ -22,7 +22,8 @@ from cpsim import kernels, layout
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile, v1
-from cpsim.paths._inputs import batch_tensors, prepare_triton
+from cpsim.paths._inputs import prepare_triton
+from cpsim.paths.prep import PerRank, TableShape
 from cpsim.scenario import KVGroup, Scenario
 
 TILE = 1024
@@ -38,16 +39,19 @@ def table_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
     return layout.table_width(mml, g.block_size, n)
 
 
-def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> tuple[torch.Tensor, int]:
-    """(table, slots per entry). The kernel-block fault hands over kernel-block entries."""
-    rows = list(s.batch.rows_v2())
-    width = table_width(s, g, knobs)
-    gi = v1.group_number(s, g)
+def table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
+    """v2's table of group ``g``: rows through ``idx_mapping``, physical entries (slots per entry
+    ``entry_size``). The kernel-block fault hands over kernel-block entries."""
+    rows, width, gi = tuple(s.batch.rows_v2()), table_width(s, g, knobs), v1.group_number(s, g)
     if knobs.virtual_from_kernel_block and g.bpk > 1:
-        return _guard.table_of(gi, alloc, rows, s.limits.max_num_reqs, width, g.bpk, g.num_blocks, g.block_size, g.b,
-                               device), g.b
-    return _guard.table_of(gi, alloc, rows, s.limits.max_num_reqs, width, 1, g.num_blocks, g.block_size,
-                           g.block_size, device), g.block_size
+        return TableShape(gi, rows, s.limits.max_num_reqs, width, g.bpk, g.num_blocks, g.block_size, g.b)
+    return TableShape(gi, rows, s.limits.max_num_reqs, width, 1, g.num_blocks, g.block_size, g.block_size)
+
+
+def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> tuple[torch.Tensor, int]:
+    """(table, slots per entry), made for one rank run alone."""
+    shape = table_shape(s, g, knobs)
+    return PerRank(device).table(alloc, shape), shape.entry_size
 
 
 def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
@@ -56,11 +60,15 @@ def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
     return partial or s.batch.has_padding or bool(knobs.kernel_fault & kernels.MRV2_FAULTS)
 
 
-def kernel_table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
+def kernel_table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
     """MRV2 staging: physical id q becomes kernel blocks q*BPK .. q*BPK+BPK-1."""
-    rows = list(s.batch.rows_v2())
-    return _guard.table_of(v1.group_number(s, g), alloc, rows, s.limits.max_num_reqs, table_width(s, g, knobs), g.bpk,
-                           g.num_blocks, g.block_size, g.b, device)
+    return TableShape(v1.group_number(s, g), tuple(s.batch.rows_v2()), s.limits.max_num_reqs,
+                      table_width(s, g, knobs), g.bpk, g.num_blocks, g.block_size, g.b)
+
+
+def kernel_table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
+    """``kernel_table_shape``'s table, made for one rank run alone."""
+    return PerRank(device).table(alloc, kernel_table_shape(s, g, knobs))
 
 
 def num_blocks_array(s: Scenario, allocs: list[Allocation], widths: list[int]) -> np.ndarray:
@@ -104,15 +112,15 @@ def _ptrs(tables) -> tuple[np.ndarray, np.ndarray]:
             np.asarray([t.stride(0) for t in tables], dtype=np.int64))
 
 
-def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:
+def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
+    """One launch of upstream's current kernel over kernel-block tables."""
     from cpsim.kernels.mrv2 import _compute_slot_mappings_kernel
 
     T = knobs.buffer_size or s.limits.slot_buffer_size
-    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
-    tables = [kernel_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)]
+    out = prep.buffer(range(len(s.groups)), T, torch.int64)
+    tables = [prep.table(a, kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)]
     # virtual-block-uses-kernel-block: the kernel is handed b where it needs the physical B.
     sizes = [g.b if knobs.virtual_from_kernel_block else g.block_size for g in s.groups]
-    circular = any(g.circular for g in s.groups)
     padded = max(s.batch.num_tokens_padded, s.batch.num_tokens)
     common = (("mrv2", T, knobs), lambda: [  # the same on every rank
         _i32(s.batch.rows_v2()), _i32(sizes), _i32(g.b for g in s.groups), _i32(g.world(s.cp) for g in s.groups),
@@ -121,8 +129,8 @@ def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, device: torch.dev
 
     def own(a: list[Allocation], peer=lambda t: t) -> list[np.ndarray]:  # a rank's tables and live blocks
         return [*_ptrs([peer(t) for t in tables]), num_blocks_array(s, a, widths)]
-    bt, (rows, block_sizes, kernel_sizes, cp_sizes, circ, flags, ptrs, strides, nb) = batch_tensors(
-        s, device, clamp=T, shared=common, own=(("mrv2", T, knobs), own(allocs), own))
+    bt, (rows, block_sizes, kernel_sizes, cp_sizes, circ, flags, ptrs, strides, nb) = prep.batch(
+        s, clamp=T, shared=common, own=(("mrv2", T, knobs), own(allocs), own))
     _guard.launch(",".join(g.name for g in s.groups))
     _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
         T, rows, bt.query_start_loc, bt.positions, ptrs, strides,
@@ -130,39 +138,42 @@ def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, device: torch.dev
         out, out.stride(0), rank,
         CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
         is_padding=flags if s.batch.has_padding else None,
-        is_circular=circ if circular else None, num_tokens_padded=min(bt.num_tokens, T), FAULT=knobs.kernel_fault,
+        is_circular=circ if any(g.circular for g in s.groups) else None, num_tokens_padded=min(bt.num_tokens, T),
+        FAULT=knobs.kernel_fault,
     )
-    return RankOutput(out, [True] * len(s.groups), [t.shape[1] for t in tables], [g.b for g in s.groups])
+    return RankOutput(out, [True] * len(s.groups), widths, [g.b for g in s.groups])
 
 
-def run(s: Scenario, allocs: list[Allocation], rank: int, device: torch.device, knobs: Knobs) -> RankOutput:
-    prepare_triton(device)
+def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
+    """One fused launch over every group (the MRV2 kernel where only it can express the scenario)."""
+    prepare_triton(prep.device)
     if needs_mrv2(s, knobs):
-        return run_mrv2(s, allocs, rank, device, knobs)
+        return run_mrv2(s, allocs, rank, prep, knobs)
     from cpsim.kernels.triton_v2 import _compute_slot_mappings_kernel
 
     T = knobs.buffer_size or s.limits.slot_buffer_size
-    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
-    tables, entry = zip(*(_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)))
+    out = prep.buffer(range(len(s.groups)), T, torch.int64)
+    shapes = [table_shape(s, g, knobs) for g in s.groups]
+    tables = [prep.table(a, shape) for a, shape in zip(allocs, shapes)]
+    entry = [shape.entry_size for shape in shapes]
     common = (("v2", T, knobs), lambda: [  # the same on every rank
         _i32(s.batch.rows_v2()), _i32(entry), _i32(int(g.slot_mapped) for g in s.groups),
         _i32(g.world(s.cp) for g in s.groups), _i32(int(g.circular) for g in s.groups)])
 
     def own(a: list[Allocation], peer=lambda t: t) -> tuple[np.ndarray, np.ndarray]:  # a rank's table pointers
         return _ptrs([peer(t) for t in tables])
-    bt, (rows, entry_t, enabled, cp_sizes, circular, ptrs, strides) = batch_tensors(
-        s, device, clamp=T, shared=common, own=(("v2", T, knobs), own(allocs), own))
+    bt, (rows, entry_t, enabled, cp_sizes, circular, ptrs, strides) = prep.batch(
+        s, clamp=T, shared=common, own=(("v2", T, knobs), own(allocs), own))
     args = (min(bt.num_tokens, T), T, rows, bt.query_start_loc, bt.positions, ptrs, strides, entry_t,
             out, out.stride(0), rank)
     if knobs.kernel_design == "tile":
         _tile.launch_v2(s, args, enabled, cp_sizes, circular, out, knobs.kernel_fault)
-        return RankOutput(out, [True] * len(s.groups), [t.shape[1] for t in tables], list(entry))
-    _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
-        *args,
-        CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
-        BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(entry)),
-        slot_mapping_enabled=enabled, group_cp_sizes=cp_sizes, is_circular=circular,
-        FAULT=knobs.kernel_fault, POS_INT32=v1.pos_int32(s),
-    )
-    widths = [t.shape[1] for t in tables]
-    return RankOutput(out, [True] * len(s.groups), widths, list(entry))
+    else:
+        _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
+            *args,
+            CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
+            BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, min(entry)),
+            slot_mapping_enabled=enabled, group_cp_sizes=cp_sizes, is_circular=circular,
+            FAULT=knobs.kernel_fault, POS_INT32=v1.pos_int32(s),
+        )
+    return RankOutput(out, [True] * len(s.groups), [t.shape[1] for t in tables], list(entry))

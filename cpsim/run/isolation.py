@@ -465,7 +465,7 @@ def _shares(paths: list[str], world: int, size: int, device: str) -> list[list[t
 
     On CPU a rank run's cost is its kernels in the interpreter, so the ranks are cut into one
     contiguous chunk per worker, every path's alike. On an accelerator a rank run costs little
-    beside what its path prepares once for all of its ranks (tables, uploads: ``cpsim.paths._stage``),
+    beside what its path prepares once for all of its ranks (tables, uploads: ``cpsim.paths.prep``),
     so each worker takes whole paths: cutting the ranks repeats that preparation in every worker.
     Only with at least two workers per path are a path's ranks cut between its workers."""
     if str(device).split(":")[0] == "cpu":

@@ -1,4 +1,18 @@
-"""One path's inputs for several ranks, prepared together.
+"""A rank run's preparation: the one object through which a built-in path gets its inputs.
+
+A path's rank run reads top to bottom - inputs, launches, read-back - and asks a
+``Preparation`` for everything it hands its kernels: the batch tensors and small host arrays
+(``batch``), its guarded output buffers (``buffer``) and block tables (``table``), and, after the
+launches, for its outputs on the host (``read_back``). Two implementations:
+
+- ``PerRank``: made for this rank run alone; each call is one upload (pinned on CUDA), one
+  allocation or one table fill. A user's kernel always gets these (fresh inputs per run).
+- ``Staged``: one rank's view of a ``Stage``, the ranks of a path prepared together (below).
+
+``for_rank`` picks one: ``Staged`` when the world has opened a stage (``staged``) for this
+scenario, device and rank, else ``PerRank``.
+
+One path's inputs for several ranks, prepared together.
 
 The virtual world runs the ranks of a path one after another in one process. Each rank's
 kernels read the same batch tensors and tables of the same shapes (filled from its own
@@ -21,13 +35,15 @@ Module state, like ``_guard``'s watch: one rank runs at a time in a process.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from cpsim.allocator import table_entries
-from cpsim.layout import GUARD
+from cpsim.layout import GUARD, POISON
 from cpsim.paths import _guard
+from cpsim.paths._inputs import BatchTensors, upload, upload_batch
 
 TABLE_BYTES = 256 << 20  # tables of all staged ranks bigger than this are built per rank run, as without a stage
 ALIGN = 256  # bytes: each rank's block starts as a fresh allocation would (Triton specialises on pointer alignment)
@@ -76,7 +92,6 @@ class Stage:
         self.rank, self._buffers, self._unstaged = rank, 0, False
 
     def batch(self, clamp):
-        from cpsim.paths._inputs import upload_batch
         key = ("batch", clamp)
         if key not in self._cache:
             self._cache[key] = upload_batch(self.s, self.device, clamp)[0]
@@ -85,7 +100,6 @@ class Stage:
     def shared(self, key, make) -> list[torch.Tensor]:
         """``make()``'s arrays, uploaded the first time ``key`` is asked for. The tensors are shared by
         the staged ranks: only cpsim's kernels, which never write their inputs, see them."""
-        from cpsim.paths._inputs import upload
         key = ("shared", key)
         if key not in self._cache:
             self._cache[key] = upload(list(make()), self.device)
@@ -97,7 +111,6 @@ class Stage:
         rank's table where this rank has ``t`` (for table pointers). The first time ``key`` is asked
         they are made for every staged rank and uploaded in one copy. None when this rank run got a
         table the stage did not build (too big to stage): the other ranks' tables do not exist yet."""
-        from cpsim.paths._inputs import upload
         if self.rank is None or self._unstaged:
             return None
         key = ("per-rank", key)
@@ -182,14 +195,6 @@ def current() -> Stage | None:
     return _current
 
 
-def of(s, device) -> Stage | None:
-    """The stage open for scenario ``s`` on ``device``, if any."""
-    stage = _current
-    if stage is not None and stage.s is s and stage.device == torch.device(device):
-        return stage
-    return None
-
-
 @contextlib.contextmanager
 def staged(s, allocs: dict[int, list], device, defer: bool = False) -> Iterator[Stage]:
     """A stage for the ranks ``allocs`` names, for as long as the block runs; with ``defer`` their
@@ -200,3 +205,98 @@ def staged(s, allocs: dict[int, list], device, defer: bool = False) -> Iterator[
         yield _current
     finally:
         _current = outer
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What one group's block table of a path looks like (``allocator.table_entries``'s arguments
+    beside the allocation, and the guard id's): the same on every rank."""
+
+    group: int            # which of the scenario's groups
+    rows: tuple           # batch entry -> table row
+    num_rows: int
+    width: int            # entries per row
+    bpk: int              # entries per allocated block
+    num_blocks: int
+    block_size: int
+    entry_size: int       # slots per entry
+
+
+Shared = tuple   # (key, make): ``make()`` gives host arrays that depend on the scenario and ``key`` alone
+Own = tuple      # (key, arrays, make): this rank's host ``arrays``; ``make(allocs, peer)`` another rank's
+
+
+class PerRank:
+    """A rank run's inputs made for it alone: every call a fresh upload or allocation."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+
+    def batch(self, s, clamp: int | None = None, shared: Shared | None = None, own: Own | None = None
+              ) -> tuple[BatchTensors, list[torch.Tensor]]:
+        """(the batch's tensors, ``query_start_loc`` capped at ``clamp``; then ``shared``'s arrays and
+        ``own``'s, as tensors), all in one copy."""
+        return upload_batch(s, self.device, clamp, *(shared[1]() if shared is not None else []),
+                            *(own[1] if own is not None else []))
+
+    def shared(self, key, make) -> list[torch.Tensor]:
+        """``make()``'s host arrays (the scenario's and ``key``'s alone) on the device."""
+        return upload(list(make()), self.device)
+
+    def buffer(self, groups, entries: int, dtype, fill: int = POISON) -> torch.Tensor:
+        """``_guard.buffer``: [len(groups), entries] framed by guard entries, watched."""
+        return _guard.buffer(groups, entries, dtype, self.device, fill)
+
+    def table(self, alloc, shape: TableShape) -> torch.Tensor:
+        """``_guard.table`` of ``alloc``'s entries in ``shape``."""
+        entries = table_entries(alloc, list(shape.rows), shape.num_rows, shape.width, shape.bpk)
+        return _guard.table(entries, shape.num_blocks, shape.block_size, shape.entry_size, self.device)
+
+    def read_back(self, watch, out) -> None:
+        """``out``'s slots and guard entries on the host, now (one copy per watched buffer)."""
+        out.slots, out.guard = watch.read_back(out.slots)
+
+
+class Staged(PerRank):
+    """One staged rank's inputs: views into what its stage prepared once for all its ranks; what the
+    stage does not hold (a table too big to stage) is made for the rank alone, as ``PerRank`` does."""
+
+    def __init__(self, stage: Stage, rank: int):
+        super().__init__(stage.device)
+        self.stage = stage
+        stage.begin(rank)
+
+    def batch(self, s, clamp=None, shared=None, own=None):
+        bt = self.stage.batch(clamp)  # uploaded once for every staged rank
+        common = self.stage.shared(*shared) if shared is not None else []
+        mine = self.stage.per_rank(own[0], own[2]) if own is not None else []
+        if mine is None:  # this rank's tables are not staged: its arrays go up for it alone
+            mine = upload(list(own[1]), self.device)
+        return bt, [*common, *mine]
+
+    def shared(self, key, make):
+        return self.stage.shared(key, make)
+
+    def buffer(self, groups, entries, dtype, fill=POISON):
+        groups = list(groups)
+        full = self.stage.buffer(groups, entries, dtype, fill, _guard.WIDTH)
+        _guard.watch(full, groups)
+        return full[:, _guard.WIDTH:_guard.WIDTH + entries]
+
+    def table(self, alloc, shape):
+        staged = self.stage.table(shape.group, alloc, list(shape.rows), shape.num_rows, shape.width, shape.bpk,
+                                  shape.num_blocks, shape.block_size, shape.entry_size)
+        return staged if staged is not None else super().table(alloc, shape)
+
+    def read_back(self, watch, out):
+        if not self.stage.later(watch, out):
+            super().read_back(watch, out)
+
+
+def for_rank(s, rank: int, device) -> PerRank:
+    """The preparation of ``rank``'s run of scenario ``s`` on ``device``: ``Staged`` inside a stage the
+    world opened for them (``staged``), else ``PerRank``."""
+    stage, device = _current, torch.device(device)
+    if stage is not None and stage.s is s and stage.device == device and rank in stage.allocs:
+        return Staged(stage, rank)
+    return PerRank(device)
