@@ -192,7 +192,17 @@ def _callable_without(tmp_path, name):
     return f"{out}:slot_mapping"
 
 
-@pytest.mark.parametrize("name,scenario", [("is_circular", "hybrid-mamba"), ("cp_rank", "mtp")])
+def test_callable_that_does_not_ask_for_its_cp_rank_is_judged_and_fails(tmp_path):
+    """A kernel blind to CP is what the checks are for: it is judged, not excused."""
+    from cpsim.plugin.testing import load_kernel, run_one
+    from cpsim.scenario import preset
+    k = load_kernel(_callable_without(tmp_path, "cp_rank"), "v1")
+    s, verdicts = run_one(k, "v1", preset("mtp"))
+    assert any(v.status == "fail" and v.invariant == "exactly-one-owner" for v in verdicts)
+    assert not any("not checked: ask for cp_rank" in n for n in k.notes)
+
+
+@pytest.mark.parametrize("name,scenario", [("is_circular", "hybrid-mamba")])
 def test_callable_that_does_not_ask_is_not_checked_and_told_what_to_ask(tmp_path, name, scenario):
     from cpsim.plugin.testing import load_kernel, run_one
     from cpsim.scenario import preset

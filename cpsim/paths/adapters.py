@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from cpsim import kernels
+from cpsim.allocator import table_entries
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS
 from cpsim.layout import PAD_SLOT_ID
@@ -135,9 +136,9 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOut
             continue
         n = g.world(s.cp)
         if k.abi == "vllm-v1-0.32":
-            table = _guard.table_of(v1.group_number(s, g), allocs[gi], list(range(s.batch.num_reqs)),
-                                    s.limits.max_num_reqs, v1.physical_width(s, g, knobs), 1, g.num_blocks,
-                                    g.block_size, g.block_size, device)
+            entries = table_entries(allocs[gi], list(range(s.batch.num_reqs)), s.limits.max_num_reqs,
+                                    v1.physical_width(s, g, knobs), 1)
+            table = _guard.table(entries, g.num_blocks, g.block_size, g.block_size, device)
         else:
             table = v1._tables(s, g, allocs[gi], knobs, device)
         buf = _guard.buffer([gi], T, torch.int64, device)[0]
@@ -425,21 +426,16 @@ def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput
 # ---- callable: a Python function per group ----------------------------------
 
 def callable_needs(params, g: KVGroup, n: int, world: int) -> str:
-    """The input a callable must declare to map group ``g`` (CP size ``n`` of the world's ``world``), or "":
-    a ring table needs ``is_circular``; a sharded group needs ``cp_world_size`` (which also tells a
-    replicated group, size 1, from a sharded one) and ``cp_rank`` — or, when it spans the whole world,
-    ``world_cp_size`` / ``world_cp_rank``. A callable that reads the world CP size (as upstream's kernels
-    read ``CP_SIZE``) needs ``cp_sharded`` or ``cp_world_size`` for a group that does not span the
-    world (vLLM #57260 is the bug of not telling)."""
+    """The input a callable must declare before group ``g`` (CP size ``n`` of the world's ``world``) can be
+    judged fairly, or "": a ring table needs ``is_circular`` (no released runtime has the ring rule, so
+    a kernel cannot be expected to know it unasked); a callable that reads the world CP size (as
+    upstream's kernels read ``CP_SIZE``) needs ``cp_sharded`` or ``cp_world_size`` for a group that does
+    not span the world (vLLM #57260 is the bug of not telling). A callable that asks for no CP input
+    at all is judged as it is: a kernel blind to CP is exactly what the checks are for."""
     if g.circular and "is_circular" not in params:
         return "is_circular"
-    whole = n == world
-    if n > 1 and "cp_world_size" not in params and not (whole and "world_cp_size" in params):
-        return "cp_world_size"
-    if n > 1 and "cp_rank" not in params and not (whole and "world_cp_rank" in params):
-        return "cp_rank"
     reads_world = "world_cp_size" in params or "world_cp_rank" in params
-    if reads_world and not whole and not {"cp_sharded", "cp_world_size"} & set(params):
+    if reads_world and n != world and not {"cp_sharded", "cp_world_size"} & set(params):
         return "cp_sharded" if n == 1 else "cp_world_size"
     return ""
 
