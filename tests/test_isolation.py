@@ -173,12 +173,12 @@ def test_guards_are_intact_in_every_built_in_path(world):  # noqa: F811
         assert torch.equal(G.slots, G.slots.contiguous())
 
 
-def test_kernel_file_calling_sys_exit_at_import_is_bad_input(capsys, tmp_path):
+def test_kernel_file_calling_sys_exit_at_import_is_a_named_violation(capsys, tmp_path):
     f = tmp_path / "exits.py"
     f.write_text("import sys\nsys.exit(0)\n\n\ndef f(positions):\n    return positions\n")
-    assert cli.main([*SMALL, "--kernel-v1", f"{f}:f"]) == 2
-    err = capsys.readouterr().err
-    assert "cannot load" in err and "SystemExit" in err and "Traceback" not in err
+    code, text, report = _run(capsys, tmp_path, f"{f}:f")
+    assert code == 1
+    assert f"called sys.exit(0) while its file {f} was imported" in _failure(report)
 
 
 def test_paths_run_side_by_side_and_a_hang_in_one_leaves_the_other_checked(capsys, tmp_path, monkeypatch):
@@ -383,7 +383,7 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
     _same(isolation.run_paths(s1, ["v1"], a1, "cpu", k1, {}), plain1)
     import time
     end = time.monotonic() + 60
-    while isolation._pool[0].proc.is_alive() and time.monotonic() < end:  # dead before it is asked for
+    while isolation._pool[0].alive() and time.monotonic() < end:  # dead before it is asked for
         time.sleep(0.05)
     before = next(isolation._tokens)
     got2 = isolation.run_paths(s2, ["v1"], a2, "cpu", k2, crash)

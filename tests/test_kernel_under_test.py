@@ -161,6 +161,7 @@ def test_shim_vllm_loads_a_kernel_importing_vllm(capsys):
         assert "--shim-vllm" in capsys.readouterr().err
         assert cli.main(["run", "--scenario", "mtp", "--paths", "v2", "--kernel-v2", SHIMMED, "--shim-vllm"]) == 0
         assert "all invariants hold" in capsys.readouterr().out
+        vllm_shim.install()  # the kernel was imported in the worker; the shim itself, here
         from vllm.triton_utils import HAS_TRITON, tl, triton
         assert HAS_TRITON and tl is __import__("triton.language").language and triton is sys.modules["triton"]
     finally:

@@ -311,6 +311,8 @@ def resolve(spec: str, path: str, where: str) -> Any:
         except ModuleNotFoundError as e:
             if e.name and (module_part + ".").startswith(e.name + ".") and not _hint(e):  # SPEC names no module: bad input
                 raise ConfigError(where, f"cannot import {module_part}: no module named {e.name!r}") from None
+            if _hint(e):  # vLLM not installed: a missing flag, not the kernel's failure
+                raise ConfigError(where, f"cannot import {module_part}: {e}{_hint(e)}") from None
             raise KernelImportError(_import_failure(f"module {module_part}", e)) from None
         except (Exception, SystemExit) as e:  # noqa: BLE001 - the module's own code failed: the kernel's failure
             raise KernelImportError(_import_failure(f"module {module_part}", e)) from None
@@ -344,6 +346,8 @@ def _load_file(file: Path, where: str):
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # noqa: BLE001  (sys.exit at import must not end cpsim with its code)
         del sys.modules[name]
+        if isinstance(e, ImportError) and _hint(e):  # vLLM not installed: a missing flag, not the kernel's failure
+            raise ConfigError(where, f"cannot load {file}: {type(e).__name__}: {e}{_hint(e)}") from None
         raise KernelImportError(_import_failure(f"file {file}", e)) from None
     return module
 
