@@ -197,6 +197,7 @@ def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tu
     Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded in the worker."""
     from cpsim.kernels.under_test import from_record
     from cpsim.kernels import use_interpreter
+    from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None
     s = f.trigger() if where == TRIGGER else preset(where, seed=seed)

@@ -421,7 +421,7 @@ def _inspect(spec: str, path: str, shim_vllm: bool, device: str, where: str,
     return chosen(spec, path, shim_vllm, device, where)
 
 
-def load(spec: Any, path: str, abi: str = "auto", *, shim_vllm: bool = False, device: str = "cpu",
+def load(spec: Any, path: str | None, abi: str = "auto", *, shim_vllm: bool = False, device: str = "cpu",
          v2_launch: str = "split", where: str | None = None, inspect: Callable | None = None) -> KernelUnderTest:
     """Load a kernel for cpsim ``path``; ``spec`` may also be the kernel object itself.
 
@@ -429,19 +429,20 @@ def load(spec: Any, path: str, abi: str = "auto", *, shim_vllm: bool = False, de
     under isolation): this process gets the kernel's signature only. An import that raises, exits,
     hangs or crashes gives a kernel whose ``failed`` says so; its runs are ``kernel-completes``
     failures."""
-    where = where or f"--kernel-{path}"
+    where = where or f"--kernel-{path or 'v1'}"
     if v2_launch not in V2_LAUNCHES:
         raise ConfigError("--kernel-v2-launch", f"{v2_launch!r}; choose from {', '.join(V2_LAUNCHES)}")
     if abi != "auto" and abi not in ABIS:
         raise ConfigError("--kernel-abi", f"unknown ABI {abi!r}; choose from auto, {', '.join(ABIS)}")
     if isinstance(spec, str):
-        check_spec(spec, path, where)
-        sig, text = _inspect(spec, path, shim_vllm, str(device), where, inspect), spec
+        check_spec(spec, path or "v1", where)
+        sig, text = _inspect(spec, path or "v1", shim_vllm, str(device), where, inspect), spec
         if isinstance(sig, LoadFailure):
             return KernelUnderTest(text, None, abi, (), v2_launch, shim_vllm=shim_vllm, failed=sig, path=path)
     else:
         sig, text = signature_of(spec), f"{getattr(spec, '__module__', '?')}:{_name(spec)}"
     name = detect_abi(sig, abi, where)
+    path = path or ABIS[name].paths[0]  # None: the first path the ABI stands in for
     if path not in ABIS[name].paths:
         fits = [a for a, d in ABIS.items() if path in d.paths]
         raise ConfigError(where, f"{text} has the {name} ABI, which cannot stand in for the {path} path "
