@@ -47,6 +47,8 @@ class RankOutput:
     widths: list[int]         # entries per row of the table the kernel read
     entry_sizes: list[int]    # slots per table entry (b for logical tables, B for physical)
     guard: torch.Tensor | None = None  # [groups, 2 * _guard.WIDTH] guard entries around the rows after the launches
+    written: torch.Tensor | None = None  # [groups, len(_intact.INPUTS)] input entries a user's kernel wrote
+    output_faults: list[int] | None = None  # per group, a callable's result's fault (``adapters.OUTPUT_FAULTS``)
 
 
 @dataclass
@@ -96,11 +98,14 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
-    from cpsim.paths import _guard, _stage, adapters, replay
+    from cpsim.paths import _guard, _intact, _stage, adapters, replay
+    import contextlib
     stage = _stage.current()
     if stage is not None:
         stage.begin(rank if stage.s is scenario and rank in stage.allocs else None)
-    with _guard.Watch(len(scenario.groups)) as watch:
+    users = kernel is not None and (not kernel.builtin or kernel.replay is not None)
+    intact = _intact.watching(len(scenario.groups)) if users else contextlib.nullcontext()
+    with _guard.Watch(len(scenario.groups)) as watch, intact as written:
         if kernel is not None and not kernel.builtin:
             out = adapters.run(kernel, name, scenario, allocs, rank, torch.device(device), knobs)
         else:
@@ -109,4 +114,6 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
             replay.pad(scenario, out.slots, torch.device(device), knobs, getattr(kernel, "replay", None))
     if out is not None and not (stage is not None and stage.s is scenario and stage.later(watch, out)):
         out.slots, out.guard = watch.read_back(out.slots)  # rows are views into guarded storage: one copy
+    if out is not None:
+        out.written = written
     return out

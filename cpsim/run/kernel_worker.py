@@ -26,14 +26,18 @@ def pack(out: RankOutput | None) -> dict[str, Any] | None:
         return None
     return {"slots": out.slots.detach().cpu().numpy(), "enabled": list(out.enabled), "widths": list(out.widths),
             "entry_sizes": list(out.entry_sizes),
-            "guard": None if out.guard is None else out.guard.cpu().numpy()}
+            "guard": None if out.guard is None else out.guard.cpu().numpy(),
+            "written": None if out.written is None else out.written.numpy(),
+            "output_faults": out.output_faults}
 
 
 def unpack(data: dict[str, Any] | None) -> RankOutput | None:
     if data is None:
         return None
+    written = data.get("written")
     return RankOutput(torch.from_numpy(np.ascontiguousarray(data["slots"])), data["enabled"], data["widths"],
-                      data["entry_sizes"], None if data["guard"] is None else torch.from_numpy(data["guard"]))
+                      data["entry_sizes"], None if data["guard"] is None else torch.from_numpy(data["guard"]),
+                      None if written is None else torch.from_numpy(written), data.get("output_faults"))
 
 
 def _kernel(cache: dict, path: str, record: dict | None, device: str):
