@@ -171,6 +171,35 @@ ROWS.append(Row("SIGKILL of the kernel worker mid-run", callable_kernel('''
         return out'''), phrases=("kernel crashed with SIGKILL on rank 0",), during=_killed_mid_run))
 
 
+def _signal_when_running(signum: int, group: bool):
+    """Send ``signum`` to cpsim (``group``: its whole process group, as a terminal's Ctrl-C does)
+    once the kernel is running (it wrote its pid)."""
+    def during(proc, tmp_path: Path) -> None:
+        pids = tmp_path / "pids"
+        end = time.monotonic() + 120
+        while time.monotonic() < end and not (pids.exists() and pids.read_text().strip()):
+            time.sleep(0.1)
+        (os.killpg if group else os.kill)(proc.pid, signum)
+    return during
+
+
+SLEEPS = callable_kernel('''
+    import os, time
+    open(os.environ["CPSIM_TEST_PIDS"], "a").write(f"{os.getpid()}\\n")
+    time.sleep(60)
+    return out''')
+ROWS += [
+    Row("the kernel sends SIGINT to cpsim's main process", callable_kernel('''
+        import os, signal
+        os.kill(os.getppid(), signal.SIGINT)
+        return out'''), code=130, phrases=("interrupted: SIGINT", '"interrupted": "SIGINT"')),
+    Row("Ctrl-C during run", SLEEPS, code=130, phrases=("interrupted: SIGINT",),
+        during=_signal_when_running(signal.SIGINT, group=True)),
+    Row("SIGTERM during run", SLEEPS, code=143, phrases=("interrupted: SIGTERM",),
+        during=_signal_when_running(signal.SIGTERM, group=False)),
+]
+
+
 def _marked(mark: str) -> list[int]:
     """Live processes whose environment holds ``mark``."""
     out = []

@@ -206,6 +206,12 @@ def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tu
     return r.failed, bool(r.gathered), r.seconds
 
 
+def _ignore_sigint() -> None:
+    """Pool processes leave Ctrl-C to the parent, which stops the pool (and prints one line)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, seed: int = 0, jobs: int = 1,
            on_done: Callable[[str], None] | None = None, kernel_record: dict | None = None) -> Matrix:
     """Every fault on its trigger and on each preset, on the paths it affects.
@@ -237,7 +243,7 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
         tasks[(None, p, False)] = (None, p, False, seed, PATHS, kernel_record)
     results: dict[tuple, tuple] = {}
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_ignore_sigint) as ex:
             futs = {ex.submit(_task, *a): k for k, a in tasks.items()}
             for fut in as_completed(futs):
                 results[futs[fut]] = fut.result()

@@ -763,6 +763,8 @@ _QUEUE = None
 
 def _init_job(queue, workers: str) -> None:
     global _QUEUE
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     _QUEUE = queue
     os.environ["CPSIM_KERNEL_WORKERS"] = workers
 
