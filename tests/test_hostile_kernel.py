@@ -366,3 +366,47 @@ def test_output_fault_codes(result, fault):
             "ok": torch.zeros(4, dtype=torch.int64), "int32": torch.zeros(8, dtype=torch.int32)}
     res = made.get(result, result) if isinstance(result, str) else result
     assert OUTPUT_FAULTS[output_fault(res, "cpu", 4, 8)] == fault
+
+
+# ---- issue 30: no import trap; errors point at the kernel's line ---------------------------------
+
+def _script(tmp_path: Path, body: str) -> tuple[int, str]:
+    """``python script.py`` in ``tmp_path`` (cpsim found through sys.path, as an installed one is)."""
+    script = tmp_path / "user_script.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + textwrap.dedent(body))
+    mark = f"cpsim-hostile-{uuid.uuid4().hex}"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(CPSIM_TEST_MARK=mark, CPSIM_KERNEL_WORKERS="1", COLUMNS="200")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, text=True, timeout=300,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert not _marked(mark)
+    return done.returncode, done.stdout
+
+
+def test_a_cpsim_folder_in_the_current_directory_does_not_reach_the_workers(tmp_path):
+    (tmp_path / "cpsim").mkdir()
+    (tmp_path / "cpsim" / "__init__.py").write_text("raise ImportError('the wrong cpsim was imported')\n")
+    code, out = _script(tmp_path, '''
+        from cpsim.cli import main
+        sys.exit(main(["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1"]))
+        ''')
+    assert code == 0 and "all invariants hold" in out and "wrong cpsim" not in out, out
+
+
+def test_a_script_without_a_main_guard_checks_a_kernel_once(tmp_path):
+    (tmp_path / "k.py").write_text(callable_kernel("return out"))
+    code, out = _script(tmp_path, f'''
+        from cpsim.plugin.testing import check_kernel
+        check_kernel({str(tmp_path / "k.py") + ":kernel"!r}, scenarios=["mtp"])
+        print("CHECKED")
+        ''')
+    assert code == 0 and out.count("CHECKED") == 1 and "Traceback" not in out, out
+
+
+def test_an_interpreter_error_names_the_kernels_file_line_and_source(capsys, tmp_path):
+    body = TRITON_STORES_INTO_TABLE.replace("    req = tl.program_id(0)\n", "    req = tl.program_id(0) + II\n")
+    code, text, report = _main(capsys, tmp_path, body)
+    line = body.splitlines().index("    req = tl.program_id(0) + II") + 1
+    assert code == 1
+    assert f"NameError(\"name 'II' is not defined\") at {tmp_path / 'k.py'}:{line}: req = tl.program_id(0) + II" \
+        in text

@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -459,6 +460,35 @@ def here(k: KernelUnderTest, device: str = "cpu") -> KernelUnderTest:
     out = load_record(k.record(), k.path or (k.replay.path if k.replay else ""), device, inspect=inspect_here)
     out.notes = k.notes
     return out
+
+
+def _source_file(obj: Any) -> str | None:
+    fn = obj
+    while is_triton_kernel(fn):
+        fn = fn.fn
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__", None)
+    return None if code is None else os.path.realpath(code.co_filename)
+
+
+def where_raised(k: "KernelUnderTest | None", exc: BaseException) -> str:
+    """`` at FILE:LINE: source`` of the innermost frame of the user's kernel files in ``exc``'s traceback
+    (and in the exceptions it wraps: the Triton interpreter's InterpreterError holds the kernel's own);
+    "" when no frame is the kernel's."""
+    files = {f for x in (k, getattr(k, "replay", None)) if x is not None and x.obj is not None
+             for f in [_source_file(x.obj)] if f}
+    if not files:
+        return ""
+    import traceback
+    found, seen = None, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for fs in traceback.extract_tb(exc.__traceback__):
+            if os.path.realpath(fs.filename) in files:
+                found = fs
+        exc = exc.__cause__ or exc.__context__
+    if found is None:
+        return ""
+    return f" at {found.filename}:{found.lineno}" + (f": {found.line.strip()}" if found.line else "")
 
 
 # ---- records: kernels in a repro file or handed to a worker process -----------------

@@ -333,7 +333,8 @@ def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kern
     except SystemExit as e:
         raise _fail("exited", f"called sys.exit({e.code!r})", path, rank, kernel, _guard.launching()) from None
     except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
-        text = str(e).splitlines()[0] if str(e) else ""
+        from cpsim.kernels.under_test import where_raised
+        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(kernel, e)
         raise _fail("raised", f"raised {type(e).__name__}" + (f": {text}" if text else ""), path, rank, kernel,
                     _guard.launching()) from None
 

@@ -187,5 +187,7 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
     except SystemExit as e:
         return ("exit", repr(e.code), _guard.launching())
     except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
-        return ("raised", type(e).__name__, str(e).splitlines()[0] if str(e) else "", _guard.launching())
+        from cpsim.kernels.under_test import where_raised
+        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
+        return ("raised", type(e).__name__, text, _guard.launching())
     return ("ok", pack(out) if packed else out, list(k.notes) if k is not None else [])
