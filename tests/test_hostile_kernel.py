@@ -410,3 +410,15 @@ def test_an_interpreter_error_names_the_kernels_file_line_and_source(capsys, tmp
     assert code == 1
     assert f"NameError(\"name 'II' is not defined\") at {tmp_path / 'k.py'}:{line}: req = tl.program_id(0) + II" \
         in text
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["run", "--paths", "v1,,v2"], "--paths: 'v1,,v2' has an empty entry"),
+    (["sweep", "--cp", "2,,4"], "cp: '2,,4' has an empty entry"),
+])
+def test_an_empty_list_entry_is_bad_input(tmp_path, args, phrase):
+    """Small holes: an empty entry in a comma list is exit 2 and one line, not silently dropped."""
+    code, out = cpsim(tmp_path, args, timeout=120)
+    assert code == 2, out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    assert phrase in out, out
