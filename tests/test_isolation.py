@@ -46,7 +46,7 @@ def _failure(report: dict) -> str:
 
 
 @pytest.mark.parametrize("name, phrase", [
-    ("raises", "kernel raised ValueError: boom from cp_rank 0 on rank 0, group attn"),
+    ("raises", "kernel raised ValueError: boom from cp_rank 0 at "),  # then the kernel's file:line and source
     ("segfault", "kernel crashed with SIGSEGV on rank 0"),
     ("sysexit", "kernel called sys.exit(0) on rank 0"),
     ("osexit", "kernel ended its process with exit code 0"),
@@ -64,8 +64,9 @@ def test_failure_is_in_every_report_format(capsys, tmp_path, monkeypatch):
     html, xml = tmp_path / "r.html", tmp_path / "r.xml"
     code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:raises", "--html", str(html), "--junit", str(xml))
     assert code == 1
-    phrase = "kernel raised ValueError: boom from cp_rank 0 on rank 0, group attn"
-    assert phrase in _failure(report) and "rank 1 not run" in _failure(report)
+    phrase = "kernel raised ValueError: boom from cp_rank 0 at "
+    assert phrase in _failure(report) and "hostile.py:14" in _failure(report)
+    assert "on rank 0, group attn" in _failure(report) and "rank 1 not run" in _failure(report)
     [f] = [c.find("failure") for c in ET.parse(xml).getroot().iter("testcase") if c.find("failure") is not None]
     assert f.get("type") == "kernel-completes" and phrase in f.get("message")
     page = html.read_text()
@@ -234,7 +235,7 @@ def test_two_workers_name_every_failing_rank_and_only_unrun_ranks_as_not_run(cap
     code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:raises")
     assert code == 1
     msg = _failure(report)
-    assert "kernel raised ValueError: boom from cp_rank 0 on rank 0" in msg
+    assert "kernel raised ValueError: boom from cp_rank 0 at " in msg and "on rank 0, group attn" in msg
     assert "also failed on rank 1 (raised)" in msg and "not run" not in msg
 
 
