@@ -64,7 +64,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Interrupted(BaseException):
+    """SIGTERM (or SIGINT) during a command: ends it like Ctrl-C, with one line and exit 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, frame) -> None:
+    raise Interrupted(signum)
+
+
+def _interrupted(args, signum: int, started: float, err) -> int:
+    """One line; the --json file, unless the command wrote it already, says the run was interrupted
+    (never a pass); exit 130 for SIGINT, 143 for SIGTERM."""
+    import json
+    import signal
+    import time
+    name = signal.Signals(signum).name
+    wrote = []
+    path = getattr(args, "json", None)
+    if path and os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 writes the report
+        try:
+            if not os.path.exists(path) or os.path.getmtime(path) < started:
+                with open(path, "w") as f:
+                    json.dump({"passed": False, "interrupted": name, "command": args.command,
+                               "finished_at": time.time()}, f, indent=2)
+                wrote.append(path)
+        except OSError:
+            pass
+    err.print(f"[bold red]interrupted:[/bold red] {name}; stopped before the end"
+              + (f"; {', '.join(wrote)} says so" if wrote else ""), highlight=False, soft_wrap=True)
+    return 128 + signum
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+    import time
+    started = time.time()
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_interrupted)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -87,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     except DistError as e:
         err.print(f"[bold red]distributed run failed:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 1
+    except KeyboardInterrupt:
+        return _interrupted(args, signal.SIGINT, started, err)
+    except Interrupted as e:
+        return _interrupted(args, e.signum, started, err)
 
 
 if __name__ == "__main__":

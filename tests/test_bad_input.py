@@ -339,6 +339,8 @@ ROWS = [
     Row("replay-not-json", ["replay", "{f}"], "not valid JSON", text_file("{", "r.json")),
     Row("replay-json-list", ["replay", "{f}"], "must hold one JSON object", json_file([])),
     Row("replay-no-schema", ["replay", "{f}"], "not a cpsim repro file", json_file({"scenario": good()})),
+    Row("replay-unknown-inject", ["replay", "{f}"], "repro.inject: unknown fault 'no-such-fault'",
+        repro(_set("inject", "no-such-fault"))),
     Row("replay-wrong-schema", ["replay", "{f}"], "repro.schema", repro(_set("schema", "cpsim-repro/9"))),
     Row("replay-without-scenario", ["replay", "{f}"], "repro.scenario: is required", repro(lambda d: d.pop("scenario"))),
     Row("replay-scenario-wrong-type", ["replay", "{f}"], "repro.scenario: must be an object",

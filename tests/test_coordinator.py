@@ -45,8 +45,10 @@ def test_correct_mapping_passes_everything(world):
     fails, verdicts = judge(world)
     assert fails == set()
     ran = {v.invariant for v in verdicts if v.status == "pass"}
-    assert ran == set(coordinator.INVARIANTS) - {"replayed-is-pad"}  # nothing replays here
-    assert {v.status for v in verdicts if v.invariant == "replayed-is-pad"} == {"n/a"}
+    # nothing replays here; inputs-intact and kernel-output judge a user's kernel only (tests/test_hostile_kernel.py)
+    ran_for_users = {"inputs-intact", "kernel-output"}
+    assert ran == set(coordinator.INVARIANTS) - {"replayed-is-pad"} - ran_for_users
+    assert {v.status for v in verdicts if v.invariant in {"replayed-is-pad", *ran_for_users}} == {"n/a"}
 
 
 def _owner(world, t):

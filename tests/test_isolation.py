@@ -46,7 +46,7 @@ def _failure(report: dict) -> str:
 
 
 @pytest.mark.parametrize("name, phrase", [
-    ("raises", "kernel raised ValueError: boom from cp_rank 0 on rank 0, group attn"),
+    ("raises", "kernel raised ValueError: boom from cp_rank 0 at "),  # then the kernel's file:line and source
     ("segfault", "kernel crashed with SIGSEGV on rank 0"),
     ("sysexit", "kernel called sys.exit(0) on rank 0"),
     ("osexit", "kernel ended its process with exit code 0"),
@@ -64,8 +64,9 @@ def test_failure_is_in_every_report_format(capsys, tmp_path, monkeypatch):
     html, xml = tmp_path / "r.html", tmp_path / "r.xml"
     code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:raises", "--html", str(html), "--junit", str(xml))
     assert code == 1
-    phrase = "kernel raised ValueError: boom from cp_rank 0 on rank 0, group attn"
-    assert phrase in _failure(report) and "rank 1 not run" in _failure(report)
+    phrase = "kernel raised ValueError: boom from cp_rank 0 at "
+    assert phrase in _failure(report) and "hostile.py:14" in _failure(report)
+    assert "on rank 0, group attn" in _failure(report) and "rank 1 not run" in _failure(report)
     [f] = [c.find("failure") for c in ET.parse(xml).getroot().iter("testcase") if c.find("failure") is not None]
     assert f.get("type") == "kernel-completes" and phrase in f.get("message")
     page = html.read_text()
@@ -173,12 +174,12 @@ def test_guards_are_intact_in_every_built_in_path(world):  # noqa: F811
         assert torch.equal(G.slots, G.slots.contiguous())
 
 
-def test_kernel_file_calling_sys_exit_at_import_is_bad_input(capsys, tmp_path):
+def test_kernel_file_calling_sys_exit_at_import_is_a_named_violation(capsys, tmp_path):
     f = tmp_path / "exits.py"
     f.write_text("import sys\nsys.exit(0)\n\n\ndef f(positions):\n    return positions\n")
-    assert cli.main([*SMALL, "--kernel-v1", f"{f}:f"]) == 2
-    err = capsys.readouterr().err
-    assert "cannot load" in err and "SystemExit" in err and "Traceback" not in err
+    code, text, report = _run(capsys, tmp_path, f"{f}:f")
+    assert code == 1
+    assert f"called sys.exit(0) while its file {f} was imported" in _failure(report)
 
 
 def test_paths_run_side_by_side_and_a_hang_in_one_leaves_the_other_checked(capsys, tmp_path, monkeypatch):
@@ -234,7 +235,7 @@ def test_two_workers_name_every_failing_rank_and_only_unrun_ranks_as_not_run(cap
     code, text, report = _run(capsys, tmp_path, f"{K}/hostile.py:raises")
     assert code == 1
     msg = _failure(report)
-    assert "kernel raised ValueError: boom from cp_rank 0 on rank 0" in msg
+    assert "kernel raised ValueError: boom from cp_rank 0 at " in msg and "on rank 0, group attn" in msg
     assert "also failed on rank 1 (raised)" in msg and "not run" not in msg
 
 
@@ -383,7 +384,7 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
     _same(isolation.run_paths(s1, ["v1"], a1, "cpu", k1, {}), plain1)
     import time
     end = time.monotonic() + 60
-    while isolation._pool[0].proc.is_alive() and time.monotonic() < end:  # dead before it is asked for
+    while isolation._pool[0].alive() and time.monotonic() < end:  # dead before it is asked for
         time.sleep(0.05)
     before = next(isolation._tokens)
     got2 = isolation.run_paths(s2, ["v1"], a2, "cpu", k2, crash)

@@ -148,6 +148,7 @@ def test_shim_covers_the_imports_of_released_v1_files(capsys):
         assert cli.main(["run", "--scenario", "default", "--paths", "v1", "--kernel-v1", spec, "--shim-vllm",
                          "--quiet"]) == 0
         assert load(spec, "v1", shim_vllm=True).abi == "vllm-v1-0.32"
+        vllm_shim.install()  # the kernel is imported in a worker; the stand-ins are checked here
         from vllm.v1.utils import CpuGpuBuffer
         with pytest.raises(RuntimeError, match="shim-vllm stand-in"):
             CpuGpuBuffer(4)

@@ -22,6 +22,8 @@ from cpsim.scenario import Scenario
 INVARIANTS = (
     "kernel-completes",
     "guard-intact",
+    "inputs-intact",
+    "kernel-output",
     "row-bounds",
     "exactly-one-owner",
     "owner-rule",
@@ -496,6 +498,41 @@ def guard_intact(ctx, path, g, guards: np.ndarray, entries: int) -> list[Violati
     return out
 
 
+# The columns of a gathered ``written`` array (``cpsim.paths._intact.INPUTS``; the oracle keeps its own copy).
+INPUT_NAMES = ("positions", "query_start_loc", "idx_mapping", "block table")
+
+
+def inputs_intact(ctx, path, g, written: np.ndarray) -> list[Violation]:
+    """The kernel left every input it was handed as it was (``written`` [ranks, inputs]: entries changed)."""
+    out = []
+    for r in _rows(written > 0):
+        for col in _nz(written[r] > 0).tolist():
+            n = int(written[r, col])
+            name = INPUT_NAMES[col]
+            what = f"group {g.name}'s block table" if name == "block table" else name
+            out.append(Violation("inputs-intact", path, g.name, n,
+                                 f"kernel wrote {n} entr{'y' if n == 1 else 'ies'} of {what} on rank {r} (inputs "
+                                 f"are the kernel's to read: a runtime keeps them for the next step)", [r]))
+    return out
+
+
+# A callable's result's faults by code (``cpsim.paths.adapters.OUTPUT_FAULTS``, same order).
+OUTPUT_FAULTS = ("", "not a tensor", "not 1-D", "floating-point", "complex", "bool", "on another device",
+                 "shorter than the scheduled tokens", "longer than the slot buffer")
+
+
+def kernel_output(ctx, path, g, faults: np.ndarray) -> list[Violation]:
+    """The callable returned a 1-D integer tensor of slots on the device (``faults`` [ranks] codes)."""
+    out = []
+    for r in _nz(faults > 0).tolist():
+        code = int(faults[r])
+        what = OUTPUT_FAULTS[code] if code < len(OUTPUT_FAULTS) else f"fault {code}"
+        out.append(Violation("kernel-output", path, g.name, 1,
+                             f"kernel returned a result that is {what} for group {g.name} on rank {r}; the callable "
+                             f"ABI returns a 1-D integer tensor of slots on the kernel's device", [r]))
+    return out
+
+
 def row_bounds(ctx, path, g, full: np.ndarray, entry_sizes: list[int]) -> list[Violation]:
     """No slot comes from a guard entry of the block table (past a row's width, or above/below the table)."""
     e = np.asarray(entry_sizes, dtype=np.int64)[:, None]
@@ -569,7 +606,19 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
         checked["kernel-completes"] = slots.shape[0]
         guards = getattr(G, "guards", None)
         guards = _np(guards) if guards is not None else None
+        written = getattr(G, "written", None)
+        written = _np(written) if written is not None else None
+        faults = getattr(G, "output_faults", None)
+        faults = _np(faults) if faults is not None else None
         for gi, g in enumerate(s.groups):
+            if faults is not None and g.slot_mapped:
+                applies["kernel-output"] = True
+                checked["kernel-output"] += faults.shape[0]
+                found["kernel-output"] += kernel_output(ctx, path, g, faults[:, gi])
+            if written is not None and (written[:, gi] >= 0).all():  # -1: a rank ran cpsim's own kernels
+                applies["inputs-intact"] = True
+                checked["inputs-intact"] += written[:, gi].size
+                found["inputs-intact"] += inputs_intact(ctx, path, g, written[:, gi])
             found["block-sizing"] += block_sizing(ctx, path, g, widths[gi], entry_sizes[gi])
             applies["block-sizing"] = True
             checked["block-sizing"] += len(widths[gi])

@@ -40,7 +40,10 @@ def add_path_args(p: argparse.ArgumentParser, default: str = ",".join(PATHS)) ->
 
 
 def parse_paths(text: str) -> list[str]:
-    paths = [x.strip() for x in text.split(",") if x.strip()]
+    paths = [x.strip() for x in text.split(",")]
+    if "" in paths and any(paths):
+        raise ConfigError("--paths", f"{text!r} has an empty entry (two commas, or one at an end)")
+    paths = [x for x in paths if x]
     bad = [x for x in paths if x not in PATHS]
     if bad or not paths:
         raise ConfigError("--paths", f"unknown path(s) {bad}; choose from {', '.join(PATHS)}")

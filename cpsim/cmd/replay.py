@@ -21,6 +21,7 @@ from rich.console import Console
 
 from cpsim.report import terminal
 
+from cpsim import faults
 from cpsim import fuzz as fz
 from cpsim import scenario as sc
 from cpsim import schema
@@ -142,6 +143,9 @@ def load_repro(path: str | Path, accept_edited: bool = False):
             raise ConfigError("repro.scenario", f"was edited: its fingerprint is {s.fingerprint()}, the repro "
                                                 f"recorded {m.fingerprint}; pass --accept-edited to replay the "
                                                 f"edited scenario (in {path})")
+    if m.inject is not None and m.inject not in faults.names():
+        raise ConfigError("repro.inject", f"unknown fault {m.inject!r}; known faults: {', '.join(faults.names())} "
+                                          f"(in {path})")
     kernels = {p: (v.model_dump() if isinstance(v, BaseModel) else v) for p, v in m.kernels.items()}
     return fz.Repro(s, list(m.paths or fz.DEFAULT_PATHS), Knobs(**m.knobs.model_dump()), m.inject,
                     m.violation.model_dump(), kernels)

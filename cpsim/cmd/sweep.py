@@ -84,7 +84,10 @@ class Cell:
 def _items(value, field: str) -> list:
     if value is None:
         return []
-    items = value if isinstance(value, list) else [x.strip() for x in str(value).split(",") if x.strip()]
+    items = value if isinstance(value, list) else [x.strip() for x in str(value).split(",")]
+    if "" in items and any(items):
+        raise ConfigError(field, f"{value!r} has an empty entry (two commas, or one at an end)")
+    items = [x for x in items if x]
     if not items:
         raise ConfigError(field, "must list at least one value")
     return items

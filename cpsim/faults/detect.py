@@ -197,12 +197,19 @@ def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tu
     Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded in the worker."""
     from cpsim.kernels.under_test import from_record
     from cpsim.kernels import use_interpreter
+    from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None
     s = f.trigger() if where == TRIGGER else preset(where, seed=seed)
     r = run(s, f.knobs_for(s) if (f and faulty) else Knobs(), paths,
             kernels={p: k for p, k in from_record(kernel_record or {}).items() if p in paths})
     return r.failed, bool(r.gathered), r.seconds
+
+
+def _ignore_sigint() -> None:
+    """Pool processes leave Ctrl-C to the parent, which stops the pool (and prints one line)."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, seed: int = 0, jobs: int = 1,
@@ -236,7 +243,7 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
         tasks[(None, p, False)] = (None, p, False, seed, PATHS, kernel_record)
     results: dict[tuple, tuple] = {}
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as ex:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_ignore_sigint) as ex:
             futs = {ex.submit(_task, *a): k for k, a in tasks.items()}
             for fut in as_completed(futs):
                 results[futs[fut]] = fut.result()

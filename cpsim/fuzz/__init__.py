@@ -763,6 +763,8 @@ _QUEUE = None
 
 def _init_job(queue, workers: str) -> None:
     global _QUEUE
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
     _QUEUE = queue
     os.environ["CPSIM_KERNEL_WORKERS"] = workers
 
@@ -770,6 +772,7 @@ def _init_job(queue, workers: str) -> None:
 def _job(cfg_state: dict, kernels_record: dict) -> dict:
     """A worker process: its own seed stream, the shared (keyed) example database."""
     from cpsim.kernels import use_interpreter
+    from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
     from cpsim.kernels.under_test import from_record
 
     use_interpreter()

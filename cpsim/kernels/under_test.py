@@ -14,10 +14,11 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cpsim.errors import ConfigError
 
@@ -193,18 +194,26 @@ class KernelUnderTest:
     notes: list[str] = field(default_factory=list)
     shim_vllm: bool = False    # loaded with the vLLM shim installed
     replay: "KernelUnderTest | None" = None  # the user's replay-padding kernel run after this path's kernels
+    failed: "LoadFailure | None" = None  # its import raised, exited, hung or crashed (in the worker)
+    path: str = ""             # the cpsim path it was loaded for
 
     @property
     def builtin(self) -> bool:
         """The path's slot-mapping kernel is cpsim's own; only ``replay`` is the user's."""
-        return self.obj is None
+        return self.spec == BUILTIN
+
+    @property
+    def load_failure(self) -> "LoadFailure | None":
+        """Why this kernel or its replay kernel could not be loaded; None when both were."""
+        return self.failed or (self.replay.failed if self.replay is not None else None)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
 
     def describe(self) -> str:
-        parts = ["built-in slot mapping"] if self.builtin else [f"{self.spec} ({self.abi})"]
+        parts = (["built-in slot mapping"] if self.builtin else
+                 [f"{self.spec} ({'not loaded: ' + self.failed.kind if self.failed else self.abi})"])
         if self.replay is not None:
             parts.append(f"replay padding {self.replay.spec} ({self.replay.abi})")
         return " + ".join(parts)
@@ -220,7 +229,8 @@ class KernelUnderTest:
 def with_replay(k: KernelUnderTest | None, replay: KernelUnderTest | None) -> KernelUnderTest | None:
     """``k`` (or cpsim's built-in slot mapping when None) with ``replay`` as its replay-padding kernel."""
     if k is None:
-        return None if replay is None else KernelUnderTest(BUILTIN, None, BUILTIN, (), replay=replay)
+        return None if replay is None else KernelUnderTest(BUILTIN, None, BUILTIN, (), replay=replay,
+                                                           path=replay.path)
     k = replace(k, notes=list(k.notes), replay=replay)
     return None if k.builtin and replay is None else k
 
@@ -230,6 +240,36 @@ def with_replay(k: KernelUnderTest | None, replay: KernelUnderTest | None) -> Ke
 def is_triton_kernel(obj: Any) -> bool:
     """JITFunction, the interpreter's stand-in, or an autotuner/heuristics wrapper."""
     return hasattr(obj, "arg_names") and hasattr(obj, "run") and hasattr(obj, "fn")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What ABI detection needs of a kernel, as plain data: the worker that imported the kernel
+    sends it to cpsim's process, which never imports the kernel itself."""
+
+    name: str
+    triton: bool
+    is_callable: bool
+    params: tuple[tuple[str, bool], ...]   # (name, has_default) in order
+    origin: str = ""                       # "vllm" / "vllm_ascend" / "": the package its file is of
+    obj: Any = field(default=None, compare=False)  # the kernel itself, only where it was imported
+
+    def plain(self) -> "Signature":
+        return replace(self, obj=None)
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    """A kernel whose import (or lookup) did not complete in the worker: it raised, exited, hung or
+    crashed. Every rank run of its path is a ``kernel-completes`` failure naming it."""
+
+    kind: str      # "raised" | "exited" | "timeout" | "crashed"
+    message: str   # "raised ValueError: ..." / "called sys.exit(0)" / ...
+
+
+def signature_of(obj: Any) -> Signature:
+    obj = unwrap(obj)
+    return Signature(_name(obj), is_triton_kernel(obj), callable(obj), tuple(parameters(obj)), origin(obj), obj)
 
 
 def parameters(obj: Any) -> list[tuple[str, bool]]:
@@ -264,11 +304,11 @@ def mismatch(abi: Abi, params: list[tuple[str, bool]]) -> str | None:
 
 
 def detect_abi(obj: Any, forced: str = "auto", where: str = "kernel") -> str:
-    """The ABI of a loaded kernel object (see ``choose_abi``)."""
-    triton = is_triton_kernel(obj)
-    if not triton and not callable(obj):
-        raise ConfigError(where, f"{obj!r} is neither a Triton kernel nor a callable")
-    return choose_abi(parameters(obj), triton, origin(obj), forced, where, _name(obj))
+    """The ABI of a kernel object or of its ``Signature`` (what a worker reports); see ``choose_abi``."""
+    sig = obj if isinstance(obj, Signature) else signature_of(obj)
+    if not sig.triton and not sig.is_callable:
+        raise ConfigError(where, f"{sig.name} is neither a Triton kernel nor a callable")
+    return choose_abi(list(sig.params), sig.triton, sig.origin, forced, where, sig.name)
 
 
 def origin(obj: Any) -> str:
@@ -331,6 +371,8 @@ def _triton_off_hint(params: list[tuple[str, bool]], triton: bool) -> str:
 
 
 def _name(obj: Any) -> str:
+    if isinstance(obj, Signature):
+        return obj.name
     return getattr(obj, "__name__", None) or type(obj).__name__
 
 
@@ -401,7 +443,20 @@ def _import(spec: str, where: str) -> Any:
     module_part, sep, attr = spec.rpartition(":")
     if not sep or not module_part or not attr:
         raise ConfigError(where, f"{spec!r} is not package.module:attr nor path/to/file.py:attr")
-    obj = _import_module(module_part, where)
+    if _is_file(module_part):
+        module = _load_file(Path(module_part), where)
+    else:
+        try:
+            module = importlib.import_module(module_part)
+        except ModuleNotFoundError as e:
+            if e.name and (module_part + ".").startswith(e.name + ".") and not _hint(e):  # SPEC names no module: bad input
+                raise ConfigError(where, f"cannot import {module_part}: no module named {e.name!r}") from None
+            if _hint(e):  # vLLM not installed: a missing flag, not the kernel's failure
+                raise ConfigError(where, f"cannot import {module_part}: {e}{_hint(e)}") from None
+            raise KernelImportError(_import_failure(f"module {module_part}", e)) from None
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the module's own code failed: the kernel's failure
+            raise KernelImportError(_import_failure(f"module {module_part}", e)) from None
+    obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise ConfigError(where, f"{module_part} has no attribute {attr!r}")
@@ -443,32 +498,150 @@ def _load_file(file: Path, where: str):
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as e:  # noqa: BLE001  (sys.exit at import must not end cpsim with its code)
         del sys.modules[name]
-        raise ConfigError(where, f"cannot load {file}: {type(e).__name__}: {e}{_hint(e)}") from None
+        if isinstance(e, ImportError) and _hint(e):  # vLLM not installed: a missing flag, not the kernel's failure
+            raise ConfigError(where, f"cannot load {file}: {type(e).__name__}: {e}{_hint(e)}") from None
+        raise KernelImportError(_import_failure(f"file {file}", e)) from None
     return module
 
 
-def load(spec: Any, path: str, abi: str = "auto", *, shim_vllm: bool = False, device: str = "cpu",
-         v2_launch: str = "split", where: str | None = None) -> KernelUnderTest:
-    """Load a kernel for cpsim ``path``; ``spec`` may also be the kernel object itself."""
-    where = where or f"--kernel-{path}"
-    if v2_launch not in V2_LAUNCHES:
-        raise ConfigError("--kernel-v2-launch", f"{v2_launch!r}; choose from {', '.join(V2_LAUNCHES)}")
+def _is_file(module_part: str) -> bool:
+    return module_part.endswith(".py") or "/" in module_part or "\\" in module_part
+
+
+def _import_failure(what: str, e: BaseException) -> LoadFailure:
+    if isinstance(e, SystemExit):
+        return LoadFailure("exited", f"called sys.exit({e.code!r}) while its {what} was imported")
+    text = str(e).splitlines()[0] if str(e) else ""
+    return LoadFailure("raised", f"raised {type(e).__name__} while its {what} was imported"
+                                 + (f": {text}" if text else "") + _hint(e))
+
+
+class KernelImportError(Exception):
+    """The user's module raised (or called sys.exit) while it was imported; ``failure`` says how."""
+
+    def __init__(self, failure: LoadFailure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+def inspect_here(spec: str, path: str, shim_vllm: bool, device: str, where: str) -> Signature:
+    """Import SPEC in *this* process and read its signature: in a kernel worker, or where the user
+    turned isolation off. An import that raises or exits is a ``KernelImportError``; a SPEC that
+    names nothing (no such module, file or attribute) is bad input (``ConfigError``)."""
     from cpsim import kernels
     if str(device).startswith("cpu"):
         kernels.use_interpreter()  # before the kernel file imports triton
+    from cpsim.kernels import vllm_shim
     if shim_vllm:
-        from cpsim.kernels import vllm_shim
         vllm_shim.install()
+    else:  # a long-lived worker may hold the shim from an earlier kernel that asked for it
+        vllm_shim.uninstall()
+    return signature_of(resolve(spec, path, where))
+
+
+def check_spec(spec: str, path: str, where: str) -> None:
+    """What can be told of SPEC without running any of it: its form, and that the file exists."""
+    if (path, spec) in SHORTCUTS:
+        return
+    if spec in ("ascend", "vllm"):
+        resolve(spec, path, where)  # raises: no such shortcut for this path
+    module_part, sep, attr = spec.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise ConfigError(where, f"{spec!r} is not package.module:attr nor path/to/file.py:attr")
+    if _is_file(module_part):
+        file = Path(module_part)
+        if not file.is_file():
+            raise ConfigError(where, f"kernel file {file} does not exist")
+
+
+# How a SPEC is turned into a signature: ``inspect_here`` by default; ``cpsim.run.isolation``
+# installs one that asks a kernel worker, so that cpsim's own process never imports the kernel.
+_inspector: Callable[..., "Signature | LoadFailure"] | None = None
+
+
+def inspect_with(inspector: Callable[..., "Signature | LoadFailure"] | None) -> None:
+    global _inspector
+    _inspector = inspector
+
+
+def _inspect(spec: str, path: str, shim_vllm: bool, device: str, where: str,
+             inspect: Callable | None) -> "Signature | LoadFailure":
+    chosen = inspect or _inspector
+    if chosen is None or chosen is inspect_here:
+        try:
+            return inspect_here(spec, path, shim_vllm, device, where)
+        except KernelImportError as e:
+            return e.failure
+    return chosen(spec, path, shim_vllm, device, where)
+
+
+def load(spec: Any, path: str | None, abi: str = "auto", *, shim_vllm: bool = False, device: str = "cpu",
+         v2_launch: str = "split", where: str | None = None, inspect: Callable | None = None) -> KernelUnderTest:
+    """Load a kernel for cpsim ``path``; ``spec`` may also be the kernel object itself.
+
+    A SPEC string is imported by ``inspect`` (default: the installed inspector, a kernel worker
+    under isolation): this process gets the kernel's signature only. An import that raises, exits,
+    hangs or crashes gives a kernel whose ``failed`` says so; its runs are ``kernel-completes``
+    failures."""
+    where = where or f"--kernel-{path or 'v1'}"
+    if v2_launch not in V2_LAUNCHES:
+        raise ConfigError("--kernel-v2-launch", f"{v2_launch!r}; choose from {', '.join(V2_LAUNCHES)}")
+    if abi != "auto" and abi not in ABIS:
+        raise ConfigError("--kernel-abi", f"unknown ABI {abi!r}; choose from auto, {', '.join(ABIS)}")
     if isinstance(spec, str):
-        obj, text = resolve(spec, path, where), spec
+        check_spec(spec, path or "v1", where)
+        sig, text = _inspect(spec, path or "v1", shim_vllm, str(device), where, inspect), spec
+        if isinstance(sig, LoadFailure):
+            return KernelUnderTest(text, None, abi, (), v2_launch, shim_vllm=shim_vllm, failed=sig, path=path)
     else:
-        obj, text = unwrap(spec), f"{getattr(spec, '__module__', '?')}:{_name(spec)}"
-    name = detect_abi(obj, abi, where)
+        sig, text = signature_of(unwrap(spec)), f"{getattr(spec, '__module__', '?')}:{_name(spec)}"
+    name = detect_abi(sig, abi, where)
+    path = path or ABIS[name].paths[0]  # None: the first path the ABI stands in for
     if path not in ABIS[name].paths:
         fits = [a for a, d in ABIS.items() if path in d.paths]
         raise ConfigError(where, f"{text} has the {name} ABI, which cannot stand in for the {path} path "
                                  f"(it takes {', '.join(fits)})")
-    return KernelUnderTest(text, obj, name, tuple(n for n, _ in parameters(obj)), v2_launch, shim_vllm=shim_vllm)
+    return KernelUnderTest(text, sig.obj, name, tuple(n for n, _ in sig.params), v2_launch, shim_vllm=shim_vllm,
+                           path=path)
+
+
+def here(k: KernelUnderTest, device: str = "cpu") -> KernelUnderTest:
+    """``k`` with its objects imported into this process (for in-process runs: a capture, or
+    ``CPSIM_KERNEL_ISOLATION=0``); ``k`` itself when they already are."""
+    if (k.builtin or k.obj is not None) and (k.replay is None or k.replay.obj is not None):
+        return k
+    out = load_record(k.record(), k.path or (k.replay.path if k.replay else ""), device, inspect=inspect_here)
+    out.notes = k.notes
+    return out
+
+
+def _source_file(obj: Any) -> str | None:
+    fn = obj
+    while is_triton_kernel(fn):
+        fn = fn.fn
+    code = getattr(fn, "__code__", None) or getattr(getattr(fn, "__call__", None), "__code__", None)
+    return None if code is None else os.path.realpath(code.co_filename)
+
+
+def where_raised(k: "KernelUnderTest | None", exc: BaseException) -> str:
+    """`` at FILE:LINE: source`` of the innermost frame of the user's kernel files in ``exc``'s traceback
+    (and in the exceptions it wraps: the Triton interpreter's InterpreterError holds the kernel's own);
+    "" when no frame is the kernel's."""
+    files = {f for x in (k, getattr(k, "replay", None)) if x is not None and x.obj is not None
+             for f in [_source_file(x.obj)] if f}
+    if not files:
+        return ""
+    import traceback
+    found, seen = None, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for fs in traceback.extract_tb(exc.__traceback__):
+            if os.path.realpath(fs.filename) in files:
+                found = fs
+        exc = exc.__cause__ or exc.__context__
+    if found is None:
+        return ""
+    return f" at {found.filename}:{found.lineno}" + (f": {found.line.strip()}" if found.line else "")
 
 
 # ---- records: kernels in a repro file or handed to a worker process -----------------
@@ -482,17 +655,18 @@ def to_record(kernels: dict[str, KernelUnderTest], paths) -> dict[str, Any]:
     return {p: BUILTIN if p not in kernels else kernels[p].record() for p in paths}
 
 
-def load_record(item: dict[str, Any], path: str, device: str = "cpu", where: str = "kernels") -> KernelUnderTest:
+def load_record(item: dict[str, Any], path: str, device: str = "cpu", where: str = "kernels",
+                inspect: Callable | None = None) -> KernelUnderTest:
     """One path's entry of ``to_record``: its kernel (or the built-in one) and its replay kernel."""
     replay = None
     if item.get("replay"):
         r = item["replay"]
         replay = load(r["spec"], REPLAY, r.get("abi", "auto"), shim_vllm=bool(r.get("shim_vllm")), device=device,
-                      where=f"{where}.replay")
+                      where=f"{where}.replay", inspect=inspect)
     k = None
     if item["spec"] != BUILTIN:
         k = load(item["spec"], path, item.get("abi", "auto"), shim_vllm=bool(item.get("shim_vllm")),
-                 device=device, v2_launch=item.get("v2_launch", "split"), where=where)
+                 device=device, v2_launch=item.get("v2_launch", "split"), where=where, inspect=inspect)
     out = with_replay(k, replay)
     if out is None:
         raise ConfigError(where, "a built-in entry with no replay kernel is written as \"builtin\"")

@@ -47,6 +47,8 @@ class RankOutput:
     widths: list[int]         # entries per row of the table the kernel read
     entry_sizes: list[int]    # slots per table entry (b for logical tables, B for physical)
     guard: torch.Tensor | None = None  # [groups, 2 * _guard.WIDTH] guard entries around the rows after the launches
+    written: torch.Tensor | None = None  # [groups, len(_intact.INPUTS)] input entries a user's kernel wrote
+    output_faults: list[int] | None = None  # per group, a callable's result's fault (``adapters.OUTPUT_FAULTS``)
 
 
 @dataclass
@@ -93,14 +95,17 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     tables and buffers are built the same way. Its ``replay`` kernel, if any, replaces the built-in
     replay-padding kernel that runs after them (``cpsim.paths.replay``).
     """
-    from cpsim.paths import _guard, adapters, prep, replay, v1, v2
+    from cpsim.paths import _guard, _intact, adapters, prep, replay, v1, v2
 
     runners = {"v1": v1.run, "v1-fused": v1.run_fused, "v1-torch": v1.run_torch, "v2": v2.run}
     if name not in runners:
         from cpsim.errors import ConfigError
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
+    import contextlib
     inputs = prep.for_rank(scenario, rank, device)
-    with _guard.Watch(len(scenario.groups)) as watch:
+    users = kernel is not None and (not kernel.builtin or kernel.replay is not None)
+    intact = _intact.watching(len(scenario.groups)) if users else contextlib.nullcontext()
+    with _guard.Watch(len(scenario.groups)) as watch, intact as written:
         if kernel is not None and not kernel.builtin:
             out = adapters.run(kernel, name, scenario, allocs, rank, inputs.device, knobs)
         else:
@@ -109,4 +114,5 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
             replay.pad(scenario, out.slots, inputs, knobs, getattr(kernel, "replay", None))
     if out is not None:
         inputs.read_back(watch, out)  # rows are views into guarded storage: one copy (or one per stage)
+        out.written = written
     return out

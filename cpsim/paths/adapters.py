@@ -20,7 +20,7 @@ from cpsim.allocator import table_entries
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, RankOutput, _guard, v1, v2
+from cpsim.paths import Knobs, RankOutput, _guard, _intact, v1, v2
 from cpsim.paths._inputs import batch_tensors, prepare_triton
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
@@ -154,7 +154,9 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOut
         else:
             args["KV_CACHE_BLOCK_SIZE"] = g.b if knobs.virtual_from_kernel_block else g.block_size
         _guard.launch(g.name)
-        k.obj[(s.batch.num_reqs + 1,)](**args)
+        with _intact.bracket([(gi, "positions", bt.positions), (gi, "query_start_loc", qsl),
+                              (gi, "block table", table)]):
+            k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf
         enabled.append(True)
     res = v1._result(out, s, knobs, enabled)
@@ -195,7 +197,9 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankO
         if has_circular:
             args["IS_CIRCULAR"] = g.circular
         _guard.launch(g.name)
-        k.obj[(s.batch.num_reqs + 1,)](**args)
+        with _intact.bracket([(gi, "positions", bt.positions), (gi, "query_start_loc", qsl),
+                              (gi, "block table", table)]):
+            k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf.to(torch.int64)
         enabled.append(True)
     return v1._result(out, s, knobs, enabled)
@@ -248,7 +252,10 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
                 args["HAS_CIRCULAR"] = any(g.circular for _, g in groups)
         _guard.launch(",".join(g.name for _, g in groups))
         per_group = s.batch.num_reqs + 1 if adaptive else s.batch.num_reqs * FUSED_PARALLEL_TILES + 1
-        k.obj[(len(groups) * per_group,)](**args)
+        with _intact.bracket([(groups[0][0], "positions", bt.positions),
+                              (groups[0][0], "query_start_loc", args["query_start_loc_ptr"])]
+                             + [(gi, "block table", t) for (gi, _), t in zip(groups, tables)]):
+            k.obj[(len(groups) * per_group,)](**args)
         for (gi, _), buf in zip(groups, bufs):
             out[gi] = buf.to(torch.int64)
     done = {gi for gi, _ in groups}
@@ -314,7 +321,9 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
             if "HAS_SLOT_MAPPING_ENABLED" in k.params:
                 args["HAS_SLOT_MAPPING_ENABLED"] = True
         _guard.launch(",".join(s.groups[i].name for i in gis))
-        k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
+        with _intact.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", qsl),
+                              (gis[0], "idx_mapping", rows)] + [(i, "block table", tables[i]) for i in gis]):
+            k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf.to(torch.int64)
     done = {gi for gis in launches.values() for gi in gis}
     return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], list(entry))
@@ -373,7 +382,9 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> Rank
             args["dcp_sharded"] = torch.tensor([s.groups[i].world(s.cp) > 1 for i in gis], dtype=torch.bool,
                                                device=device)
         _guard.launch(",".join(s.groups[i].name for i in gis))
-        k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
+        with _intact.bracket([(gis[0], "positions", args["pos"]), (gis[0], "query_start_loc", args["query_start_loc"]),
+                              (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
+            k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf
     done = set(gis)
     return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], entry)
@@ -416,7 +427,9 @@ def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput
         if has_circular:
             args["is_circular"] = _i32((int(s.groups[i].circular) for i in gis), device)
         _guard.launch(",".join(s.groups[i].name for i in gis))
-        k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
+        with _intact.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", args["query_start_loc"]),
+                              (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
+            k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf.to(torch.int64)
     done = set(gis)
     return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables],
@@ -449,6 +462,7 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
     counts = (bt.query_start_loc[1:] - bt.query_start_loc[:-1]).to(torch.int64)
     req = torch.repeat_interleave(torch.arange(s.batch.num_reqs, device=device), counts)
     widths, entries, enabled = [], [], []
+    faults = [0] * len(s.groups)
     for gi, g in enumerate(s.groups):
         if path == "v2":
             table, entry = v2._table(s, g, allocs[gi], knobs, device)
@@ -474,17 +488,45 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
             cp_sharded=n > 1, world_cp_size=s.cp.world, world_cp_rank=rank,
         )
         _guard.launch(g.name)
-        res = k.obj(**{p: inputs[p] for p in k.params if p in inputs})
-        if not isinstance(res, torch.Tensor) or res.dim() != 1 or res.dtype.is_floating_point:
-            raise ConfigError("kernel", f"{k.spec} returned {type(res).__name__}"
-                                        f"{'' if not isinstance(res, torch.Tensor) else f' {res.dtype} {tuple(res.shape)}'}"
-                                        f"; the callable ABI returns a 1-D integer tensor of slots")
+        with _intact.bracket([(gi, "positions", inputs["positions"]), (gi, "query_start_loc", inputs["query_start_loc"]),
+                              (gi, "idx_mapping", inputs["idx_mapping"]), (gi, "block table", table)]):
+                res = k.obj(**{p: inputs[p] for p in k.params if p in inputs})
+        faults[gi] = output_fault(res, device, n_tok, T)
+        if faults[gi]:  # judged by the coordinator (kernel-output); the group's row stays POISON
+            continue
         m = min(res.numel(), T)
         out[gi, :m] = res[:m].to(device=device, dtype=torch.int64)
         out[gi, max(m, n_tok):] = PAD_SLOT_ID  # the runtime pads what follows the scheduled tokens
-    if path == "v2":
-        return RankOutput(out, enabled, widths, entries)
-    return v1._result(out, s, knobs, enabled)
+    result = RankOutput(out, enabled, widths, entries) if path == "v2" else v1._result(out, s, knobs, enabled)
+    result.output_faults = faults
+    return result
+
+
+# What a callable may return wrong, by code (0: a 1-D integer tensor of n_tok..T slots on the device).
+# The coordinator words them (``cpsim.check.coordinator.OUTPUT_FAULTS``, same order).
+OUTPUT_FAULTS = ("", "not a tensor", "not 1-D", "floating-point", "complex", "bool", "on another device",
+                 "shorter than the scheduled tokens", "longer than the slot buffer")
+
+
+def output_fault(res, device, n_tok: int, T: int) -> int:
+    """Which of ``OUTPUT_FAULTS`` a callable's result has (0: none)."""
+    if not isinstance(res, torch.Tensor):
+        return 1
+    if res.dim() != 1:
+        return 2
+    if res.dtype.is_complex:
+        return 4
+    if res.dtype.is_floating_point:
+        return 3
+    if res.dtype == torch.bool:
+        return 5
+    if res.device.type != torch.device(device).type:
+        return 6
+    if res.numel() < n_tok:
+        return 7
+    if res.numel() > T:
+        return 8
+    return 0
 
 
 # ---- replay padding: the user's kernel for the pass after the slot mappings -------
@@ -501,5 +543,7 @@ def replay(k, s: Scenario, slots: torch.Tensor, qsl: torch.Tensor, positions: to
         args.update(cacheable_groups_ptr=_i32(groups, device), NUM_GROUPS=len(groups))
     else:  # vllm-replay-pad-bits: one bit per group, over every group
         args.update(CACHEABLE_GROUPS=sum(1 << gi for gi in groups), NUM_GROUPS=len(s.groups))
-    k.obj[(s.batch.num_reqs,)](**args)
+    with _intact.bracket([(groups[0] if groups else 0, "positions", positions),
+                          (groups[0] if groups else 0, "query_start_loc", qsl)]):
+        k.obj[(s.batch.num_reqs,)](**args)
 

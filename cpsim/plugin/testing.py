@@ -78,20 +78,19 @@ def exercised(verdicts) -> bool:
 
 def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim_vllm: bool = False,
                 device: str = "cpu", v2_launch: str = "split"):
-    """A KernelUnderTest from a SPEC string, a kernel object or an already loaded one."""
-    from cpsim.kernels.under_test import ABIS, KernelUnderTest, detect_abi, load, resolve
+    """A KernelUnderTest from a SPEC string, a kernel object or an already loaded one.
+
+    A SPEC is imported in a kernel worker (``cpsim.run.isolation.probe``), never in the test's own
+    process; ``path`` None: the first path its ABI stands in for. An import that raises, exits,
+    hangs or crashes fails the test, naming the file."""
+    from cpsim.kernels.under_test import KernelUnderTest, load
+    from cpsim.run import isolation  # noqa: F401  (installs the worker probe)
     if isinstance(kernel, KernelUnderTest):
         return kernel
-    if path is None:
-        from cpsim import kernels
-        if str(device).startswith("cpu"):
-            kernels.use_interpreter()
-        if shim_vllm:
-            from cpsim.kernels import vllm_shim
-            vllm_shim.install()
-        obj = resolve(kernel, "v1", "kernel") if isinstance(kernel, str) else kernel
-        path = ABIS[detect_abi(obj, abi)].paths[0]
-    return load(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, where="kernel")
+    k = load(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, where="kernel")
+    if k.failed is not None:
+        raise AssertionError(f"{k.spec}: kernel {k.failed.message}")
+    return k
 
 
 def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,

@@ -129,16 +129,20 @@ def _plan_hash(entry: Entry, world: int) -> int:
 # The first column of a rank's meta row: what its run of the path gave.
 NOT_APPLICABLE, RAN, FAILED = 0, 1, 2
 META = 6  # columns before the per-group ones: status, width (or failure length), total, pcp, dcp, guard width
+INPUTS = 4  # per group after enabled, widths, entry sizes: input entries written (``cpsim.paths._intact``),
+# then one column per group: a callable's output fault code (``cpsim.paths.adapters.output_fault``)
 
 
 def _meta(out: RankOutput | None, G: int, total_rank: int, dcp: int, failure: bytes = b"") -> torch.Tensor:
     head = [total_rank, total_rank // dcp, total_rank % dcp]
     if out is None:
         status = FAILED if failure else NOT_APPLICABLE
-        return torch.tensor([status, len(failure)] + head + [0] + [0] * (3 * G), dtype=torch.int64)
+        return torch.tensor([status, len(failure)] + head + [0] + [0] * ((4 + INPUTS) * G), dtype=torch.int64)
     gw = 0 if out.guard is None else out.guard.shape[1]
+    written = [-1] * (INPUTS * G) if out.written is None else out.written.flatten().tolist()
+    written += [-1] * G if out.output_faults is None else list(out.output_faults)
     return torch.tensor([RAN, out.slots.shape[1]] + head + [gw]
-                        + [int(x) for x in out.enabled] + list(out.widths) + list(out.entry_sizes),
+                        + [int(x) for x in out.enabled] + list(out.widths) + list(out.entry_sizes) + written,
                         dtype=torch.int64)
 
 
@@ -188,8 +192,11 @@ def _gather_path(comm, pg, N: int, s: Scenario, path: str, out: RankOutput | Non
     outs = []
     for i in range(N):
         m = meta[i, META:].tolist()
+        written = torch.tensor(m[3 * G:(3 + INPUTS) * G], dtype=torch.int64).view(G, INPUTS)
+        faults = m[(3 + INPUTS) * G:]
         outs.append(RankOutput(slots[i, :, gw:], [bool(x) for x in m[:G]], m[G:2 * G], m[2 * G:3 * G],
-                               slots[i, :, :gw] if gw else None))
+                               slots[i, :, :gw] if gw else None, None if bool((written < 0).all()) else written,
+                               None if any(f < 0 for f in faults) else faults))
     return outs, []
 
 

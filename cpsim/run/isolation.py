@@ -35,6 +35,7 @@ still become failures; crashes and hangs are not caught) - for debugging only.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import itertools
 import math
@@ -97,6 +98,35 @@ def current() -> Isolation:
     return _config
 
 
+# The child's first line: cpsim is imported from where this process imported it, never from the
+# current directory (``-c`` would put it first on sys.path, and a ``cpsim/`` folder there shadows
+# the package: issue 30, item 1).
+_BOOT = ("import sys; sys.path[0] = sys.argv[1]; "
+         "from cpsim.run.kernel_worker import main; main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
+_CPSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_groups: set[int] = set()  # process groups of live workers: ended when cpsim exits
+
+
+def _python() -> str:
+    import sys
+    return sys.executable
+
+
+def _end_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@atexit.register
+def _end_groups() -> None:
+    """Whatever the workers and the kernels they ran left behind ends with cpsim."""
+    for pgid in list(_groups):
+        _end_group(pgid)
+    _groups.clear()
+
+
 class KernelFailed(DistError):
     """A rank run that did not complete; ``failure`` says how.
 
@@ -129,30 +159,40 @@ def _exit_text(code: int | None) -> tuple[str, str]:
 
 
 class Worker:
-    """One child process running rank runs; restarted after it dies or is killed."""
+    """One child process running rank runs; restarted after it dies or is killed.
+
+    The child is a fresh interpreter (``kernel_worker.main``) in a session and process group of its
+    own: it imports cpsim from the directory this process imported it from (never the current
+    directory, which may hold another ``cpsim/`` folder), needs no ``__main__`` guard in the user's
+    script (nothing of ``__main__`` is imported there), and ``stop`` ends the whole group, so a
+    process the kernel forked does not outlive cpsim. A terminal's Ctrl-C reaches this process only.
+    """
 
     def __init__(self) -> None:
         self.proc = None
         self.conn = None
         self.device: str | None = None
-        self.in_process: set[int] = set()  # id() of kernels the worker could not reload
         self.loaded: int | None = None  # the scenario the child holds (``run_paths`` sends it once per scenario)
         self.generation = 0             # children started so far: a run sent to an earlier one must be sent again
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.is_alive()
+        return self.proc is not None and self.proc.poll() is None
 
     def spawn(self, device: str) -> None:
         """Start the child and ask it to prepare; ``ready`` waits for the answer (so that
         several workers start at once)."""
-        from cpsim.run import kernel_worker
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["cpsim.run.kernel_worker"])
-        here, there = ctx.Pipe()
-        self.proc = ctx.Process(target=kernel_worker.serve, args=(there, os.getpid()), daemon=True, name="cpsim-kernel-worker")
-        self.proc.start()
+        import socket
+        import subprocess
+        import sys
+        from multiprocessing.connection import Connection
+        here, there = socket.socketpair()
+        authkey = multiprocessing.current_process().authkey.hex()  # torch's shared tensors travel under it
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
+            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+        _groups.add(self.proc.pid)
         there.close()
-        self.conn, self.device = here, device
+        self.conn, self.device = Connection(here.detach()), device
         self.loaded = None
         self.generation += 1
         try:
@@ -162,12 +202,19 @@ class Worker:
 
     def ready(self) -> None:
         reply = self._recv(STARTUP_S)
-        if reply[0] != "ok":
-            self.stop()
-            if reply[0] == "config":
-                raise ConfigError(reply[1], reply[2])
-            raise ConfigError("kernel worker", f"the kernel worker process did not start within {STARTUP_S:g} s "
-                                               f"({reply!r}); set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
+        if reply[0] == "ok":
+            return
+        code = self.proc.poll() if self.proc is not None else None
+        self.stop()
+        if reply[0] == "config":
+            raise ConfigError(reply[1], reply[2])
+        if reply[0] == "dead":
+            why = (f"exited with code {code}" if code is None or code >= 0 else f"was killed ({_exit_text(code)[1]})")
+            raise DistError(f"the kernel worker process {why} while it started, before any kernel ran (its "
+                            f"error is printed above); check that `{_python()} -c 'import cpsim.run.kernel_worker'` "
+                            f"works, or set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
+        raise DistError(f"the kernel worker process did not start within {STARTUP_S:g} s ({reply[0]}); the machine "
+                        f"may be overloaded; set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
 
     def start(self, device: str) -> None:
         self.spawn(device)
@@ -183,9 +230,12 @@ class Worker:
 
     def stop(self) -> None:
         if self.proc is not None:
-            if self.proc.is_alive():
-                self.proc.kill()
-            self.proc.join(5)
+            _end_group(self.proc.pid)  # the child and whatever it forked
+            _groups.discard(self.proc.pid)
+            try:
+                self.proc.wait(5)
+            except Exception:  # noqa: BLE001  (a child that will not die is left to the kernel; not waited for)
+                pass
         if self.conn is not None:
             self.conn.close()
         self.proc = self.conn = None
@@ -223,25 +273,22 @@ class Worker:
         if reply[0] == "timeout":
             self.stop()
             return _fail("timeout", f"exceeded {timeout:g} s (worker killed)", path, rank, kernel)
-        self.proc.join(5)
-        code = self.proc.exitcode
+        try:
+            code = self.proc.wait(5)
+        except Exception:  # noqa: BLE001  (the pipe closed, the process still there: killed below)
+            code = None
         self.stop()
         kind, text = _exit_text(code)
         return _fail(kind, text, path, rank, kernel)
 
     def run(self, path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel, timeout: float
             ) -> RankOutput | None:
-        if kernel is not None and id(kernel) in self.in_process:
-            return _in_process(path, s, allocs, rank, device, knobs, kernel)
         if self.ensure(device):
             self.ready()
         reply = self._ask(("run", path, s, allocs, rank, device, knobs, _record(kernel)), timeout)
         if reply[0] in ("timeout", "dead"):
             raise self.lost(reply, path, rank, kernel, timeout)
-        out = self.answer(reply, path, rank, kernel)
-        if out is _UNLOADABLE:
-            return _in_process(path, s, allocs, rank, device, knobs, kernel)
-        return out
+        return self.answer(reply, path, rank, kernel)
 
     def answer(self, reply, path: str, rank: int, kernel):
         """A rank run's output from the child's reply, or the failure it names."""
@@ -258,15 +305,9 @@ class Worker:
                         kernel, reply[3])
         if what == "exit":
             raise _fail("exited", f"called sys.exit({reply[1]})", path, rank, kernel, reply[2])
-        if what == "unloadable":
-            self.in_process.add(id(kernel))
-            kernel.note(f"the kernel worker could not reload it ({reply[1]}); it runs in cpsim's own process, "
-                        f"where a crash or a hang is not caught")
-            return _UNLOADABLE
+        if what == "unloaded":  # its import raised or exited in this child (the probe's child had it load)
+            raise _fail(reply[1], reply[2], path, rank, kernel)
         raise AssertionError(f"unknown worker reply {what!r}")
-
-
-_UNLOADABLE = object()
 
 
 def _record(kernel) -> dict | None:
@@ -274,7 +315,17 @@ def _record(kernel) -> dict | None:
 
 
 def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel) -> RankOutput | None:
-    """The unprotected fallback: exceptions and sys.exit still become failures."""
+    """The unprotected way (``CPSIM_KERNEL_ISOLATION=0``, a capture): exceptions and sys.exit still
+    become failures; the kernel is imported into this process for it."""
+    if kernel is not None:
+        failure = _unloaded(path, kernel, rank, s.cp.world)
+        if failure is not None:
+            raise KernelFailed(failure)
+        from cpsim.kernels.under_test import here
+        kernel = here(kernel, device)
+        failure = _unloaded(path, kernel, rank, s.cp.world)
+        if failure is not None:
+            raise KernelFailed(failure)
     try:
         return run_path(path, s, allocs, rank, device, knobs, kernel)
     except ConfigError:
@@ -282,7 +333,8 @@ def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kern
     except SystemExit as e:
         raise _fail("exited", f"called sys.exit({e.code!r})", path, rank, kernel, _guard.launching()) from None
     except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
-        text = str(e).splitlines()[0] if str(e) else ""
+        from cpsim.kernels.under_test import where_raised
+        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(kernel, e)
         raise _fail("raised", f"raised {type(e).__name__}" + (f": {text}" if text else ""), path, rank, kernel,
                     _guard.launching()) from None
 
@@ -331,12 +383,62 @@ def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], ker
     ``ahead`` started for this very call are collected instead of being run again."""
     device = str(device)
     world = s.cp.world
+    unloaded = {p: f for p in paths if (f := _unloaded(p, kernels.get(p), 0, world)) is not None}
+    if unloaded:  # nothing to run of a kernel whose import failed: that is its paths' result
+        rest = [p for p in paths if p not in unloaded]
+        got = run_paths(s, rest, allocs, device, knobs, kernels, on_rank) if rest else {}
+        return {p: unloaded[p] if p in unloaded else got[p] for p in paths}
     if not _config.process or recording.active() is not None:
         return {p: _sequential(p, s, allocs, device, knobs, kernels.get(p), on_rank, range(world)) for p in paths}
     got = _take(s, paths, device, knobs, kernels)
     if got is not None:
         return got
     return _finish(_start(s, paths, allocs, device, knobs, kernels, on_rank))
+
+
+def _unloaded(path: str, kernel, rank: int, world: int) -> KernelFailure | None:
+    """The failure of every run of a kernel whose import raised, exited, hung or crashed."""
+    failure = None if kernel is None else kernel.load_failure
+    if failure is None:
+        return None
+    return KernelFailure(path, rank, failure.kind, f"kernel {failure.message} [{_label(path, kernel)}]",
+                         "*", [r for r in range(world) if r != rank])
+
+
+def probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
+    """A kernel's ``Signature``, read by a kernel worker that imports it, within ``--kernel-timeout``;
+    a ``LoadFailure`` when the import raised, exited, hung or crashed. This process never imports it
+    (the oracle stays out of the kernel's reach: the worker is another process, and what it sends
+    back is plain data). In-process where isolation is off."""
+    from cpsim.kernels.under_test import LoadFailure, inspect_here
+    if not _config.process:
+        from cpsim.kernels.under_test import KernelImportError
+        try:
+            return inspect_here(spec, path, shim_vllm, device, where)
+        except KernelImportError as e:
+            return e.failure
+    _settle()
+    if _worker.ensure(device):
+        _worker.ready()
+    timeout = _config.timeout_s
+    reply = _worker._ask(("probe", spec, path, shim_vllm, device, where), timeout)
+    if reply[0] == "sig":
+        return reply[1]
+    if reply[0] == "config":
+        raise ConfigError(reply[1], reply[2])
+    if reply[0] == "unloaded":
+        return LoadFailure(reply[1], reply[2])
+    what = f"{'file ' + spec.rpartition(':')[0] if ':' in spec else spec}"
+    if reply[0] == "timeout":
+        _worker.stop()
+        return LoadFailure("timeout", f"did not finish importing {what} within {timeout:g} s (worker killed)")
+    try:
+        code = _worker.proc.wait(5)
+    except Exception:  # noqa: BLE001
+        code = None
+    _worker.stop()
+    kind, text = _exit_text(code)
+    return LoadFailure(kind, f"{text} while {what} was imported")
 
 
 DEPTH = 2  # scenarios whose rank runs may be in flight at once: one running, one queued behind it
@@ -350,6 +452,8 @@ def ahead(s, paths: list[str], allocs: list, device, knobs: list[Knobs], kernels
     use of the workers first waits for them and keeps their results. False (nothing started)
     in-process, under a capture, or with ``DEPTH`` scenarios already in flight."""
     if not _config.process or recording.active() is not None or len(_inflight) >= DEPTH:
+        return False
+    if any(_unloaded(p, kernels.get(p), 0, 1) is not None for p in paths):
         return False
     _inflight.append(_start(s, paths, allocs, str(device), knobs, kernels, None))
     return True
@@ -546,10 +650,6 @@ def _send(run: _Run, w: Worker, tasks: list) -> None:
     for task in tasks:
         path, ranks, one_by_one = task if len(task) == 3 else (*task, False)
         kernel = run.kernels.get(path)
-        if kernel is not None and id(kernel) in w.in_process:
-            _sequential(path, run.s, run.allocs, run.device, run.knobs, kernel, run.on_rank, ranks,
-                        run.outs[path], run.fails[path])
-            continue
         if w.ensure(run.device):
             w.ready()
         run.sent_to[w] = w.generation
@@ -656,11 +756,6 @@ def _answered(run: _Run, w: Worker, path: str, ranks: list, kernel, reply) -> bo
         run.fails[path].append(e.failure)
         ranks.clear()
         return False
-    if out is _UNLOADABLE:  # the child stopped this chunk; its ranks run here from this one on
-        _sequential(path, run.s, run.allocs, run.device, run.knobs, kernel, run.on_rank, list(ranks),
-                    run.outs[path], run.fails[path])
-        ranks.clear()
-        return False
     run.outs[path][rank] = out
     ranks.pop(0)
     if run.on_rank is not None:
@@ -692,6 +787,9 @@ def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), ke
              builtin_in_worker: bool = True) -> RankOutput | None:
     """``run_path`` for one rank under the configured isolation; raises ``KernelFailed``."""
     device = str(device)
+    failure = _unloaded(path, kernel, rank, s.cp.world)
+    if failure is not None:
+        raise KernelFailed(failure)
     # A capture records the launches of this process: the worker's would go unrecorded.
     if not _config.process or (kernel is None and not builtin_in_worker) or recording.active() is not None:
         return _in_process(path, s, allocs, rank, device, knobs, kernel)
@@ -714,3 +812,11 @@ def run_rank_checked(path: str, s, allocs, rank: int, device, knobs: Knobs = Kno
         return None
     out.slots = out.slots.to(torch.device(device))
     return out
+
+
+def _install_probe() -> None:
+    from cpsim.kernels import under_test
+    under_test.inspect_with(probe)
+
+
+_install_probe()  # from here on a kernel SPEC is imported by a worker, not by this process

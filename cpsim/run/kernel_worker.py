@@ -26,14 +26,18 @@ def pack(out: RankOutput | None) -> dict[str, Any] | None:
         return None
     return {"slots": out.slots.detach().cpu().numpy(), "enabled": list(out.enabled), "widths": list(out.widths),
             "entry_sizes": list(out.entry_sizes),
-            "guard": None if out.guard is None else out.guard.cpu().numpy()}
+            "guard": None if out.guard is None else out.guard.cpu().numpy(),
+            "written": None if out.written is None else out.written.numpy(),
+            "output_faults": out.output_faults}
 
 
 def unpack(data: dict[str, Any] | None) -> RankOutput | None:
     if data is None:
         return None
+    written = data.get("written")
     return RankOutput(torch.from_numpy(np.ascontiguousarray(data["slots"])), data["enabled"], data["widths"],
-                      data["entry_sizes"], None if data["guard"] is None else torch.from_numpy(data["guard"]))
+                      data["entry_sizes"], None if data["guard"] is None else torch.from_numpy(data["guard"]),
+                      None if written is None else torch.from_numpy(written), data.get("output_faults"))
 
 
 def _kernel(cache: dict, path: str, record: dict | None, device: str):
@@ -41,9 +45,33 @@ def _kernel(cache: dict, path: str, record: dict | None, device: str):
         return None
     key = (path, repr(sorted(record.items())), device)
     if key not in cache:
-        from cpsim.kernels.under_test import load_record
-        cache[key] = load_record(record, path, device, where=f"kernel for {path}")
+        from cpsim.kernels.under_test import inspect_here, load_record
+        cache[key] = load_record(record, path, device, where=f"kernel for {path}", inspect=inspect_here)
     return cache[key]
+
+
+def main(fd: int, parent_pid: int, authkey: str) -> None:
+    """The worker process's entry (``cpsim.run.isolation.Worker.spawn``): serve the parent over the
+    socket ``fd``. ``authkey``: the parent's, under which torch's shared tensors are handed over."""
+    import multiprocessing
+    import signal
+    from multiprocessing.connection import Connection
+    multiprocessing.current_process().authkey = bytes.fromhex(authkey)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a run is interrupted
+    serve(Connection(fd), parent_pid)
+
+
+def _probe(spec: str, path: str, shim_vllm: bool, device: str, where: str) -> tuple:
+    """Import SPEC here and send back its signature as plain data (the parent never imports it)."""
+    from cpsim.kernels.under_test import KernelImportError, inspect_here
+    try:
+        return ("sig", inspect_here(spec, path, shim_vllm, device, where).plain())
+    except ConfigError as e:
+        return ("config", e.field, e.rule)
+    except KernelImportError as e:
+        return ("unloaded", e.failure.kind, e.failure.message)
+    except Exception as e:  # noqa: BLE001  (reading the kernel's signature raised: its failure, named)
+        return ("unloaded", "raised", f"raised {type(e).__name__} while its signature was read: {e}")
 
 
 def _die_with(parent_pid: int) -> None:
@@ -57,7 +85,10 @@ def _die_with(parent_pid: int) -> None:
             try:
                 os.kill(parent_pid, 0)
             except ProcessLookupError:
-                os._exit(1)
+                try:
+                    os.killpg(0, 9)  # this process and whatever the kernel forked (its group)
+                finally:
+                    os._exit(1)
             except PermissionError:
                 pass
             time.sleep(0.5)
@@ -78,6 +109,8 @@ def serve(conn, parent_pid: int | None = None) -> None:
             return
         if msg[0] == "prepare":
             conn.send(_prepare(*msg[1:]))
+        elif msg[0] == "probe":
+            conn.send(_probe(*msg[1:]))
         elif msg[0] == "run":
             conn.send(_run(kernels, *msg[1:]))
         elif msg[0] == "load":
@@ -137,10 +170,16 @@ def _prepare(device: str, threads: int | None = None) -> tuple:
 def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, record: dict | None,
          packed: bool = True) -> tuple:
     """One rank run's reply; ``packed``: its output as plain data (else the ``RankOutput`` itself)."""
+    from cpsim.kernels.under_test import KernelImportError
     try:
         k = _kernel(kernels, path, record, device)
     except ConfigError as e:
-        return ("unloadable", f"{e.field}: {e.rule}")
+        return ("config", e.field, e.rule)
+    except KernelImportError as e:
+        return ("unloaded", e.failure.kind, e.failure.message)
+    failed = None if k is None else k.load_failure
+    if failed is not None:
+        return ("unloaded", failed.kind, failed.message)
     try:
         out = run_path(path, s, allocs, rank, device, knobs, k)
     except ConfigError as e:
@@ -148,5 +187,7 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
     except SystemExit as e:
         return ("exit", repr(e.code), _guard.launching())
     except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
-        return ("raised", type(e).__name__, str(e).splitlines()[0] if str(e) else "", _guard.launching())
+        from cpsim.kernels.under_test import where_raised
+        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
+        return ("raised", type(e).__name__, text, _guard.launching())
     return ("ok", pack(out) if packed else out, list(k.notes) if k is not None else [])

@@ -25,6 +25,9 @@ def stack(path: str, outs: list[RankOutput]) -> Gathered:
         torch.tensor([o.widths for o in outs], dtype=torch.int64),
         torch.tensor([o.entry_sizes for o in outs], dtype=torch.int64),
         torch.stack([o.guard for o in outs]) if outs and all(o.guard is not None for o in outs) else None,
+        written=torch.stack([o.written for o in outs]) if outs and all(o.written is not None for o in outs) else None,
+        output_faults=(torch.tensor([o.output_faults for o in outs], dtype=torch.int64)
+                       if outs and all(o.output_faults is not None for o in outs) else None),
     )
 
 
