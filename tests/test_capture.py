@@ -321,13 +321,14 @@ def test_capture_of_upstream_abis_replays(tmp_path, path, spec):
     """A kernel with vllm-ascend's / vLLM's argument list, wrapped as a serving process would have it."""
     from cpsim.allocator import allocate_rank
     from cpsim.paths import run_path
-    from cpsim.kernels.under_test import load as load_kernel
+    from cpsim.kernels.under_test import inspect_here, load as load_kernel
     s = validate(Scenario("abi", CPConfig(dcp=2, interleave=4),
                           (KVGroup("attn", "attention", 16, 8, num_blocks=64), KVGroup("b8", "attention", 8,
                                                                                          num_blocks=64)),
                           Limits(max_model_len=256, max_num_reqs=4, max_num_batched_tokens=64),
                           Batch((Request(3, 9), Request(40, 1), Request(0, 5)), (2, 0, 3), 20)))
-    k = load_kernel(str(ROOT / spec.split(":")[0]) + ":" + spec.split(":")[1], path)
+    # a serving process holds its kernel itself: imported here, not in a kernel worker
+    k = load_kernel(str(ROOT / spec.split(":")[0]) + ":" + spec.split(":")[1], path, inspect=inspect_here)
     with cap.capture(tmp_path / "c", kernels=()) as rec:
         k.obj = cap.wrap(k.obj, rec)
         for r in range(2):

@@ -121,11 +121,12 @@ def test_virtual_sweep_writes_json_and_junit(tmp_path):
                  "--quiet", "--json", str(js), "--junit", str(xml)])
     assert code == 0
     root = ET.parse(xml).getroot()
-    # mtp cp2 i1 runs (2 paths x 13 invariants incl. replicas-agree, replayed-is-pad + paths-agree + same-scenario);
+    # mtp cp2 i1 runs (2 paths x 15 invariants incl. replicas-agree, replayed-is-pad, inputs-intact, kernel-output
+    # + paths-agree + same-scenario);
     # i256 > B=128 is invalid;
     # cp16 i1 runs too.
     suites = {s.get("name").removeprefix("cpsim."): int(s.get("tests")) for s in root.iter("testsuite")}
-    assert suites["mtp cp2 i1 [seed 0]"] == 28 and suites["mtp cp16 i1 [seed 0]"] == 28
+    assert suites["mtp cp2 i1 [seed 0]"] == 32 and suites["mtp cp16 i1 [seed 0]"] == 32
     assert suites["mtp cp2 i256"] == 1  # skipped: invalid interleave
     import json
     data = json.loads(js.read_text())

@@ -121,8 +121,9 @@ def test_preset_shrinks_group_cp_sizes_to_an_overridden_world():
 def test_correct_mixed_mapping_passes_everything(world):
     fails, verdicts = judge(world)
     assert fails == set()
-    # nothing replays here: replayed-is-pad does not apply
-    assert {v.invariant for v in verdicts if v.status == "pass"} == set(coordinator.INVARIANTS) - {"replayed-is-pad"}
+    # nothing replays here: replayed-is-pad does not apply; no user kernel ran: neither do inputs-intact, kernel-output
+    assert {v.invariant for v in verdicts if v.status == "pass"} == (
+        set(coordinator.INVARIANTS) - {"replayed-is-pad", "inputs-intact", "kernel-output"})
 
 
 def test_replicas_disagree(world):

@@ -92,7 +92,10 @@ def _label(step: ExplicitStep) -> dict[str, Any]:
 
 
 def _kernels(args) -> dict:
-    from cpsim.kernels.under_test import load
+    """The kernels a capture or explicit batch is rerun with. Known gap (issue 27): the rerun of a
+    capture step (``cpsim.capture.rerun``) still calls a user's kernel in this process, so it is
+    imported here (``inspect_here``), not in a kernel worker as ``run`` / ``fuzz`` / ``bugs`` do."""
+    from cpsim.kernels.under_test import inspect_here, load
     if getattr(args, "kernel_v1_fused", None):
         raise ConfigError("--kernel-v1-fused", "captures and explicit batches rerun v1 and v2 kernels only")
     out = {}
@@ -104,5 +107,5 @@ def _kernels(args) -> dict:
             out[path] = "builtin"
             continue
         out[path] = load(spec, path, getattr(args, "kernel_abi", "auto") or "auto",
-                         shim_vllm=bool(getattr(args, "shim_vllm", False)))
+                         shim_vllm=bool(getattr(args, "shim_vllm", False)), inspect=inspect_here)
     return out
