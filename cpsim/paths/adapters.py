@@ -331,6 +331,17 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
 
 # ---- released vLLM MRV2 (0.29-0.33): per-group flag arrays, one launch with the world CP size ----
 
+def _mrv2_tables(s: Scenario, bt, tables, gis: list[int], T: int, device) -> dict:
+    """The batch and table-pointer arguments every MRV2 signature shares (the groups ``gis``)."""
+    return dict(
+        max_num_tokens=T, idx_mapping=_i32(s.batch.rows_v2(), device),
+        query_start_loc=bt.query_start_loc.clamp(max=T), pos=bt.positions,
+        block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
+                                      device=device),
+        block_table_strides=_i64((tables[i].stride(0) for i in gis), device),
+    )
+
+
 def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     """As vLLM's ``BlockTables.compute_slot_mappings``: one launch over every group, grid
     (num_groups, num_reqs + 1), ``CP_SIZE`` = the world CP size for every group, per-group
@@ -364,11 +375,7 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> Rank
     if gis:
         buf = _guard.buffer(gis, T, torch.int64, device)
         args = dict(
-            max_num_tokens=T, idx_mapping=_i32(s.batch.rows_v2(), device),
-            query_start_loc=bt.query_start_loc.clamp(max=T), pos=bt.positions,
-            block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
-                                          device=device),
-            block_table_strides=_i64((tables[i].stride(0) for i in gis), device),
+            **_mrv2_tables(s, bt, tables, gis, T, device),
             block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
                               for i in gis) if kernel_blocks else (entry[i] for i in gis), device),
             slot_mapping_enabled=torch.tensor([s.groups[i].slot_mapped for i in gis], dtype=torch.bool,
@@ -409,11 +416,7 @@ def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput
         buf = _guard.buffer(gis, T, torch.int64, device)
         nb = nb_all[gis].contiguous()
         args = dict(
-            max_num_tokens=T, idx_mapping=_i32(s.batch.rows_v2(), device),
-            query_start_loc=bt.query_start_loc.clamp(max=T), pos=bt.positions,
-            block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
-                                          device=device),
-            block_table_strides=_i64((tables[i].stride(0) for i in gis), device),
+            **_mrv2_tables(s, bt, tables, gis, T, device),
             num_blocks_ptr=nb, num_blocks_stride=nb.stride(0),
             block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
                               for i in gis), device),
