@@ -367,7 +367,8 @@ def padding(ctx, path, g, full: np.ndarray) -> list[Violation]:
         ranks = _rows(bad)
         r = ranks[0]
         out.append(Violation("padding", path, g.name, int(bad.sum()),
-                             f"{int(bad.sum())} entr(ies) of is_padding tokens are not PAD", ranks,
+                             f"{int(bad.sum())} entr(ies) of padding tokens (is_padding, a dummy request's, a negative "
+                             f"position) are not PAD", ranks,
                              _examples(ctx, idx[bad[r]], full[r], "PAD (is_padding)", r)))
     head = full[:, : ctx.n] == MISSING
     if head.any():
