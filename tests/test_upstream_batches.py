@@ -324,3 +324,19 @@ def test_old_capture_without_live_counts_reads_a_trailing_0_as_no_block(tmp_path
     assert step.ranks[0].num_blocks is None
     _, _, verdicts = explicit.check(step)
     assert "matches-reference" in {v.invariant for v in verdicts if v.status == "fail"}
+
+
+def test_example_replays_clean_given_and_through_the_builtin_rerun(tmp_path):
+    """docs/examples/explicit-replay-dummy.json: a replaying request next to a dummy request with 2 tokens.
+    Without its slots, cpsim's v2 kernel reruns on the inputs and must PAD the dummy's tokens too."""
+    from cpsim import cli, kernels
+    kernels.use_interpreter()
+    example = ROOT / "docs" / "examples" / "explicit-replay-dummy.json"
+    assert cli.main(["replay", str(example), "--quiet"]) == 0
+    doc = json.loads(example.read_text())
+    doc["arrays"].pop("r0/slots")
+    (tmp_path / "inputs.json").write_text(json.dumps(doc))
+    assert cli.main(["replay", str(tmp_path / "inputs.json"), "--quiet"]) == 0
+    doc["arrays"]["r0/slots"] = [[P, P, P, P, 12, 13, 0, 1], [24, 25, 26, 27, 28, 29, P, P]]
+    (tmp_path / "bad.json").write_text(json.dumps(doc))  # the dummy's tokens given slots of block 0
+    assert cli.main(["replay", str(tmp_path / "bad.json"), "--quiet"]) == 1
