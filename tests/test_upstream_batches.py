@@ -340,3 +340,43 @@ def test_example_replays_clean_given_and_through_the_builtin_rerun(tmp_path):
     doc["arrays"]["r0/slots"] = [[P, P, P, P, 12, 13, 0, 1], [24, 25, 26, 27, 28, 29, P, P]]
     (tmp_path / "bad.json").write_text(json.dumps(doc))  # the dummy's tokens given slots of block 0
     assert cli.main(["replay", str(tmp_path / "bad.json"), "--quiet"]) == 1
+
+
+def _capture_cpsim_mrv2(tmp_path):
+    """cpsim-mrv2 launches (kernel-block tables, num_blocks_ptr) captured on both ranks of DCP 2; the
+    v2 path fills rows no request uses with a guard id, which only the live counts say are unread."""
+    from cpsim import capture as cap
+    from cpsim import kernels
+    from cpsim.allocator import allocate_rank
+    from cpsim.capture import load
+    from cpsim.kernels.under_test import inspect_here, load as load_kernel
+    from cpsim.paths import Knobs, run_path
+    from cpsim.scenario import Batch, CPConfig, KVGroup, Limits, Request, Scenario, validate
+    kernels.use_interpreter()
+    s = validate(Scenario("mrv2cap", CPConfig(dcp=2, interleave=1),
+                          (KVGroup("attn", "attention", 16, 8, num_blocks=64),
+                           KVGroup("rep", "attention", 16, num_blocks=64, cp_size=1)),
+                          Limits(max_model_len=256, max_num_reqs=4, max_num_batched_tokens=64),
+                          Batch((Request(3, 9), Request(40, 1), Request(0, 5)), (2, 0, 3), 20)))
+    k = load_kernel(f"{ROOT}/tests/kernels/vllm_mrv2_abi.py:_compute_slot_mappings_kernel", "v2",
+                    inspect=inspect_here)
+    with cap.capture(tmp_path / "c", kernels=()) as rec:
+        k.obj = cap.wrap(k.obj, rec)
+        for r in range(2):
+            with rec.step(0, rank=r):
+                run_path("v2", s, allocate_rank(s, r), r, "cpu", Knobs(), k)
+    return load
+
+
+def test_cpsim_mrv2_capture_replays_with_its_num_blocks(tmp_path):
+    load = _capture_cpsim_mrv2(tmp_path)
+    step = next(load.steps(tmp_path / "c"))
+    assert step.ranks[0].num_blocks[0].tolist()[1] == 0  # row 1: no request, guard ids never read
+    _, _, verdicts = explicit.check(step)
+    assert not [v for v in verdicts if v.status == "fail"]
+    # a live entry that breaks its kernel-block run is still refused
+    rb = step.ranks[0]
+    row = int(rb.idx_mapping[0])
+    rb.tables[0][row, 1] += 2
+    with pytest.raises(ConfigError, match="kernel-block ids must come in runs"):
+        xb.validate(step)

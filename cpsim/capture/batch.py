@@ -138,23 +138,27 @@ def validate(step: ExplicitStep) -> ExplicitStep:
                 raise ConfigError(tw, f"idx_mapping names row {int(used.max())} but the table has {t.shape[0]} rows")
             bpk = g.block_size // e
             limit = g.num_blocks * bpk
-            if t.size and (int(t.min()) < 0 or int(t.max()) >= limit):
-                bad = int(t.max()) if int(t.max()) >= limit else int(t.min())
-                raise ConfigError(tw, f"id {bad} out of range [0, {limit}) ({g.num_blocks} blocks"
-                                      f"{f' x {bpk} kernel blocks' if bpk > 1 else ''})")
             live = rb.live(gi)
             if live is not None and (live.shape != (t.shape[0],) or (live < 0).any() or (live > t.shape[1]).any()):
                 raise ConfigError(f"{where}.g{gi}({g.name}).num_blocks",
                                   f"must give each of the {t.shape[0]} rows a count in [0, width {t.shape[1]}], got "
                                   f"{live.tolist()[:8] if live.ndim == 1 else live.shape}")
+            # entries past a row's live count are never read (stale ids, guards): only the live ones are checked
+            read = np.ones(t.shape, dtype=bool) if live is None else np.arange(t.shape[1]) < live[:, None]
+            ids = t[read]
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+                bad = int(ids.max()) if int(ids.max()) >= limit else int(ids.min())
+                raise ConfigError(tw, f"id {bad} out of range [0, {limit}) ({g.num_blocks} blocks"
+                                      f"{f' x {bpk} kernel blocks' if bpk > 1 else ''})")
             if bpk > 1 and t.shape[1] % bpk:
                 raise ConfigError(tw, f"width {t.shape[1]} is not a multiple of {bpk} kernel blocks per block")
             if bpk > 1 and t.size:
                 v = t.reshape(t.shape[0], -1, bpk)
-                ok = (v == v[:, :, :1] + np.arange(bpk)) | (v[:, :, :1] == 0)
+                unread = ~read.reshape(t.shape[0], -1, bpk)
+                ok = (v == v[:, :, :1] + np.arange(bpk)) | (v[:, :, :1] == 0) | unread
                 if not ok.all():
                     raise ConfigError(tw, f"kernel-block ids must come in runs q*{bpk} .. q*{bpk}+{bpk - 1}")
-                if (v[:, :, 0] % bpk).any():
+                if (v[:, :, 0][~unread[:, :, 0]] % bpk).any():
                     raise ConfigError(tw, f"a run of kernel-block ids must start at a multiple of {bpk}")
         if rb.slots is not None and (rb.slots.ndim != 2 or rb.slots.shape[0] != G):
             raise ConfigError(f"{where}.slots", f"must be [groups = {G}, entries], got shape {rb.slots.shape}")
