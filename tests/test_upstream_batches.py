@@ -380,3 +380,16 @@ def test_cpsim_mrv2_capture_replays_with_its_num_blocks(tmp_path):
     rb.tables[0][row, 1] += 2
     with pytest.raises(ConfigError, match="kernel-block ids must come in runs"):
         xb.validate(step)
+
+
+def test_shrink_keeps_replay_starts_and_live_counts(tmp_path):
+    """Shrinking the replay twin keeps each kept request's replay_start and its rows' live counts."""
+    from cpsim.capture import shrink
+    bad = _twin(replay(), **{"r0/slots": [[8, 9, 10, 11, 12, 13, P, P], [24, 25, 26, 27, 28, 29, P, P]]})
+    small, outcome = shrink.shrink(_load(bad, tmp_path), target="replayed-is-pad")
+    rb = small.ranks[0]
+    assert rb.num_scheduled < 6 and rb.replay_start.tolist() == [4] and rb.num_blocks is not None
+    assert "replayed-is-pad" in outcome.invariants()
+    with pytest.raises(ConfigError, match="cannot be shrunk yet"):
+        shrink.shrink(_load(_twin(compressed_group(), **{"r0/slots": [[4, P, 5, P, 6, P, 7, P],
+                                                                        [20, P, 21, P, 22, P, 23, P]]}), tmp_path))
