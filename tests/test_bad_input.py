@@ -385,8 +385,17 @@ ROWS = [
         explicit(_set("arrays.positions", [True, 2, 7, 0, 3, 6, 1, 4]))),
     Row("explicit-positions-float", REPLAY, "explicit.arrays.positions[2]: must be a valid integer, got 7.5",
         explicit(_set("arrays.positions", [5, 2, 7.5, 0, 3, 6, 1, 4]))),
-    Row("explicit-positions-negative", REPLAY, "ranks[0].positions: scheduled positions must lie in [0, 16777216], "
-        "got -5", explicit(_set("arrays.positions", [5, 2, -5, 0, 3, 6, 1, 4]))),
+    Row("explicit-positions-negative", REPLAY, "ranks[0].positions: position -5 is negative, but group attn "
+        "(attention) reads the step's positions", explicit(_set("arrays.positions", [5, 2, -5, 0, 3, 6, 1, 4]))),
+    Row("explicit-positions-too-small", REPLAY, "ranks[0].positions: positions must lie in [-16777216, 16777216]",
+        explicit(_set("arrays.positions", [5, 2, -2**25, 0, 3, 6, 1, 4]))),
+    Row("explicit-group-positions-2d", REPLAY, "explicit.arrays.g0/positions[0]: must be a valid integer, got a list",
+        explicit(_set("arrays.g0/positions", [[0, 1]]))),
+    Row("explicit-group-req-indices-out-of-range", REPLAY, "ranks[0].g0(attn).req_indices: must give each of the "
+        "2 tokens a request in [0, num_reqs = 1)", explicit(lambda d: d["arrays"].update(
+            {"g0/positions": [0, 1], "g0/req_indices": [0, 3]}))),
+    Row("explicit-replay-start-without-window", REPLAY, "ranks[0].replay_start: a replay start needs a replay "
+        "window", explicit(_set("arrays.replay_start", [3]))),
     Row("explicit-slot-beyond-int64", REPLAY, "explicit.arrays.r0/slots[0][1]: must be less than or equal to",
         explicit(lambda d: d["arrays"]["r0/slots"][0].__setitem__(1, 2**64))),
     Row("explicit-table-ragged", REPLAY, "explicit.arrays.r0/g0/table: rows must have one length",

@@ -18,6 +18,9 @@ On disk (``.npz``-compatible zip, see :mod:`cpsim.capture.archive`)::
                                below it are blocks, id 0 included; absent: up to the row's last non-zero id
     r{R}/slots.npy             [groups, entries]; absent: no outputs given (a kernel must run)
     [r{R}/]is_padding.npy      optional bool [scheduled tokens]: tokens that must get PAD (rejected drafts)
+    [r{R}/]replay_start.npy    optional int [num_reqs]: prefix-cache replay start of each request (0 = none)
+    [r{R}/]g{G}/positions.npy  optional int: group G's own tokens (an indexer / compressed group), its slot
+    [r{R}/]g{G}/req_indices.npy  row indexed by them; req_indices = the request of each (default: the step's)
 
 The same content may be written as one JSON file with the arrays inline
 (``"arrays": {name: list}``): handy for small hand-written examples.
@@ -103,10 +106,7 @@ def validate(step: ExplicitStep) -> ExplicitStep:
         if rb.positions.ndim != 1 or len(rb.positions) < n:
             raise ConfigError(f"{where}.positions", f"needs at least query_start_loc[-1] = {n} entries, "
                                                      f"got {rb.positions.shape}")
-        if n and (int(rb.positions[:n].min()) < 0 or int(rb.positions[:n].max()) > schema.MAX_TOKENS):
-            bad = int(rb.positions[:n].min()) if int(rb.positions[:n].min()) < 0 else int(rb.positions[:n].max())
-            raise ConfigError(f"{where}.positions", f"scheduled positions must lie in [0, {schema.MAX_TOKENS}], "
-                                                     f"got {bad}")
+        _check_positions(f"{where}.positions", rb.positions[:n])
         if not n <= rb.num_tokens_padded <= len(rb.positions):
             raise ConfigError(f"{where}.num_tokens_padded", f"{rb.num_tokens_padded} must lie in "
                                                              f"[{n}, {len(rb.positions)}] (scheduled, positions)")
@@ -116,13 +116,17 @@ def validate(step: ExplicitStep) -> ExplicitStep:
         dummy = rb.idx_mapping < 0
         if (rb.idx_mapping < -1).any():
             raise ConfigError(f"{where}.idx_mapping", "entries are table rows or -1 (dummy request)")
-        if (np.diff(qsl)[dummy] != 0).any():
-            raise ConfigError(f"{where}.idx_mapping", "a dummy request (-1) must schedule no tokens")
+        if step.path == "v1" and (np.diff(qsl)[dummy] != 0).any():
+            raise ConfigError(f"{where}.idx_mapping", "a dummy request (-1) with tokens is MRV2's (path v2: its "
+                                                       "tokens get PAD); on v1 it must schedule no tokens")
         if rb.is_padding is not None and rb.is_padding.shape != (n,):
             raise ConfigError(f"{where}.is_padding", f"must flag each of the {n} scheduled tokens, "
                                                       f"got shape {rb.is_padding.shape}")
         if len(rb.tables) != G:
             raise ConfigError(f"{where}.tables", f"{G} group(s) declared, {len(rb.tables)} table(s) given")
+        _check_group_tokens(step, r, rb)
+        _check_negative(step, r, rb)
+        _check_replay(step, r, rb)
         for gi, (g, e, t) in enumerate(zip(step.groups, step.entry_sizes, rb.tables)):
             if t is None:
                 continue
@@ -134,27 +138,121 @@ def validate(step: ExplicitStep) -> ExplicitStep:
                 raise ConfigError(tw, f"idx_mapping names row {int(used.max())} but the table has {t.shape[0]} rows")
             bpk = g.block_size // e
             limit = g.num_blocks * bpk
-            if t.size and (int(t.min()) < 0 or int(t.max()) >= limit):
-                bad = int(t.max()) if int(t.max()) >= limit else int(t.min())
-                raise ConfigError(tw, f"id {bad} out of range [0, {limit}) ({g.num_blocks} blocks"
-                                      f"{f' x {bpk} kernel blocks' if bpk > 1 else ''})")
             live = rb.live(gi)
             if live is not None and (live.shape != (t.shape[0],) or (live < 0).any() or (live > t.shape[1]).any()):
                 raise ConfigError(f"{where}.g{gi}({g.name}).num_blocks",
                                   f"must give each of the {t.shape[0]} rows a count in [0, width {t.shape[1]}], got "
                                   f"{live.tolist()[:8] if live.ndim == 1 else live.shape}")
+            # entries past a row's live count are never read (stale ids, guards): only the live ones are checked
+            read = np.ones(t.shape, dtype=bool) if live is None else np.arange(t.shape[1]) < live[:, None]
+            ids = t[read]
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+                bad = int(ids.max()) if int(ids.max()) >= limit else int(ids.min())
+                raise ConfigError(tw, f"id {bad} out of range [0, {limit}) ({g.num_blocks} blocks"
+                                      f"{f' x {bpk} kernel blocks' if bpk > 1 else ''})")
             if bpk > 1 and t.shape[1] % bpk:
                 raise ConfigError(tw, f"width {t.shape[1]} is not a multiple of {bpk} kernel blocks per block")
             if bpk > 1 and t.size:
                 v = t.reshape(t.shape[0], -1, bpk)
-                ok = (v == v[:, :, :1] + np.arange(bpk)) | (v[:, :, :1] == 0)
+                unread = ~read.reshape(t.shape[0], -1, bpk)
+                ok = (v == v[:, :, :1] + np.arange(bpk)) | (v[:, :, :1] == 0) | unread
                 if not ok.all():
                     raise ConfigError(tw, f"kernel-block ids must come in runs q*{bpk} .. q*{bpk}+{bpk - 1}")
-                if (v[:, :, 0] % bpk).any():
+                if (v[:, :, 0][~unread[:, :, 0]] % bpk).any():
                     raise ConfigError(tw, f"a run of kernel-block ids must start at a multiple of {bpk}")
         if rb.slots is not None and (rb.slots.ndim != 2 or rb.slots.shape[0] != G):
             raise ConfigError(f"{where}.slots", f"must be [groups = {G}, entries], got shape {rb.slots.shape}")
     return step
+
+
+def _check_positions(field: str, pos: np.ndarray) -> None:
+    if pos.size and (int(pos.min()) < -schema.MAX_TOKENS or int(pos.max()) > schema.MAX_TOKENS):
+        bad = int(pos.min()) if int(pos.min()) < -schema.MAX_TOKENS else int(pos.max())
+        raise ConfigError(field, f"positions must lie in [-{schema.MAX_TOKENS}, {schema.MAX_TOKENS}] (negative: "
+                                 f"the token writes nothing), got {bad}")
+
+
+def _check_group_tokens(step: ExplicitStep, r: int, rb: RankBatch) -> None:
+    """A group's own tokens: positions, the request of each (defaults to the step's when the counts agree)."""
+    for gi, g in enumerate(step.groups):
+        pos = None if rb.group_positions is None else rb.group_positions[gi]
+        req = None if rb.group_requests is None else rb.group_requests[gi]
+        f = f"ranks[{r}].g{gi}({g.name})"
+        if pos is None:
+            if req is not None:
+                raise ConfigError(f"{f}.req_indices", "a group's request of each token needs the group's own "
+                                                      "positions (g<G>/positions)")
+            continue
+        if rb.is_padding is not None:
+            raise ConfigError(f"{f}.positions", "is_padding flags the step's tokens; a group with its own "
+                                                "positions cannot be combined with it")
+        if pos.ndim != 1:
+            raise ConfigError(f"{f}.positions", f"must be 1-D, got shape {pos.shape}")
+        _check_positions(f"{f}.positions", pos)
+        if req is None and pos.size != rb.num_scheduled:
+            raise ConfigError(f"{f}.req_indices", f"the group gives {pos.size} positions for the step's "
+                                                  f"{rb.num_scheduled} tokens: give the request of each "
+                                                  f"(g<G>/req_indices)")
+        if req is not None and (req.shape != pos.shape or (req.size and (req.min() < 0 or req.max() >= rb.num_reqs))):
+            raise ConfigError(f"{f}.req_indices", f"must give each of the {pos.size} tokens a request in "
+                                                  f"[0, num_reqs = {rb.num_reqs}), got "
+                                                  f"{req.tolist()[:8] if req.ndim == 1 else req.shape}")
+        if rb.slots is not None and pos.size > rb.slots.shape[1]:
+            raise ConfigError(f"{f}.positions", f"{pos.size} tokens do not fit the slot buffer of "
+                                                f"{rb.slots.shape[1]} entries")
+
+
+def _check_negative(step: ExplicitStep, r: int, rb: RankBatch) -> None:
+    """A negative step-wide position is PAD in a ring and in a group with its own positions (an indexer /
+    compressed group). No released runner hands a plain attention group one and no released kernel guards
+    it (vLLM 0.33.0 and vllm-ascend 0.23.0.post1 read the table before the row), so there it is refused."""
+    pos = rb.positions[: rb.num_scheduled]
+    if not (pos < 0).any():
+        return
+    for gi, g in enumerate(step.groups):
+        if rb.tables[gi] is None or not g.slot_mapped or g.circular or rb.own_tokens(gi) is not None:
+            continue
+        raise ConfigError(f"ranks[{r}].positions", f"position {int(pos.min())} is negative, but group {g.name} "
+                                                   f"(attention) reads the step's positions: a negative position is "
+                                                   f"PAD only in a sliding-window ring or a group given its own "
+                                                   f"positions (g{gi}/positions); released kernels do not guard "
+                                                   f"one in an attention group")
+
+
+def _check_replay(step: ExplicitStep, r: int, rb: RankBatch) -> None:
+    """The scenario's replay rules (SPEC §2.5) on given positions: a window, the chunk starts inside it."""
+    f = f"ranks[{r}].replay_start"
+    starts = rb.replay_start
+    for gi, g in enumerate(step.groups):
+        gf = f"groups[{gi}]({g.name}).prefix_replay_tokens"
+        if g.prefix_replay_tokens and not g.slot_mapped:
+            raise ConfigError(gf, f"a {g.kind} group has no slot mapping to rebuild; a replay window needs one")
+        if g.prefix_replay_tokens and g.prefix_cacheable:
+            raise ConfigError(gf, "a group that asks for a replay window leaves prefix caching: set "
+                                  "prefix_cacheable false")
+    if starts is None:
+        return
+    if starts.shape != (rb.num_reqs,):
+        raise ConfigError(f, f"must give each of the {rb.num_reqs} requests a start, got shape {starts.shape}")
+    if (starts < 0).any() or (starts > schema.MAX_TOKENS).any():
+        raise ConfigError(f, f"starts must lie in [0, {schema.MAX_TOKENS}] (0 = no replay), got {starts.tolist()[:8]}")
+    if not starts.any():
+        return
+    w = max(g.prefix_replay_tokens for g in step.groups)
+    if not w:
+        raise ConfigError(f, "a replay start needs a replay window: no group declares prefix_replay_tokens")
+    qsl, pos = rb.query_start_loc, rb.positions
+    for i in np.nonzero(starts)[0].tolist():
+        st, chunk = int(starts[i]), pos[int(qsl[i]): int(qsl[i + 1])]
+        if rb.idx_mapping[i] < 0:
+            raise ConfigError(f"{f}[{i}]", "a dummy request (-1) has nothing to replay")
+        if chunk.size and not st <= int(chunk.min()) < st + w:
+            raise ConfigError(f"{f}[{i}]", f"the scheduled chunk must start inside the replayed range [{st}, "
+                                           f"{st + w}) (replay_start + window {w}), but its first position is "
+                                           f"{int(chunk.min())}")
+        if rb.is_padding is not None and rb.is_padding[int(qsl[i]): int(qsl[i + 1])].any():
+            raise ConfigError(f"{f}[{i}]", "a request that replays is a prefill; is_padding flags belong to "
+                                           "spec-decode steps")
 
 
 # ---- files --------------------------------------------------------------------
@@ -171,14 +269,18 @@ def _meta(step: ExplicitStep) -> dict[str, Any]:
 
 def _arrays(step: ExplicitStep) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
-    for name in ("positions", "query_start_loc", "idx_mapping", "is_padding"):
-        values = [getattr(r, name) for r in step.ranks]
+    def shared(name: str, values: list) -> None:
         if any(v is None for v in values):
-            continue
+            return
         if all(v.shape == values[0].shape and np.array_equal(v, values[0]) for v in values):
             out[name] = values[0]
         else:
             out.update({f"r{i}/{name}": v for i, v in enumerate(values)})
+    for name in ("positions", "query_start_loc", "idx_mapping", "is_padding", "replay_start"):
+        shared(name, [getattr(r, name) for r in step.ranks])
+    for gi in range(len(step.groups)):
+        for name, attr in (("positions", "group_positions"), ("req_indices", "group_requests")):
+            shared(f"g{gi}/{name}", [None if getattr(r, attr) is None else getattr(r, attr)[gi] for r in step.ranks])
     for i, r in enumerate(step.ranks):
         for gi, t in enumerate(r.tables):
             if t is not None:
@@ -206,8 +308,11 @@ def save(step: ExplicitStep, path: str | Path) -> Path:
 
 # ---- reading: every key and value checked (cpsim.schema), one line naming the field ------------
 
-_SHARED = ("positions", "query_start_loc", "idx_mapping", "is_padding")
-_ARRAY_NAME = re.compile(r"^r(\d+)/(?:(positions|query_start_loc|idx_mapping|is_padding|slots)|g(\d+)/(?:table|num_blocks))$")
+_SHARED = ("positions", "query_start_loc", "idx_mapping", "is_padding", "replay_start")
+_GROUP_SHARED = ("positions", "req_indices")  # g<G>/name: shared by every rank, or r<R>/g<G>/name
+_ARRAY_NAME = re.compile(r"^r(\d+)/(?:(positions|query_start_loc|idx_mapping|is_padding|replay_start|slots)|"
+                         r"g(\d+)/(?:table|num_blocks|positions|req_indices))$")
+_GROUP_NAME = re.compile(r"^g(\d+)/(?:positions|req_indices)$")
 
 
 def _check_names(names: list[str], world: int, groups: int, field_name: str, source: str) -> None:
@@ -215,6 +320,12 @@ def _check_names(names: list[str], world: int, groups: int, field_name: str, sou
     for name in names:
         if name in _SHARED:
             continue
+        gm = _GROUP_NAME.match(name)
+        if gm and int(gm.group(1)) < groups:
+            continue
+        if gm:
+            raise ConfigError(field_name, f"array {name!r} names group {gm.group(1)} but {groups} group(s) are "
+                                          f"declared (in {source})")
         m = _ARRAY_NAME.match(name)
         if m and int(m.group(1)) < world and (m.group(3) is None or int(m.group(3)) < groups):
             continue
@@ -223,10 +334,13 @@ def _check_names(names: list[str], world: int, groups: int, field_name: str, sou
                     f"group {m.group(3)} but {groups} group(s) are declared")
             raise ConfigError(field_name, f"array {name!r} names {what} (in {source})")
         known = list(_SHARED) + [f"r{r}/{n}" for r in range(min(world, 64)) for n in _SHARED + ("slots",)] + \
-            [f"r{r}/g{g}/{n}" for r in range(min(world, 64)) for g in range(groups) for n in ("table", "num_blocks")]
+            [f"r{r}/g{g}/{n}" for r in range(min(world, 64)) for g in range(groups)
+             for n in ("table", "num_blocks") + _GROUP_SHARED] + \
+            [f"g{g}/{n}" for g in range(groups) for n in _GROUP_SHARED]
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
         hint = (f"did you mean {close[0]!r}?" if close else
-                f"arrays are {', '.join(_SHARED)} (shared, or r<R>/<name> per rank), r<R>/slots, r<R>/g<G>/table")
+                f"arrays are {', '.join(_SHARED)} (shared, or r<R>/<name> per rank), r<R>/slots, r<R>/g<G>/table, "
+                f"r<R>/g<G>/num_blocks, g<G>/positions and g<G>/req_indices (shared, or r<R>/g<G>/...)")
         raise ConfigError(field_name, f"unknown array {name!r}; {hint} (in {source})")
 
 
@@ -339,12 +453,16 @@ def from_meta(m, src, source: str) -> ExplicitStep:
         live = [src.get(f"r{r}/g{gi}/num_blocks", 1) if src.has(f"r{r}/g{gi}/num_blocks") else None
                 for gi in range(len(groups))]
         slots = src.get(f"r{r}/slots", 2) if src.has(f"r{r}/slots") else None
+        own = {name: [arr(r, f"g{gi}/{name}", 1) if (src.has(f"r{r}/g{gi}/{name}") or src.has(f"g{gi}/{name}"))
+                      else None for gi in range(len(groups))] for name in _GROUP_SHARED}
+        starts = arr(r, "replay_start", 1) if (src.has(f"r{r}/replay_start") or src.has("replay_start")) else None
         padded = rm.num_tokens_padded if rm.num_tokens_padded is not None else (int(qsl[-1]) if len(qsl) else 0)
         pad = None
         if src.has(f"r{r}/is_padding") or src.has("is_padding"):
             pad = arr(r, "is_padding", 1, flags=True).astype(bool)
         ranks.append(RankBatch(pos, qsl, idx, padded, tables, slots, pad,
-                               live if any(x is not None for x in live) else None))
+                               live if any(x is not None for x in live) else None, starts,
+                               *(own[n] if any(x is not None for x in own[n]) else None for n in _GROUP_SHARED)))
     try:
         return validate(ExplicitStep(m.path, cp, groups, entry, limits, ranks, dict(m.label) | {"source": source}))
     except ConfigError as e:  # shapes and ids that disagree: name the file too

@@ -233,8 +233,9 @@ def _v1_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
             ts.append(c.ints("block_table_ptr", 2))
         tables.append(ts)
         padded = min(int(calls[0].scalar("num_tokens", qsl[-1])), len(pos))
+        live = [c.ints("live/g0") if c.has("live/g0") else None for c in calls]  # the host's, one per launch
         ranks.append(RankBatch(pos, qsl, np.arange(len(qsl) - 1, dtype=np.int64), max(padded, int(qsl[-1])), ts,
-                               slots))
+                               slots, num_blocks=live if any(x is not None for x in live) else None))
     groups, limits, notes = _group_limits(step_groups, tables, meta, world, ranks[0].slots.shape[1],
                                           ranks[0].num_reqs)
     label = {"step": step, "unit": name, "source": source, "file_ranks": order, "notes": notes,
@@ -283,12 +284,28 @@ def _v2_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, 
         tables.append(ts)
         padded = min(int(c.scalar("num_tokens", qsl[-1])), len(pos))
         pad = c.ints("is_padding").astype(bool)[: int(qsl[-1])] if c.has("is_padding") else None
-        ranks.append(RankBatch(pos, qsl, idx, max(padded, int(qsl[-1])), ts, out, pad))
+        ranks.append(RankBatch(pos, qsl, idx, max(padded, int(qsl[-1])), ts, out, pad, _v2_live(c, ts)))
     groups, limits, notes = _group_limits(step_groups, tables, meta, world, T, ranks[0].num_reqs)
     label = {"step": step, "unit": name, "source": source, "file_ranks": order, "notes": notes,
              "kernels": sorted({c.meta.get("kernel") for c in calls.values()}), "name": f"step {step} {name}"}
     return validate(ExplicitStep("v2", CPConfig(dcp=world, interleave=interleave), groups,
                                  tuple(g["entry"] for g in step_groups), limits, ranks, label))
+
+
+def _v2_live(c: Call, tables: list[np.ndarray]) -> list[np.ndarray | None] | None:
+    """Each group's live entries per table row: the host's (``Recorder.live_blocks``), else the launch's own
+    ``num_blocks_ptr`` ([groups, rows], cpsim-mrv2), else None (read off the rows, as older captures)."""
+    G = len(tables)
+    if any(c.has(f"live/g{g}") for g in range(G)):
+        return [c.ints(f"live/g{g}") if c.has(f"live/g{g}") else None for g in range(G)]
+    if not c.has("num_blocks_ptr"):
+        return None
+    nb = c.ints("num_blocks_ptr", None)
+    nb = nb.reshape(G, -1) if nb.ndim == 1 and nb.size % max(G, 1) == 0 else nb
+    if nb.ndim != 2 or nb.shape[0] < G or any(nb.shape[1] < t.shape[0] for t in tables):
+        raise ConfigError("capture.arrays.num_blocks_ptr", f"shape {nb.shape} does not give each of {G} groups "
+                                                           f"a count per table row")
+    return [nb[g, : t.shape[0]] for g, t in enumerate(tables)]
 
 
 def to_step(cap: Capture, step: int, name: str, per_rank: dict[int, list[Call]], source: str) -> ExplicitStep:

@@ -162,6 +162,15 @@ class Recorder:
         self._scope: tuple[int, int | None] | None = None     # (step, rank) of an explicit step scope
         self._auto: dict[int, tuple[int, set, int]] = {}        # rank -> (step, outputs seen, calls)
         self._calls: dict[tuple[int, int], int] = {}            # (rank, step) -> calls so far
+        self._live: dict[int, list[np.ndarray]] = {}            # rank -> the host's live counts for its next launches
+
+    def live_blocks(self, *per_group) -> None:
+        """The host's live entries of each table row (vLLM's ``num_blocks``), recorded with the launches
+        that follow on this rank until the next call (``live_blocks()`` clears them). v1: before each
+        group's launch, that group's counts; a multi-group (v2) launch: one array per group of the launch.
+        Replay then knows an id 0 below the count is block 0; without them it reads the count off the row
+        (up to the last non-zero id), as captures did before."""
+        self._live[self.rank()] = [np.asarray(x, dtype=np.int64).reshape(-1) for x in per_group]
 
     # ---- steps -------------------------------------------------------------
     @contextmanager
@@ -309,6 +318,7 @@ class CapturedKernel:
                 g = grid(bound) if callable(grid) else grid
                 g = tuple(int(x) for x in (g if isinstance(g, (tuple, list)) else (g,)))
                 meta, arrays = self._collect(bound, g)
+                arrays |= {f"live/g{k}": a for k, a in enumerate(rec._live.get(rank, ()))}
                 meta |= {"kernel": self._name, "family": self._family, "params": self._params, "grid": list(g),
                          "step": step, "call": call, "rank": rank}
                 rec.write(rank, step, call, meta, arrays)

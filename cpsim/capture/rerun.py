@@ -109,6 +109,11 @@ def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray
     if k.abi != "builtin":
         from cpsim.paths._inputs import prepare_triton
         prepare_triton(torch.device(device))
+    own = [gi for rb in step.ranks for gi in range(len(step.groups)) if rb.own_tokens(gi) is not None]
+    if own:
+        raise ConfigError(f"--kernel-{step.path}", f"group {step.groups[own[0]].name} has its own positions "
+                                                   f"(g{own[0]}/positions): no rerun ABI launches a group on its own "
+                                                   f"tokens yet; give the slots it produced (r<R>/slots)")
     dev = torch.device(device)
     outs = []
     for r, rb in enumerate(step.ranks):
@@ -119,5 +124,22 @@ def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray
             # The runtime masks flagged tokens around a kernel that does not take the flags.
             flagged = np.nonzero(rb.is_padding)[0]
             out[:, flagged[flagged < T]] = PAD_SLOT_ID
+        _replay_pass(step, rb, out)
         outs.append(out)
     return outs
+
+
+def _replay_pass(step: ExplicitStep, rb: RankBatch, out: np.ndarray) -> None:
+    """The runtime's replay padding after the slot-mapping kernel (SPEC §3, cpsim's rule on the host): a
+    replayed position is PAD in every prefix-cacheable group. The kernel rerun is the slot-mapping one."""
+    if rb.replay_start is None or not rb.replay_start.any():
+        return
+    w = max(g.prefix_replay_tokens for g in step.groups)
+    n = min(rb.num_scheduled, out.shape[1])
+    start = rb.replay_start[rb.token_requests()][:n]
+    pos = rb.positions[:n]
+    replayed = (start > 0) & (pos >= start) & (pos < start + w)
+    for gi, g in enumerate(step.groups):
+        if g.pads_replay:
+            out[gi, :n][replayed] = PAD_SLOT_ID
+

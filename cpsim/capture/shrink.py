@@ -38,7 +38,9 @@ def subset(step: ExplicitStep, keep: np.ndarray, groups: list[int], tail: int) -
             slots = np.concatenate([s[:, keep[keep < s.shape[1]]], s[:, n: n + tail]], axis=1)
         ranks.append(RankBatch(pos, qsl, rb.idx_mapping[live], len(keep) + pad_tail,
                                [rb.tables[g] for g in groups], slots,
-                               None if rb.num_blocks is None else [rb.num_blocks[g] for g in groups]))
+                               None if rb.is_padding is None else rb.is_padding[keep],
+                               None if rb.num_blocks is None else [rb.num_blocks[g] for g in groups],
+                               None if rb.replay_start is None else rb.replay_start[live]))
     limits = step.limits
     entries = len(keep) + tail
     if limits.slot_buffer_size != entries:
@@ -55,7 +57,9 @@ def compact_tables(step: ExplicitStep) -> ExplicitStep:
         remap = {old: new for new, old in enumerate(used)}
         idx = np.array([remap.get(int(i), -1) for i in rb.idx_mapping], dtype=np.int64)
         tables = [None if t is None else t[used] if used else t[:1] for t in rb.tables]
-        ranks.append(dataclasses.replace(rb, idx_mapping=idx, tables=tables))
+        live = None if rb.num_blocks is None else [  # live counts are per table row: they follow the rows
+            None if nb is None else nb[used] if used else nb[:1] for nb in rb.num_blocks]
+        ranks.append(dataclasses.replace(rb, idx_mapping=idx, tables=tables, num_blocks=live))
     return dataclasses.replace(step, ranks=ranks)
 
 
@@ -69,6 +73,9 @@ def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None =
     from cpsim.errors import ConfigError
 
     rb0 = step.ranks[0]
+    if any(rb.own_tokens(gi) is not None for rb in step.ranks for gi in range(len(step.groups))):
+        raise ConfigError("--shrink", "a step whose groups have their own positions (g<G>/positions) cannot be "
+                                      "shrunk yet")
     n = rb0.num_scheduled
     tail_max = max((rb.slots.shape[1] - n) if rb.slots is not None else 0 for rb in step.ranks)
     state = {"keep": np.arange(n), "groups": list(range(len(step.groups))), "tail": tail_max}

@@ -27,9 +27,27 @@ class RankBatch:
     # per group: int64 [rows] live entries of each table row (vLLM's ``num_blocks``); None = read off the
     # row (entries up to its last non-zero id). Entries below it are blocks, id 0 included.
     num_blocks: list[np.ndarray | None] | None = None
+    replay_start: np.ndarray | None = None  # int64 [num_reqs]: prefix-cache replay start (0 = none); None = none
+    # per group: that group's own tokens, when its host derives them (vllm-ascend 0.23.0.post1
+    # ``positions_compressed_list`` / ``req_indices_compressed_list``): int64 positions and the request
+    # (batch index) of each token; None = the step's scheduled tokens. Group g's slot row is indexed by them.
+    group_positions: list[np.ndarray | None] | None = None
+    group_requests: list[np.ndarray | None] | None = None
 
     def live(self, gi: int) -> np.ndarray | None:
         return None if self.num_blocks is None else self.num_blocks[gi]
+
+    def own_tokens(self, gi: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(positions, request of each token) of group ``gi`` when it has its own; None: the step's."""
+        pos = None if self.group_positions is None else self.group_positions[gi]
+        if pos is None:
+            return None
+        req = None if self.group_requests is None else self.group_requests[gi]
+        return pos, req if req is not None else self.token_requests()
+
+    def token_requests(self) -> np.ndarray:
+        """int64 [scheduled]: the request (batch index) of each scheduled token."""
+        return np.repeat(np.arange(self.num_reqs, dtype=np.int64), np.diff(self.query_start_loc))
 
     @property
     def num_reqs(self) -> int:
@@ -46,6 +64,12 @@ class RankBatch:
         for a in (self.positions[: self.num_scheduled], self.query_start_loc, self.idx_mapping, pad):
             h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
             h.update(b"|")
+        # inputs added later enter only when given, so older batches keep their fingerprints
+        extra = [("replay_start", self.replay_start)] + [
+            (f"g{gi}", a) for gi in range(len(self.tables)) for a in (self.own_tokens(gi) or ())]
+        for name, a in extra:
+            if a is not None:
+                h.update(name.encode() + np.ascontiguousarray(a, dtype=np.int64).tobytes() + b"|")
         h.update(str(self.num_tokens_padded).encode())
         return h.hexdigest()[:16]
 

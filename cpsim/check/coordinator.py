@@ -9,6 +9,8 @@ replica sets that failed (to word their violations).
 
 from __future__ import annotations
 
+import copy
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -90,6 +92,26 @@ class _Ctx:
         self.pad = s.batch.padding_mask()  # is_padding tokens: PAD on every rank
         self.replayed = s.replay_mask()  # prefix-cache replay: PAD in cacheable groups
         self._want: dict[tuple[int, int], np.ndarray] = {}
+        self._views: dict[int, _Ctx] = {}
+
+    def group(self, gi: int) -> "_Ctx":
+        """The token arrays group ``gi``'s buffer is indexed by: the batch's, or the group's own where an
+        explicit batch gives them (``GivenBatch.group_tokens``: a compressed / indexer group's positions
+        and request of each token, vllm-ascend 0.23.0.post1 ``positions_compressed_list``)."""
+        own = getattr(self.s.batch, "group_tokens", None)
+        tokens = own(gi) if own is not None else None
+        if tokens is None:
+            return self
+        if gi not in self._views:
+            view = copy.copy(self)
+            view.pos, view.req, view.pad = tokens
+            view.n = int(view.pos.size)
+            starts = np.array([r.replay_start for r in self.s.batch.requests], dtype=np.int64)[view.req]
+            w = self.s.replay_window
+            view.replayed = (starts > 0) & (view.pos >= starts) & (view.pos < starts + w)
+            view._want = {}
+            self._views[gi] = view
+        return self._views[gi]
 
     def live(self, g, n: int) -> np.ndarray:
         """bool [n]: tokens group ``g`` must hold somewhere: not padding, and not replayed where the group
@@ -345,7 +367,8 @@ def padding(ctx, path, g, full: np.ndarray) -> list[Violation]:
         ranks = _rows(bad)
         r = ranks[0]
         out.append(Violation("padding", path, g.name, int(bad.sum()),
-                             f"{int(bad.sum())} entr(ies) of is_padding tokens are not PAD", ranks,
+                             f"{int(bad.sum())} entr(ies) of padding tokens (is_padding, a dummy request's, a negative "
+                             f"position) are not PAD", ranks,
                              _examples(ctx, idx[bad[r]], full[r], "PAD (is_padding)", r)))
     head = full[:, : ctx.n] == MISSING
     if head.any():
@@ -611,54 +634,55 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
         faults = getattr(G, "output_faults", None)
         faults = _np(faults) if faults is not None else None
         for gi, g in enumerate(s.groups):
+            gctx = ctx.group(gi)
             if faults is not None and g.slot_mapped:
                 applies["kernel-output"] = True
                 checked["kernel-output"] += faults.shape[0]
-                found["kernel-output"] += kernel_output(ctx, path, g, faults[:, gi])
+                found["kernel-output"] += kernel_output(gctx, path, g, faults[:, gi])
             if written is not None and (written[:, gi] >= 0).all():  # -1: a rank ran cpsim's own kernels
                 applies["inputs-intact"] = True
                 checked["inputs-intact"] += written[:, gi].size
-                found["inputs-intact"] += inputs_intact(ctx, path, g, written[:, gi])
-            found["block-sizing"] += block_sizing(ctx, path, g, widths[gi], entry_sizes[gi])
+                found["inputs-intact"] += inputs_intact(gctx, path, g, written[:, gi])
+            found["block-sizing"] += block_sizing(gctx, path, g, widths[gi], entry_sizes[gi])
             applies["block-sizing"] = True
             checked["block-sizing"] += len(widths[gi])
             if guards is not None:
                 applies["guard-intact"] = True
                 checked["guard-intact"] += guards[:, gi].size
-                found["guard-intact"] += guard_intact(ctx, path, g, guards[:, gi], entries)
+                found["guard-intact"] += guard_intact(gctx, path, g, guards[:, gi], entries)
             if not enabled_any[gi]:
                 continue
             full = slots[:, gi, :]
-            x = _tokens(ctx, full)
+            x = _tokens(gctx, full)
             applies["padding"] = applies["matches-reference"] = True
-            found["padding"] += padding(ctx, path, g, full)
-            if g.slot_mapped and ctx.replayed.any():
+            found["padding"] += padding(gctx, path, g, full)
+            if g.slot_mapped and gctx.replayed.any():
                 applies["replayed-is-pad"] = True
-                checked["replayed-is-pad"] += int(ctx.replayed.sum()) * full.shape[0]
-                found["replayed-is-pad"] += replayed_is_pad(ctx, path, g, full)
-            found["matches-reference"] += matches_reference(ctx, path, g, gi, full)
+                checked["replayed-is-pad"] += int(gctx.replayed.sum()) * full.shape[0]
+                found["replayed-is-pad"] += replayed_is_pad(gctx, path, g, full)
+            found["matches-reference"] += matches_reference(gctx, path, g, gi, full)
             checked["padding"] += full.size
             checked["matches-reference"] += full.size
             if not g.slot_mapped:
                 continue
             applies["row-bounds"] = True
             checked["row-bounds"] += full.size
-            found["row-bounds"] += row_bounds(ctx, path, g, full, entry_sizes[gi])
+            found["row-bounds"] += row_bounds(gctx, path, g, full, entry_sizes[gi])
             for name, fn in (("exactly-one-owner", exactly_one_owner), ("owner-rule", owner_rule),
                              ("no-collision", no_collision)):
                 if name == "owner-rule" and g.world(s.cp) == 1:
                     continue
                 applies[name] = True
                 checked[name] += x.size
-                found[name] += fn(ctx, path, g, x)
+                found[name] += fn(gctx, path, g, x)
             if g.world(s.cp) < full.shape[0]:
                 applies["replicas-agree"] = True
                 checked["replicas-agree"] += full.size
-                found["replicas-agree"] += replicas_agree(ctx, path, g, full)
+                found["replicas-agree"] += replicas_agree(gctx, path, g, full)
             if not g.circular:
                 applies["dense-local"] = True
                 checked["dense-local"] += x.size
-                found["dense-local"] += dense_local(ctx, path, g, x, [a[gi] for a in allocs_world])
+                found["dense-local"] += dense_local(gctx, path, g, x, [a[gi] for a in allocs_world])
         for inv in INVARIANTS:
             if inv in ("paths-agree", "same-scenario"):
                 continue

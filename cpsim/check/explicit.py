@@ -26,17 +26,31 @@ from cpsim.scenario import Batch, Request, Scenario
 
 @dataclass(frozen=True)
 class GivenBatch(Batch):
-    """A batch whose positions and token->request map are given (any order), not ``context + arange``."""
+    """A batch whose positions and token->request map are given (any order), not ``context + arange``.
+
+    Tokens that write nothing are padding here besides ``is_padding``: the tokens of a dummy request
+    (``idx_mapping == -1``: MRV2 writes PAD for them, vLLM 0.31+) and tokens at a negative position
+    (SPEC §2.4). A group may carry its own tokens (:meth:`group_tokens`)."""
 
     @classmethod
     def of(cls, rb: RankBatch) -> "GivenBatch":
         qsl = rb.query_start_loc
         pos = rb.positions[: rb.num_scheduled]
-        reqs = tuple(Request(int(pos[a:b].min()) if b > a else 0, int(b - a), "given")
-                     for a, b in zip(qsl[:-1].tolist(), qsl[1:].tolist()))
+        starts = rb.replay_start if rb.replay_start is not None else np.zeros(rb.num_reqs, dtype=np.int64)
+        reqs = tuple(Request(_first_position(pos[a:b]), int(b - a), "given", replay_start=int(st))
+                     for a, b, st in zip(qsl[:-1].tolist(), qsl[1:].tolist(), starts.tolist()))
         out = cls(reqs, tuple(int(i) for i in rb.idx_mapping), int(rb.num_tokens_padded))
+        token_req = rb.token_requests()
         object.__setattr__(out, "_given_positions", np.ascontiguousarray(pos, dtype=np.int64))
-        object.__setattr__(out, "_given_requests", np.repeat(np.arange(len(reqs), dtype=np.int64), np.diff(qsl)))
+        object.__setattr__(out, "_given_requests", token_req)
+        object.__setattr__(out, "_given_dead", _writes_nothing(pos, token_req, rb.idx_mapping))
+        own = {}
+        for gi in range(len(rb.tables)):
+            t = rb.own_tokens(gi)
+            if t is not None:
+                gp, gr = (np.ascontiguousarray(a, dtype=np.int64) for a in t)
+                own[gi] = (gp, gr, _writes_nothing(gp, gr, rb.idx_mapping))
+        object.__setattr__(out, "_group_tokens", own)
         return out
 
     def positions(self) -> np.ndarray:
@@ -44,6 +58,29 @@ class GivenBatch(Batch):
 
     def token_request(self) -> np.ndarray:
         return self._given_requests
+
+    def padding_mask(self) -> np.ndarray:
+        return super().padding_mask() | self._given_dead
+
+    @property
+    def has_padding(self) -> bool:
+        return super().has_padding or bool(self._given_dead.any())
+
+    def group_tokens(self, gi: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(positions, request of each token, writes-nothing mask) of group ``gi``'s own tokens; None: the batch's."""
+        return self._group_tokens.get(gi)
+
+
+def _first_position(pos: np.ndarray) -> int:
+    """A request's first cached position as a scenario sees it (its smallest non-negative given position)."""
+    ok = pos[pos >= 0]
+    return int(ok.min()) if ok.size else 0
+
+
+def _writes_nothing(pos: np.ndarray, req: np.ndarray, idx_mapping: np.ndarray) -> np.ndarray:
+    """bool per token: a dummy request's token or a negative position (PAD on every rank, SPEC §2.4)."""
+    dummy = idx_mapping[req] < 0 if req.size else np.zeros(0, dtype=bool)
+    return dummy | (pos < 0)
 
 
 class TableBlocks:
@@ -146,7 +183,8 @@ def _without_padding(step: ExplicitStep, runs: dict | None):
         aside.setdefault(step.path, []).append(out)
         ranks.append(RankBatch(np.concatenate([rb.positions[keep], rb.positions[n:]]),
                                np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), rb.idx_mapping,
-                               rb.num_tokens_padded - len(flagged), rb.tables, kept, num_blocks=rb.num_blocks))
+                               rb.num_tokens_padded - len(flagged), rb.tables, kept, num_blocks=rb.num_blocks,
+                               replay_start=rb.replay_start))
     new_runs = {}
     for name, per_rank in (runs or {}).items():
         moved = [move(x) for x in per_rank]

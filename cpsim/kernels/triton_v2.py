@@ -2,7 +2,8 @@
 
 One launch for all groups, grid ``(num_groups, num_reqs + 1)``. Tables are
 physical (entries of ``block_sizes[g]`` slots) and addressed by
-``idx_mapping[batch_idx]``; a dummy request (``-1``) is never dereferenced.
+``idx_mapping[batch_idx]``; a dummy request (``-1``) is never dereferenced and its
+tokens, if it schedules any, are PAD.
 Per-group device arrays say whether a group is slot-mapped at all
 (``slot_mapping_enabled``), how many CP ranks it is sharded over
 (``group_cp_sizes``: ``CP_SIZE`` or 1) and whether its table is a circular tail.
@@ -51,7 +52,8 @@ def _compute_slot_mappings_kernel(
     row = tl.load(idx_mapping + batch_idx)
     start = tl.load(query_start_loc + batch_idx)
     end = tl.load(query_start_loc + batch_idx + 1)
-    if row < 0:  # dummy request: no tokens, no table row
+    if row < 0:  # dummy request: no table row; tokens it schedules (graph padding) get PAD, as vLLM 0.31+
+        pad_tail(out_ptr, start, end, PAD_ID, TRITON_BLOCK_SIZE)
         return
     enabled = tl.load(slot_mapping_enabled + group) != 0
     sharded = tl.load(group_cp_sizes + group) > 1
