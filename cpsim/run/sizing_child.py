@@ -18,6 +18,7 @@ from pathlib import Path
 def _load(target: str):
     module_part, _, attr = target.rpartition(":")
     if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
+        sys.path.insert(1, str(Path(module_part).parent))  # its folder, as for a script: its own imports work
         spec = importlib.util.spec_from_file_location("cpsim_sizing_under_test", module_part)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
