@@ -146,3 +146,13 @@ def test_a_sizing_answer_is_what_the_path_allocates():
     assert (kn.buffer_entries(s, "v1-torch"), kn.buffer_entries(s, "v2")) == (99, 77)
     again = Knobs(**{"host_sizing": [{"host": "v1", "table_widths": [1, 2, 3, 4], "slot_buffer_len": 99}]})
     assert again.host_sizing == (sizing.HostSizing("v1", (1, 2, 3, 4), 99),)  # as a repro file reads back
+
+
+def test_builtin_vllm_sizing_is_judged_by_vllm_033_and_still_must_hold_the_batch(tmp_path, capsys):
+    """--sizing vllm-0.33 picks the vllm-0.33 profile (no draft reserve: 2048 entries suffice on default),
+    but mtp's batch writes 110 tokens into vLLM's 80-entry buffer: capacity names both numbers."""
+    rc, rep = _run(tmp_path, "default", "vllm-0.33")
+    assert rc == 0 and rep["profile"] == "vllm-0.33" and rep["host_sizing"][0]["slot_buffer_len"] == 2048
+    rc, rep = _run(tmp_path, "mtp", "vllm-0.33")
+    (v,) = [v for v in rep["verdicts"] if v["invariant"] == "capacity"]
+    assert rc == 1 and "holds 80 entries; needs 110" in v["violations"][0]["message"]
