@@ -124,6 +124,13 @@ class ScenarioModel(Strict):
 
 # ---- repro files (written by cpsim.fuzz, read by replay and draw --repro) --------------
 
+class HostSizingModel(Strict):
+    host: Literal["v1", "v2"]
+    table_widths: Annotated[list[Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]], Field(max_length=64)]
+    slot_buffer_len: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]
+    source: StrictStr = ""
+
+
 class KnobsModel(Strict):
     kernel_fault: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)] = 0
     virtual_from_kernel_block: StrictBool = False
@@ -132,6 +139,7 @@ class KnobsModel(Strict):
     buffer_size: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0
     draft_overwrite: StrictBool = False
     kernel_design: Literal[KERNEL_DESIGNS] = "per-request"
+    host_sizing: Annotated[list[HostSizingModel], Field(max_length=2)] = []
 
 
 class ReplayKernelRecordModel(Strict):

@@ -487,22 +487,27 @@ def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
                     out.append(f"{path} group {g.name} rank {r}: table width {w} > {rule} entries the "
                                f"{prof.name} rule needs ({w - rule} unused per row)")
         entries = _np(G.slots).shape[2]
-        if entries > s.limits.slot_buffer_size:
-            out.append(f"{path}: slot buffer {entries} > {s.limits.slot_buffer_size} entries (scheduled tokens "
-                       f"+ MTP drafts)")
+        need = profiles.slot_buffer_need(prof, s.limits)
+        if entries > need:
+            out.append(f"{path}: slot buffer {entries} > {need} entries (scheduled tokens"
+                       f"{' + MTP drafts' if profiles.DRAFT_RESERVE.get(prof.name, True) else ''})")
     return out
 
 
 def capacity(ctx, path, entries: int) -> list[Violation]:
+    """The slot buffer holds what the profile's host must hold (``profiles.slot_buffer_need``) and
+    every entry this batch writes (a profile without the draft reserve still cannot drop tokens)."""
     lim = ctx.s.limits
-    need = lim.slot_buffer_size
+    reserve = profiles.DRAFT_RESERVE.get(ctx.profile.name, True)
+    draft = max(lim.num_speculative_tokens - 1, 0) if reserve else 0
+    demand = max(ctx.n, ctx.s.batch.num_tokens_padded) if not reserve else ctx.n + draft * ctx.s.batch.num_reqs
+    need = max(profiles.slot_buffer_need(ctx.profile, lim), demand if not reserve else 0)
     if entries >= need:
         return []
-    draft = max(lim.num_speculative_tokens - 1, 0)
-    demand = ctx.n + draft * ctx.s.batch.num_reqs
+    rule = (f"{lim.max_num_batched_tokens} batched + {draft} draft x {lim.max_num_reqs} requests" if reserve else
+            f"max({lim.max_num_batched_tokens} batched, the {demand} this batch writes) under {ctx.profile.name}")
     return [Violation("capacity", path, "*", need - entries,
-                      f"slot buffer holds {entries} entries; needs {need} = {lim.max_num_batched_tokens} batched "
-                      f"+ {draft} draft x {lim.max_num_reqs} requests (this batch writes {demand})")]
+                      f"slot buffer holds {entries} entries; needs {need} = {rule} (this batch writes {demand})")]
 
 
 def guard_intact(ctx, path, g, guards: np.ndarray, entries: int) -> list[Violation]:

@@ -93,3 +93,20 @@ def state_entries(p: Profile, max_model_len: int, block_size: int, num_speculati
     if p.state_width == "spec":
         return 1 + max(num_speculative, 0)
     return cdiv(max_model_len, block_size)
+
+
+# Whether the host reserves MTP draft slots past max_num_batched_tokens in the slot buffer (capacity).
+# vllm-ascend 0.23.0.post1 vllm_ascend/worker/block_table.py (BlockTable: num_mtp_draft_slots =
+# (num_speculative_tokens - 1) x max_num_reqs) and cpsim: yes. vLLM 0.18-0.33 (vllm/v1/worker/block_table.py
+# BlockTable.slot_mapping, vllm/v1/worker/gpu/block_table.py BlockTables.slot_mappings): max_num_batched_tokens
+# entries; the scheduler keeps drafts inside that budget and a draft step maps at most max_num_reqs tokens.
+DRAFT_RESERVE = {"cpsim": True, "vllm-0.26": False, "vllm-0.31": False, "vllm-0.33": False,
+                 "vllm-ascend-0.23": True}
+
+
+def slot_buffer_need(p: Profile, limits) -> int:
+    """Slot-buffer entries the profile's host must hold: scheduled tokens, plus the draft reserve where it has one."""
+    if DRAFT_RESERVE.get(p.name, True):
+        return limits.slot_buffer_size
+    return limits.max_num_batched_tokens
+

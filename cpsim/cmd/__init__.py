@@ -191,14 +191,37 @@ def add_profile_arg(p: argparse.ArgumentParser) -> None:
                    help="also note tables wider and slot buffers larger than the profile's rule (waste; exit 0)")
     p.add_argument("--profile", metavar="NAME",
                    help="the runtime contract the oracle judges by (cpsim, vllm-0.26, vllm-0.31, vllm-0.33, "
-                        "vllm-ascend-0.23; default: the loaded kernel's release, builtin = cpsim; docs/SPEC.md §4)")
+                        "vllm-ascend-0.23; default: the loaded kernel's release, else the --sizing release, "
+                        "builtin = cpsim; docs/SPEC.md §4)")
+    p.add_argument("--sizing", metavar="SPEC",
+                   help="host sizing under test: table widths and slot-buffer length from a built-in release "
+                        "(cpsim, vllm-0.33, vllm-ascend-0.23) or your function, path/to/file.py:fn or "
+                        "package.module:fn (run in a child process; docs/TESTING_YOUR_KERNEL.md §Host sizing)")
 
 
 def profile_from_args(args, kernels: dict):
-    """``--profile NAME`` (exit 2 if unknown), else the one the kernels' released ABIs imply (cpsim for builtin)."""
+    """``--profile NAME`` (exit 2 if unknown), else the one the kernels' released ABIs imply, else the
+    release a built-in ``--sizing`` names (cpsim for builtin)."""
     from cpsim.check import profiles
     name = getattr(args, "profile", None)
-    return profiles.get(name) if name else profiles.for_abis([k.abi for k in kernels.values()])
+    if name:
+        return profiles.get(name)
+    implied = profiles.for_abis([k.abi for k in kernels.values()])
+    sizing = getattr(args, "sizing", None)
+    if implied.name == "cpsim" and sizing in profiles.PROFILES:
+        return profiles.PROFILES[sizing]
+    return implied
+
+
+def knobs_with_sizing(args, knobs, s, paths: list[str]):
+    """``knobs`` carrying what ``--sizing`` gives each host (unchanged without it). The user's function
+    runs in a child process (``cpsim.run.sizing``); its failure is a ``SizingFailure`` (exit 1)."""
+    spec = getattr(args, "sizing", None)
+    if not spec:
+        return knobs
+    import dataclasses
+    from cpsim.run import sizing
+    return dataclasses.replace(knobs, host_sizing=sizing.resolve(spec, s, paths))
 
 
 def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:

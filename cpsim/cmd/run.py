@@ -22,9 +22,11 @@ from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.cmd import (add_kernel_args, add_path_args, add_profile_arg, add_report_args, add_scenario_args,
-                       check_paths_apply, describe_kernels, execute_torchrun, kernels_from_args, parse_paths,
-                       profile_from_args, scenario_from_args, subjects_for, torchrun_world)
+                       check_paths_apply, describe_kernels, execute_torchrun, kernels_from_args, knobs_with_sizing,
+                       parse_paths, profile_from_args, scenario_from_args, subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
+from cpsim.run.sizing import SizingFailure
+from cpsim import sizing
 from cpsim.errors import ConfigError
 from cpsim.paths import KERNEL_DESIGNS, Knobs
 from cpsim.report.progress import progress
@@ -73,6 +75,11 @@ def main(args) -> int:
     kernels = kernels_from_args(args, dev.device, paths)
     console = terminal.console()
     knobs, inject_rank = _injection(args, s)
+    try:
+        knobs = knobs_with_sizing(args, knobs, s, paths)
+    except SizingFailure as e:
+        console.print(f"FAIL (--sizing): {e}", highlight=False, soft_wrap=True, markup=False)
+        return 1
     work = s.cp.world * len(paths)
     quiet = args.quiet or s.batch.num_tokens * work < PROGRESS_MIN_WORK
     with progress(f"{s.name}: {paths[0]} rank 0 (the first launch compiles)", total=work, quiet=quiet,
@@ -85,7 +92,7 @@ def main(args) -> int:
     prof = profile_from_args(args, kernels)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, prof)
     if args.inject and coordinator.passed(verdicts):
-        _fault_must_show(args, s, paths, dev.device, kernels, gathered, inject_rank)
+        _fault_must_show(args, s, paths, dev.device, kernels, gathered, inject_rank, knobs.host_sizing)
     for p in skipped:
         verdicts += coordinator.not_run(p, f"not applicable at CP world size {s.cp.world} (CP size 1 only)")
     subjects = subjects_for(kernels, paths, prof.name)
@@ -94,11 +101,19 @@ def main(args) -> int:
         report.print_report(console, s, verdicts, examples=args.examples, subjects=subjects, gathered=gathered)
         describe_kernels(console, kernels, notes_only=True)
         console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
+        for hs in knobs.host_sizing:
+            console.print(f"host sizing ({hs.host}) from {hs.source}: table widths {list(hs.table_widths)} KV blocks, "
+                          f"slot buffer {hs.slot_buffer_len}", highlight=False, soft_wrap=True, markup=False)
+        unsized = sorted({sizing.host_of(p) for p in paths} - {hs.host for hs in knobs.host_sizing})
+        if args.sizing and unsized:
+            console.print(f"  note: --sizing {args.sizing} sizes no {'/'.join(unsized)} host; cpsim's own sizing "
+                          f"stood there", highlight=False, soft_wrap=True, markup=False)
         for line in waste:
             console.print(f"  [yellow]note (strict sizing):[/yellow] {line}", highlight=False, soft_wrap=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
     extra = {"paths_skipped": skipped, "profile": prof.name, "sizing_waste": waste,
+             "host_sizing": [dataclasses.asdict(hs) for hs in knobs.host_sizing],
              "inject": args.inject, "inject_rank": inject_rank,
              "kernels": {p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}
 
@@ -149,6 +164,11 @@ def main_torchrun(args) -> int:
     paths = parse_paths(args.paths)
     check_paths_apply([s0], paths, args)
     knobs, inject_rank = _injection(args, s0)
+    try:
+        knobs = knobs_with_sizing(args, knobs, s0, paths)
+    except SizingFailure as e:
+        print(f"FAIL (--sizing): {e}", flush=True)
+        return 1
     entry = Entry(label, build, n, paths, knobs=knobs, inject_rank=inject_rank,
                   kernels=kernels_from_args(args, select_device(args.device).device, paths))
     return execute_torchrun(args, entry)
@@ -162,7 +182,7 @@ def _same(a: dict, b: dict) -> bool:
 
 
 def _fault_must_show(args, s, paths: list[str], device: str, kernels: dict, gathered: dict,
-                     inject_rank: int | None) -> None:
+                     inject_rank: int | None, host_sizing: tuple = ()) -> None:
     """``--inject`` where the fault cannot show is bad input (exit 2), not a silent pass.
 
     It cannot show when it cannot reach any selected path's kernel (a FAULT_* switch and a user's
@@ -185,7 +205,8 @@ def _fault_must_show(args, s, paths: list[str], device: str, kernels: dict, gath
     if not reach:
         raise ConfigError("--inject", f"{fault.name} cannot reach the kernels under test: "
                                       f"{reaches(fault, affected[0], record)}; {hint}")
-    clean = run_virtual(s, paths, device=device, knobs=Knobs(kernel_design=args.kernel_design), kernels=kernels)
+    clean = run_virtual(s, paths, device=device, knobs=Knobs(kernel_design=args.kernel_design, host_sizing=host_sizing),
+                        kernels=kernels)
     if _same(gathered, clean):
         raise ConfigError("--inject", f"{fault.name} cannot show on scenario {s.name}: the injected run wrote the "
                                       f"same slot mappings as the fault-free run on every path and rank"

@@ -20,7 +20,8 @@ KERNEL_DESIGNS = ("per-request", "tile")
 
 @dataclass(frozen=True)
 class Knobs:
-    """Deliberate deviations from the correct runtime (the bug catalogue uses them)."""
+    """Deliberate deviations from the correct runtime (the bug catalogue uses them), and the host
+    sizing under test (``--sizing``): widths and buffer lengths a sizing function gave each host."""
 
     kernel_fault: int = 0                 # FAULT_* bits compiled into the built-in kernels
     virtual_from_kernel_block: bool = False  # virtual block built from b instead of B
@@ -29,8 +30,21 @@ class Knobs:
     buffer_size: int = 0                  # slot buffer entries; 0 = the correct capacity
     draft_overwrite: bool = False         # draft slots written into the main buffer first
     kernel_design: str = "per-request"    # "per-request" (vllm-ascend-faithful) | "tile" (tile-parallel)
+    host_sizing: tuple = ()               # ``--sizing``: table widths and buffer per host (cpsim.sizing.HostSizing)
+
+    def buffer_entries(self, s, path: str) -> int:
+        """Slot-buffer entries ``path`` allocates: the plugged-in sizing's, the fault's, else the correct capacity."""
+        from cpsim.sizing import sized_buffer
+        given = sized_buffer(self.host_sizing, path)
+        return given if given is not None else (self.buffer_size or s.limits.slot_buffer_size)
 
     def __post_init__(self) -> None:
+        from cpsim.sizing import HostSizing
+        # A repro file reads back dicts; frozen, so the normalised tuple is set past the guard.
+        object.__setattr__(self, "host_sizing", tuple(
+            h if isinstance(h, HostSizing) else HostSizing(h["host"], tuple(h["table_widths"]),
+                                                           h["slot_buffer_len"], h.get("source", ""))
+            for h in self.host_sizing))
         if self.kernel_design not in KERNEL_DESIGNS:
             from cpsim.errors import ConfigError
             raise ConfigError("kernel_design", f"must be one of {', '.join(KERNEL_DESIGNS)}, "

@@ -266,7 +266,7 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
 
 def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
-    T = knobs.buffer_size or s.limits.slot_buffer_size
+    T = knobs.buffer_entries(s, "v2")
     out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
     tables, entry = zip(*(v2._table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)))
     has_enabled = "slot_mapping_enabled" in k.params
@@ -349,7 +349,7 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> Rank
     ``max_num_tokens`` = the buffer's width, int64. 0.29-0.31 tables hold kernel-block ids
     (``kernel_block_sizes``), 0.32+ physical ids."""
     bt = batch_tensors(s, device)
-    T = knobs.buffer_size or s.limits.slot_buffer_size
+    T = knobs.buffer_entries(s, "v2")
     out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
     kernel_blocks = "kernel_block_sizes" in k.params
     if kernel_blocks:
@@ -401,7 +401,7 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> Rank
 
 def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
-    T = knobs.buffer_size or s.limits.slot_buffer_size
+    T = knobs.buffer_entries(s, "v2")
     out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
     tables = [v2.kernel_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)]
     nb_all = v2.num_blocks(s, allocs, tables, device)
@@ -459,7 +459,7 @@ def callable_needs(params, g: KVGroup, n: int, world: int) -> str:
 def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     bt = batch_tensors(s, device)
     out = v1._poisoned(s, knobs, device) if path != "v2" else _guard.buffer(
-        range(len(s.groups)), knobs.buffer_size or s.limits.slot_buffer_size, torch.int64, device)
+        range(len(s.groups)), knobs.buffer_entries(s, path), torch.int64, device)
     T = out.shape[1]
     n_tok = bt.num_scheduled
     counts = (bt.query_start_loc[1:] - bt.query_start_loc[:-1]).to(torch.int64)

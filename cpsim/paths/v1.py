@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cpsim import kernels, layout
+from cpsim import kernels, layout, sizing
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile
@@ -21,16 +21,18 @@ TILE = 1024
 
 
 def physical_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
-    """``max_num_blocks_per_req``: divided by the group's CP size for sharded attention only."""
+    """``max_num_blocks_per_req``: the plugged-in sizing's (``--sizing``), else cpsim's
+    (:func:`cpsim.sizing.cpsim_width`: divided by the group's CP size for sharded attention only)."""
+    given = sizing.sized_width(knobs.host_sizing, "v1", s, g)
+    if given is not None:
+        return given
     n = s.cp.world
     mml = s.limits.max_model_len
-    if g.world(s.cp) > 1:
-        return layout.cdiv(mml, g.block_size) if knobs.sharded_width_undivided else \
-            layout.table_width(mml, g.block_size, g.world(s.cp))
-    if knobs.unsharded_width_per_cp:
+    if g.world(s.cp) > 1 and knobs.sharded_width_undivided:
+        return layout.cdiv(mml, g.block_size)
+    if g.world(s.cp) == 1 and knobs.unsharded_width_per_cp:
         return layout.table_width(mml, g.block_size, n)
-    # The runner hands every group cdiv(max_model_len, B * N); unsharded groups scale it back by N.
-    return layout.table_width(mml, g.block_size, n) * n
+    return sizing.cpsim_width("v1", mml, g.block_size, g.world(s.cp), n)
 
 
 def pos_int32(s: Scenario) -> bool:
@@ -39,7 +41,7 @@ def pos_int32(s: Scenario) -> bool:
 
 
 def buffer_size(s: Scenario, knobs: Knobs) -> int:
-    return knobs.buffer_size or s.limits.slot_buffer_size
+    return knobs.buffer_entries(s, "v1")
 
 
 def table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cpsim import kernels, layout
+from cpsim import kernels, sizing
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import Knobs, RankOutput, _guard, _tile, v1
@@ -30,13 +30,17 @@ TILE = 1024
 
 
 def table_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
+    """The plugged-in sizing's width (``--sizing``), else cpsim's (:func:`cpsim.sizing.cpsim_width`)."""
+    given = sizing.sized_width(knobs.host_sizing, "v2", s, g)
+    if given is not None:
+        return given
     n = g.world(s.cp)
     mml = s.limits.max_model_len
     if n > 1 and knobs.sharded_width_undivided:
         n = 1
     if n == 1 and knobs.unsharded_width_per_cp:
         n = s.cp.world
-    return layout.table_width(mml, g.block_size, n)
+    return sizing.cpsim_width("v2", mml, g.block_size, n, s.cp.world)
 
 
 def table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
@@ -116,7 +120,7 @@ def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, kn
     """One launch of upstream's current kernel over kernel-block tables."""
     from cpsim.kernels.mrv2 import _compute_slot_mappings_kernel
 
-    T = knobs.buffer_size or s.limits.slot_buffer_size
+    T = knobs.buffer_entries(s, "v2")
     out = prep.buffer(range(len(s.groups)), T, torch.int64)
     tables = [prep.table(a, kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)]
     # virtual-block-uses-kernel-block: the kernel is handed b where it needs the physical B.
@@ -151,7 +155,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: 
         return run_mrv2(s, allocs, rank, prep, knobs)
     from cpsim.kernels.triton_v2 import _compute_slot_mappings_kernel
 
-    T = knobs.buffer_size or s.limits.slot_buffer_size
+    T = knobs.buffer_entries(s, "v2")
     out = prep.buffer(range(len(s.groups)), T, torch.int64)
     shapes = [table_shape(s, g, knobs) for g in s.groups]
     tables = [prep.table(a, shape) for a, shape in zip(allocs, shapes)]

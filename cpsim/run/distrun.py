@@ -243,7 +243,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     N = entry.cp_size
     knobs = knobs_for(pos, entry.knobs, entry.inject_rank)
     if hooks.fault_rank == comm.rank:
-        knobs = Knobs(kernel_fault=hooks.fault)
+        knobs = Knobs(kernel_fault=hooks.fault, host_sizing=knobs.host_sizing)
     allocs = allocate_rank(s, pos)
     gathered, skipped, failed_on = {}, [], {}
     for path in entry.paths:

@@ -40,8 +40,9 @@ def failed(path: str, s: Scenario, failure: KernelFailure) -> Gathered:
 
 
 def knobs_for(rank: int, knobs: Knobs, inject_rank: int | None) -> Knobs:
-    """A fault injected on one rank only leaves the others correct."""
-    return knobs if inject_rank is None or inject_rank == rank else Knobs(kernel_design=knobs.kernel_design)
+    """A fault injected on one rank only leaves the others correct (the host sizing is every rank's)."""
+    return knobs if inject_rank is None or inject_rank == rank else \
+        Knobs(kernel_design=knobs.kernel_design, host_sizing=knobs.host_sizing)
 
 
 def rank_knobs(s: Scenario, knobs: Knobs, inject_rank: int | None = None) -> list[Knobs]:
