@@ -14,7 +14,7 @@ from cpsim.report import terminal
 from rich.markup import escape
 
 from cpsim import __version__
-from cpsim.errors import ConfigError, DistError
+from cpsim.errors import ConfigError, DistError, Interrupted
 
 # Each module registers one sub-command through ``register(subparsers)``.
 COMMANDS = (
@@ -62,14 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
         if leaf is not parser:
             leaf.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS, help=FORMAT_HELP)
     return parser
-
-
-class Interrupted(BaseException):
-    """SIGTERM (or SIGINT) during a command: ends it like Ctrl-C, with one line and exit 128 + signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def _raise_interrupted(signum, frame) -> None:
