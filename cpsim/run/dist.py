@@ -242,6 +242,9 @@ def _leave(code: int):
             f.flush()
         except Exception:  # a closed pipe: nothing more to say
             pass
+    isolation = sys.modules.get("cpsim.run.isolation")
+    if isolation is not None:  # os._exit skips atexit: end the kernel workers and what they left here
+        isolation._end_groups()
     os._exit(code)
 
 
