@@ -203,6 +203,12 @@ ROWS += [
         import os, signal
         os.kill(os.getppid(), signal.SIGINT)
         return out'''), code=130, phrases=("interrupted: SIGINT", '"interrupted": "SIGINT"')),
+    # The worker's own group is not told apart from a user's kill (Python gives no sender): the run ends
+    # interrupted, exit 143, and the --json says so; never a pass.
+    Row("the kernel sends SIGTERM to cpsim's main process", callable_kernel('''
+        import os, signal
+        os.kill(os.getppid(), signal.SIGTERM)
+        return out'''), code=143, phrases=("interrupted: SIGTERM", '"interrupted": "SIGTERM"')),
     Row("Ctrl-C during run", SLEEPS, code=130, phrases=("interrupted: SIGINT",),
         during=_signal_when_running(signal.SIGINT, group=True)),
     Row("SIGTERM during run", SLEEPS, code=143, phrases=("interrupted: SIGTERM",),
