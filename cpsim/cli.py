@@ -14,7 +14,7 @@ from cpsim.report import terminal
 from rich.markup import escape
 
 from cpsim import __version__
-from cpsim.errors import ConfigError, DistError
+from cpsim.errors import ConfigError, DistError, Interrupted
 
 # Each module registers one sub-command through ``register(subparsers)``.
 COMMANDS = (
@@ -64,26 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class Interrupted(BaseException):
-    """SIGTERM (or SIGINT) during a command: ends it like Ctrl-C, with one line and exit 128 + signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
 def _raise_interrupted(signum, frame) -> None:
     raise Interrupted(signum)
 
 
-def _interrupted(args, signum: int, started: float, err) -> int:
+def _interrupted(args, signum: int, started: float, err, wrote: list[str] | None = None) -> int:
     """One line; the --json file, unless the command wrote it already, says the run was interrupted
-    (never a pass); exit 130 for SIGINT, 143 for SIGTERM."""
+    (never a pass); ``wrote``: what the command itself kept (fuzz: its summary and repros so far);
+    exit 130 for SIGINT, 143 for SIGTERM."""
     import json
     import signal
     import time
     name = signal.Signals(signum).name
-    wrote = []
+    wrote = list(wrote or [])
     path = getattr(args, "json", None)
     if path and os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 writes the report
         try:
@@ -95,7 +88,8 @@ def _interrupted(args, signum: int, started: float, err) -> int:
         except OSError:
             pass
     err.print(f"[bold red]interrupted:[/bold red] {name}; stopped before the end"
-              + (f"; {', '.join(wrote)} says so" if wrote else ""), highlight=False, soft_wrap=True)
+              + (f"; {', '.join(wrote)} say{'s' if len(wrote) == 1 else ''} so" if wrote else ""),
+              highlight=False, soft_wrap=True)
     return 128 + signum
 
 
@@ -117,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)  # option bounds and output paths, before any work
         from cpsim.run import isolation
         isolation.configure_from_args(args)
+        isolation.become_subreaper()  # a kernel's setsid() child still ends with cpsim
         return int(args.func(args) or 0)
     except ConfigError as e:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: every rank ends together, one line
@@ -127,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     except DistError as e:
         err.print(f"[bold red]distributed run failed:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 1
-    except KeyboardInterrupt:
-        return _interrupted(args, signal.SIGINT, started, err)
+    except KeyboardInterrupt as e:
+        return _interrupted(args, signal.SIGINT, started, err, getattr(e, "wrote", None))
     except Interrupted as e:
-        return _interrupted(args, e.signum, started, err)
+        return _interrupted(args, e.signum, started, err, getattr(e, "wrote", None))
 
 
 if __name__ == "__main__":

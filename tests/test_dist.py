@@ -359,3 +359,32 @@ def test_a_failing_kernel_is_reported_by_rank_0_with_every_output(tmp_path, spec
     (line,) = _summary(proc.stderr)  # every rank exits 1; the line quotes the first violation
     assert line.startswith("cpsim: exit 1 (a violation") and "ranks 0, 1 exited 1" in line, line
     assert f"{invariant} [v1]" in line, line
+
+
+def test_a_rank_sigkilled_by_its_kernel_leaves_rank_0_report_naming_it(tmp_path):
+    """Rank 1's kernel SIGKILLs rank 1's process: torchrun SIGTERMs rank 0 at once and SIGKILLs it 30 s
+    later. Within that grace rank 0 writes --json / --junit / --html saying the run stopped and naming
+    rank 1, and the job ends 1 in cpsim's one line."""
+    js, xml, html = tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "r.html"
+    start = time.monotonic()
+    proc = cpu_sim(2, "--scenario", "mtp", "--paths", "v1", "--kernel-v1", f"{K}/kills_rank.py:slot_mapping",
+                   "--kernel-abi", "callable", "--timeout", "20", "--json", str(js), "--junit", str(xml),
+                   "--html", str(html), env=_env(TORCHRUN_ARGS=f"--log-dir {tmp_path / 'logs'}"), timeout=180)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    _no_launcher_noise(text)
+    assert time.monotonic() - start < 120
+    report = json.loads(js.read_text())
+    assert report["passed"] is False and report["world_size"] == 2
+    stopped = report["stopped"]
+    assert stopped["ranks"] == [1], stopped
+    assert "rank 1 died (no heartbeat" in stopped["message"], stopped
+    assert stopped["entries_done"] == 0 and stopped["entries_planned"] == 1 and report["groups"] == []
+    errors = list(ET.parse(xml).getroot().iter("error"))
+    assert len(errors) == 1 and "rank 1 died" in errors[0].get("message"), [e.attrib for e in errors]
+    assert int(ET.parse(xml).getroot().get("errors")) == 1
+    page = html.read_text()
+    assert "the run stopped before the end" in page and "rank 1 died" in page
+    assert re.search(r"^\[rank 0\] the run stopped early; .*r\.json.* \(rank 1 named\)", proc.stderr, re.M), text
+    (summary,) = _summary(proc.stderr)
+    assert summary.startswith("cpsim: exit 1") and "rank 1" in summary, summary

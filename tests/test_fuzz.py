@@ -4,8 +4,10 @@ import dataclasses
 import json
 import random
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -436,3 +438,41 @@ def test_cache_shrinks_toward_the_smallest_that_still_fails():
     assert f.signature in me.visit(f.scenario)
     one_less = f.scenario.replace(groups=(dataclasses.replace(f.scenario.groups[0], num_blocks=n - 1),))
     assert f.signature not in (me.visit(one_less) or {})
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_fuzz_keeps_its_summary_and_the_repros_so_far(tmp_path, sig, code):
+    """Ctrl-C (or SIGTERM) once the first repro is on disk: one line, exit 130 / 143, and the summary says
+    it was interrupted and lists every signature found so far with a repro file that exists."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "cpsim", "fuzz", "--inject", "stale-tail", "--paths", "v1",
+                             "--max-examples", "100000", "--seed", "0", "--no-db", "--out", str(out)],
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), CPSIM_KERNEL_WORKERS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("repro-*.json")):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "no repro within 240 s"
+            time.sleep(0.2)
+        first = {p.name for p in out.glob("repro-*.json")}
+        proc.send_signal(sig)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == code, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    lines = [ln for ln in text.splitlines() if "interrupted" in ln]
+    assert len(lines) == 1 and lines[0].startswith(f"interrupted: {sig.name}; stopped before the end"), text
+    assert "fuzz-summary.json" in lines[0] and "repro(s) in" in lines[0], lines[0]
+    summary = json.loads((out / "fuzz-summary.json").read_text())
+    assert summary["interrupted"] == sig.name and summary["examples"] >= 1
+    sigs = [s for s in summary["signatures"] if not s["ignored"]]
+    assert sigs and all(s["signature"].startswith("v1:") for s in sigs), sigs
+    repros = {Path(s["repro"]).name for s in sigs}
+    assert all((out / name).is_file() for name in repros), repros
+    # No first-sighting file is left beside the signatures' repros (a shrunk one replaces it).
+    assert {p.name for p in out.glob("repro-*.json")} == repros, (first, repros)
+    data = json.loads((out / sorted(repros)[0]).read_text())
+    assert data["inject"] == "stale-tail" and data["fuzz"]["signature"] in {s["signature"] for s in sigs}

@@ -152,6 +152,16 @@ ROWS = [
             time.sleep(300)
             os._exit(0)
         return out'''), code=0, phrases=("all invariants hold",), json=False),
+    # A daemon, the classic way: its own session (out of the worker's process group), then orphaned.
+    Row("callable forks a child that calls setsid and leaves a daemon", callable_kernel('''
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                open(os.environ["CPSIM_TEST_PIDS"], "a").write(f"{os.getpid()}\\n")
+                time.sleep(300)
+            os._exit(0)
+        return out'''), code=0, phrases=("all invariants hold",), json=False),
 ]
 
 
@@ -193,6 +203,12 @@ ROWS += [
         import os, signal
         os.kill(os.getppid(), signal.SIGINT)
         return out'''), code=130, phrases=("interrupted: SIGINT", '"interrupted": "SIGINT"')),
+    # The worker's own group is not told apart from a user's kill (Python gives no sender): the run ends
+    # interrupted, exit 143, and the --json says so; never a pass.
+    Row("the kernel sends SIGTERM to cpsim's main process", callable_kernel('''
+        import os, signal
+        os.kill(os.getppid(), signal.SIGTERM)
+        return out'''), code=143, phrases=("interrupted: SIGTERM", '"interrupted": "SIGTERM"')),
     Row("Ctrl-C during run", SLEEPS, code=130, phrases=("interrupted: SIGINT",),
         during=_signal_when_running(signal.SIGINT, group=True)),
     Row("SIGTERM during run", SLEEPS, code=143, phrases=("interrupted: SIGTERM",),
@@ -261,10 +277,12 @@ def test_hostile_kernel_row(tmp_path, row):
         assert phrase not in text, (phrase, out)
 
 
-def test_a_forked_child_of_the_kernel_does_not_outlive_cpsim(tmp_path):
-    """The forking row again, reading the child's pid: it is gone once cpsim has exited."""
+@pytest.mark.parametrize("row", ["callable forks a child that sleeps",
+                                 "callable forks a child that calls setsid and leaves a daemon"])
+def test_a_forked_child_of_the_kernel_does_not_outlive_cpsim(tmp_path, row):
+    """The forking rows again, reading the children's pids: each is gone once cpsim has exited."""
     kernel = tmp_path / "forks.py"
-    kernel.write_text(ROWS[[r.name for r in ROWS].index("callable forks a child that sleeps")].source)
+    kernel.write_text(ROWS[[r.name for r in ROWS].index(row)].source)
     code, out = cpsim(tmp_path, [*SMALL, "--kernel-v1", f"{kernel}:kernel"])
     assert code == 0, out
     pids = [int(p) for p in (tmp_path / "pids").read_text().split()]

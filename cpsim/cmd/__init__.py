@@ -342,4 +342,49 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
             return 2
         return 0 if ok else 1
 
-    return execute(args, [entry], report_)
+    return execute(args, [entry], report_, stopped=stop_writer(args, f"{entry.label} on torchrun world {world}",
+                                                                subjects, 1, extra))
+
+
+def stop_writer(args, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:
+    """What rank 0 calls when a torchrun job stops early (``distrun.execute``'s ``stopped``): the
+    --json / --junit / --html files the command has, saying the run stopped, with rank 0's stop line,
+    the ranks it names, and the CP groups finished so far; then one line naming the files."""
+    from rich.markup import escape
+
+    from cpsim.report import report, terminal
+    from cpsim.report.torchrun import stopped_record, to_dict
+
+    def write(results, infos, message: str, ranks: list[int]) -> None:
+        world = int(os.environ.get("WORLD_SIZE", len(infos)))
+        done = len({r.label for r in results})
+        record = stopped_record(message, ranks, world, done, planned)
+        items = [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results]
+
+        def junit() -> None:
+            from cpsim.report.junit import write_junit
+            write_junit(args.junit, items, subjects=subjects, errors={"torchrun": message})
+
+        def html() -> None:
+            from cpsim.report.html import write_html_many
+            write_html_many(args.html, title, [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})",
+                                                r.scenario, r.verdicts) for r in results],
+                            extra=extra, subjects=subjects, stopped=message)
+
+        outputs = [("--json", getattr(args, "json", None),
+                    lambda: report.write_json(args.json, {**to_dict(results, infos, extra, subjects, record),
+                                                          "world_size": world})),
+                   ("--junit", getattr(args, "junit", None), junit),
+                   ("--html", getattr(args, "html", None), html)]
+        written = [path for _, path, _ in outputs if path]
+        try:
+            write_outputs(outputs)
+        except ConfigError as e:
+            written = []
+            terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        if written:
+            named = ", ".join(f"rank {r}" for r in ranks) or "no rank"
+            terminal.console(stderr=True).print(escape(f"[rank 0] the run stopped early; {', '.join(written)} "
+                                                       f"say so ({named} named)"), highlight=False, soft_wrap=True)
+
+    return write

@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cpsim import fuzz as fz
-from cpsim.errors import ConfigError
+from cpsim.errors import ConfigError, Interrupted
 from cpsim.cmd import add_kernel_args, add_path_args, describe_kernels, kernels_from_args, parse_paths
 
 
@@ -174,6 +174,26 @@ def main(args) -> int:
                       + (f"; {cfg.jobs} jobs" if cfg.jobs > 1 else ""), highlight=False)
     live = not args.quiet and console.is_terminal
     started = time.monotonic()
+    early: set[Path] = set()  # repros written as their signature was first seen
+    try:
+        result = _search(cfg, live, console, started, early)
+    except (KeyboardInterrupt, Interrupted) as e:
+        e.wrote = _keep_partial(cfg, e, early, started)
+        raise
+    problems = fz.write_findings(cfg, result)  # repros first, then the summary; never lost
+    _drop_superseded(early, result)
+    return _report(args, cfg, console, kernels, result, problems, where)
+
+
+def _search(cfg: fz.FuzzConfig, live: bool, console, started: float, early: set[Path]) -> fz.FuzzResult:
+    """The search, with the live status line on a terminal. One job writes each new signature's repro as
+    soon as it is first seen (shrunk later, and replaced then), so an interrupt or a kill loses none."""
+    def found(f: fz.Finding, examples: int) -> None:
+        try:
+            early.add(fz.write_repro(cfg.out, fz.repro_of(cfg, f, examples)))
+        except OSError:  # the final write names the problem
+            pass
+
     if live:
         with Live(Text("starting"), console=console, refresh_per_second=4, transient=True) as view:
             last = [0.0]
@@ -184,11 +204,39 @@ def main(args) -> int:
                     last[0] = now
                     view.update(_status(prog, cfg.max_examples))
 
-            result = (fz.search(cfg, show) if cfg.jobs == 1 else
-                      fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st, cfg.max_examples))))
-    else:
-        result = fz.search(cfg) if cfg.jobs == 1 else fz.search_jobs(cfg)
-    problems = fz.write_findings(cfg, result)  # repros first, then the summary; never lost
+            return (fz.search(cfg, show, found) if cfg.jobs == 1 else
+                    fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st, cfg.max_examples))))
+    return fz.search(cfg, on_found=found) if cfg.jobs == 1 else fz.search_jobs(cfg)
+
+
+def _drop_superseded(early: set[Path], result: fz.FuzzResult) -> None:
+    """Remove the first-sighting repros whose signature ended with another (smaller) scenario's file."""
+    final = {f.repro for f in result.findings if f.repro}
+    for path in early - final:
+        path.unlink(missing_ok=True)
+
+
+def _keep_partial(cfg: fz.FuzzConfig, e: BaseException, early: set[Path], started: float) -> list[str]:
+    """Ctrl-C or SIGTERM: write the repros and the summary of what was found so far (the summary says
+    it was interrupted); the files written, for the CLI's one line."""
+    import signal
+    name = "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
+    partial = getattr(e, "partial", None) or fz.FuzzResult(0, time.monotonic() - started, [], cfg.space, cfg.jobs)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}  # a second one waits
+    try:
+        problems = fz.write_findings(cfg, partial, interrupted=name)
+        _drop_superseded(early, partial)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    summary = Path(cfg.out) / cfg.summary_name
+    wrote = [str(summary)] if summary.exists() and not any(str(summary) in x for x in problems) else []
+    n = len(partial.reported)
+    return wrote + ([f"{n} repro(s) in {cfg.out}"] if n else [])
+
+
+def _report(args, cfg: fz.FuzzConfig, console, kernels: dict, result: fz.FuzzResult, problems: list[str],
+            where: str) -> int:
     if not args.quiet:
         describe_kernels(console, kernels)
     rate = result.examples / max(result.elapsed_s, 1e-9)

@@ -202,7 +202,10 @@ def main(args) -> int:
     def report_(results, infos) -> int:
         return finish(console, args, results, skipped, infos, world, kernels)
 
-    return execute(args, entries, report_, progress=progress.advance if progress else None)
+    from cpsim.cmd import stop_writer, subjects_for
+    stopped = stop_writer(args, f"sweep on {world} ranks", subjects_for(kernels or {}, matrix["paths"]), len(entries),
+                          {"mode": "sweep-torchrun", "skipped": skipped})
+    return execute(args, entries, report_, progress=progress.advance if progress else None, stopped=stopped)
 
 
 class _Bar:

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from cpsim import __version__
 from cpsim.check import coordinator
 from cpsim import scenario as sc
-from cpsim.errors import ConfigError
+from cpsim.errors import ConfigError, Interrupted
 from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
 from cpsim.fuzz import space as _space
@@ -493,8 +493,10 @@ def _failure_type(sig: str) -> type:
 class _Searcher:
     """One job's search: evaluates, classifies and remembers every failing scenario."""
 
-    def __init__(self, cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None):
+    def __init__(self, cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None,
+                 on_found: Callable[["Finding", int], None] | None = None):
         self.cfg = cfg
+        self.on_found = on_found  # (finding, examples so far) at a signature's first sighting
         self.knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
         self.on_progress = on_progress
         self.prog = Progress(job=cfg.seed_stream)
@@ -600,9 +602,11 @@ class _Searcher:
         for sig, dim in sigs.items():
             f = self.findings.get(sig)
             if f is None:
-                self.findings[sig] = Finding(sig, self.prog.examples, s, out.summary(), dim, self.cfg.seed_stream,
-                                             ignored=matches(sig, self.cfg.ignore))
+                f = self.findings[sig] = Finding(sig, self.prog.examples, s, out.summary(), dim,
+                                                 self.cfg.seed_stream, ignored=matches(sig, self.cfg.ignore))
                 self.prog.signatures = sum(not x.ignored for x in self.findings.values())
+                if self.on_found is not None and not f.ignored:
+                    self.on_found(f, self.prog.examples)
             elif size_key(s) < size_key(f.scenario):
                 f.scenario, f.summary = s, out.summary()
             if self.prog.shrink is None or size_key(s) < size_key(self._smallest):
@@ -716,16 +720,30 @@ def finish(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
     return FuzzResult(me.prog.examples, elapsed, findings, cfg.space, 1, me.classify_runs)
 
 
-def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None) -> FuzzResult:
+def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None,
+           on_found: Callable[[Finding, int], None] | None = None) -> FuzzResult:
     """One job: rounds of Hypothesis (generate, then shrink every new signature it raised)
     until the example budget or the time is spent; with ``explore="random"`` the plain-random
-    explorer instead (``cpsim.fuzz.explore``). Writes nothing."""
+    explorer instead (``cpsim.fuzz.explore``). Writes nothing; ``on_found(finding, examples)`` is
+    told of each new signature as it is first seen.
+
+    Interrupted (Ctrl-C, or SIGTERM through ``cpsim.errors.Interrupted``), it re-raises with what was
+    found so far as the exception's ``partial`` (a ``FuzzResult``, shrunk as far as it got), for the
+    caller to write."""
     _hypothesis()
-    from hypothesis import Phase
     import torch
 
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only add contention
-    me = _Searcher(cfg, on_progress)
+    me = _Searcher(cfg, on_progress, on_found)
+    try:
+        return _search(cfg, me)
+    except (KeyboardInterrupt, Interrupted) as e:
+        e.partial = finish(cfg, me)
+        raise
+
+
+def _search(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
+    from hypothesis import Phase
     if cfg.explorer() == "random":
         from cpsim.fuzz.explore import explore
         from cpsim.run import isolation
@@ -828,7 +846,8 @@ def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = No
     record = to_record(cfg.kernels, cfg.paths)
     from cpsim.run.isolation import usable_cores
     workers = os.environ.get("CPSIM_KERNEL_WORKERS") or str(max(1, usable_cores() // cfg.jobs))  # the cores, shared out
-    with ProcessPoolExecutor(cfg.jobs, mp_context=ctx, initializer=_init_job, initargs=(queue, workers)) as ex:
+    ex = ProcessPoolExecutor(cfg.jobs, mp_context=ctx, initializer=_init_job, initargs=(queue, workers))
+    try:
         futures = [ex.submit(_job, st, record) for st in states]
         status: dict[int, tuple] = {}
         while not all(f.done() for f in futures):
@@ -840,6 +859,16 @@ def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = No
             except Exception:  # queue.Empty: nothing new
                 pass
         raw = [f.result() for f in futures]
+    except (KeyboardInterrupt, Interrupted) as e:
+        # The jobs ignore Ctrl-C and would run to their end: stop them (their findings are theirs, not
+        # sent back yet; the summary says how many examples the jobs had reported).
+        for proc in list((getattr(ex, "_processes", None) or {}).values()):
+            proc.terminate()
+        ex.shutdown(wait=False, cancel_futures=True)
+        e.partial = FuzzResult(sum(v[0] for v in status.values()), time.monotonic() - started, [], cfg.space,
+                               cfg.jobs)
+        raise
+    ex.shutdown()
     results = []
     for d in raw:
         fs = []
@@ -868,18 +897,24 @@ def check_out_dir(out: str | Path) -> Path:
     return out
 
 
-def write_findings(cfg: FuzzConfig, result: FuzzResult) -> list[str]:
-    """One repro per reported signature, then fuzz-summary.json. Repros first; a repro that
-    cannot go to ``cfg.out`` goes to a temporary directory instead. Returns one line per problem."""
-    problems = []
+def repro_of(cfg: FuzzConfig, f: Finding, examples: int) -> Repro:
+    """The repro file's content for finding ``f`` after ``examples`` scenarios."""
     knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
+    return Repro(f.scenario, cfg.paths, knobs_for_scenario(knobs, f.scenario), cfg.inject, f.summary,
+                 to_record(cfg.kernels, cfg.paths),
+                 extra={"fuzz": {"seed": cfg.seed, "job": f.job, "space": cfg.space, "signature": f.signature,
+                                 "first_seen": f.first_seen, "examples": examples,
+                                 "allow_invalid": cfg.allow_invalid}})
+
+
+def write_findings(cfg: FuzzConfig, result: FuzzResult, interrupted: str | None = None) -> list[str]:
+    """One repro per reported signature, then fuzz-summary.json. Repros first; a repro that
+    cannot go to ``cfg.out`` goes to a temporary directory instead. Returns one line per problem.
+    ``interrupted``: the signal that stopped the search (the summary then says so)."""
+    problems = []
     fallback: Path | None = None
     for f in result.reported:
-        r = Repro(f.scenario, cfg.paths, knobs_for_scenario(knobs, f.scenario), cfg.inject, f.summary,
-                  to_record(cfg.kernels, cfg.paths),
-                  extra={"fuzz": {"seed": cfg.seed, "job": f.job, "space": cfg.space, "signature": f.signature,
-                                  "first_seen": f.first_seen, "examples": result.examples,
-                                  "allow_invalid": cfg.allow_invalid}})
+        r = repro_of(cfg, f, result.examples)
         try:
             f.repro = write_repro(cfg.out, r)
         except OSError as e:
@@ -890,7 +925,8 @@ def write_findings(cfg: FuzzConfig, result: FuzzResult) -> list[str]:
             problems.append(f.repro_error)
     summary = {"schema": "cpsim-fuzz-summary/1", "space": cfg.describe_space(), "examples": result.examples,
                "elapsed_s": round(result.elapsed_s, 3), "jobs": result.jobs, "seed": cfg.seed,
-               "paths": cfg.paths, "inject": cfg.inject, "signatures": [f.to_dict() for f in result.findings]}
+               "paths": cfg.paths, "inject": cfg.inject, "signatures": [f.to_dict() for f in result.findings],
+               **({"interrupted": interrupted} if interrupted else {})}
     try:
         (Path(cfg.out) / cfg.summary_name).write_text(json.dumps(summary, indent=2) + "\n")
     except OSError as e:

@@ -213,18 +213,22 @@ def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdic
 
 def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]],
                      skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
-                     subjects: dict[str, dict] | None = None) -> str:
+                     subjects: dict[str, dict] | None = None, stopped: str | None = None) -> str:
     """One page for many scenarios (a sweep, the CP groups of a torchrun job): a summary table, then
-    each scenario's invariant table and violations. No pictures: a sweep is too big to draw."""
-    ok = all(passed(v) for _, _, v in items)
+    each scenario's invariant table and violations. No pictures: a sweep is too big to draw.
+    ``stopped``: why the run ended early (a torchrun peer died); the page is then a failure."""
+    ok = stopped is None and all(passed(v) for _, _, v in items)
+    verdict = ("every scenario passes" if ok else "invariants violated" if stopped is None
+               else "the run stopped before the end")
     who = _user_kernels(subjects)
     title = f"{title} · {who}" if who else title
     parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
              f"<title>cpsim {_e(title)}: {'pass' if ok else 'FAIL'}</title><style>{_CSS}</style></head><body>",
              f"<h1>cpsim report: {_e(title)}</h1>",
              f'<p><span class="verdict {"ok" if ok else "bad"}">'
-             f'{"every scenario passes" if ok else "invariants violated"}</span> '
+             f'{verdict}</span> '
              f'<span class="muted">{len(items)} scenario run(s) · cpsim {_e(__version__)}</span></p>',
+             f'<p><strong>stopped:</strong> {_e(stopped)}</p>' if stopped is not None else "",
              _subjects(subjects),
              "<h2>Summary</h2><table><tr><th>scenario</th><th>CP</th><th>seed</th><th>fingerprint</th>"
              "<th>result</th></tr>"]
@@ -248,5 +252,5 @@ def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]
 
 def write_html_many(path: str | Path, title: str, items: list[tuple[str, Scenario, list[Verdict]]],
                     skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
-                    subjects: dict[str, dict] | None = None) -> None:
-    Path(path).write_text(render_html_many(title, items, skipped, extra, subjects), encoding="utf-8")
+                    subjects: dict[str, dict] | None = None, stopped: str | None = None) -> None:
+    Path(path).write_text(render_html_many(title, items, skipped, extra, subjects, stopped), encoding="utf-8")

@@ -11,7 +11,9 @@ path, cross-path ``paths-agree`` one per pair and group, ``same-scenario`` one p
 
 ``results`` items are ``(scenario, verdicts)`` or ``(scenario, verdicts, label)``; the
 label names the suite when one scenario runs several times (a sweep's replicas).
-Scenarios that never ran go in ``skipped`` (label -> reason), one skipped testcase each.
+Scenarios that never ran go in ``skipped`` (label -> reason), one skipped testcase each; a run
+that stopped early (a torchrun job whose peer died) puts its reason in ``errors`` (label ->
+message), one testcase with an ``<error>`` each.
 """
 
 from __future__ import annotations
@@ -94,11 +96,18 @@ def _properties(suite: ET.Element, props: list[tuple[str, str]]) -> None:
 
 
 def to_element(results: Sequence[tuple], skipped: Mapping[str, str] | None = None,
-               subjects: Mapping[str, dict] | None = None) -> ET.Element:
+               subjects: Mapping[str, dict] | None = None, errors: Mapping[str, str] | None = None) -> ET.Element:
     """``subjects`` (path -> kernel under test) become each suite's ``<properties>``."""
     props = subject_properties(subjects)
     root = ET.Element("testsuites", name="cpsim")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for label, message in (errors or {}).items():
+        suite = ET.SubElement(root, "testsuite", name=f"cpsim.{label}", tests="1", failures="0", errors="1",
+                              skipped="0", time="0")
+        case = ET.SubElement(suite, "testcase", classname=f"cpsim.{label}", name="run", time="0")
+        ET.SubElement(case, "error", type="stopped", message=message[:500]).text = message
+        totals["tests"] += 1
+        totals["errors"] += 1
     for label, reason in (skipped or {}).items():
         suite = ET.SubElement(root, "testsuite", name=f"cpsim.{label}", tests="1", failures="0", errors="0",
                               skipped="1", time="0")
@@ -134,7 +143,7 @@ def to_element(results: Sequence[tuple], skipped: Mapping[str, str] | None = Non
 
 
 def write_junit(path: str | Path, results: Sequence[tuple], skipped: Mapping[str, str] | None = None,
-                subjects: Mapping[str, dict] | None = None) -> None:
-    tree = ET.ElementTree(to_element(results, skipped, subjects))
+                subjects: Mapping[str, dict] | None = None, errors: Mapping[str, str] | None = None) -> None:
+    tree = ET.ElementTree(to_element(results, skipped, subjects, errors))
     ET.indent(tree)
     tree.write(path, encoding="utf-8", xml_declaration=True)

@@ -35,16 +35,26 @@ def print_groups(console, results: list[GroupResult], subjects: dict | None = No
 
 
 def to_dict(results: list[GroupResult], infos: list[RankInfo], extra: dict | None = None,
-            subjects: dict | None = None) -> dict:
-    """The torchrun JSON; ``subjects`` names the kernel under test on each path."""
+            subjects: dict | None = None, stopped: dict | None = None) -> dict:
+    """The torchrun JSON; ``subjects`` names the kernel under test on each path; ``stopped`` (a run that
+    ended early: ``{"message", "ranks"}``, see ``stopped_record``) makes it a failure whatever the groups
+    finished so far say."""
     return {
         "schema_version": report.SCHEMA_VERSION,
         "mode": "torchrun",
         "world_size": len(infos),
-        "passed": all(coordinator.passed(r.verdicts) for r in results),
+        "passed": stopped is None and all(coordinator.passed(r.verdicts) for r in results),
         "ranks": [dataclasses.asdict(i) for i in infos],
         **({"subjects": subjects} if subjects is not None else {}),
         "groups": [report.to_dict(r.scenario, r.verdicts, {"label": r.label, "group": r.group, "ranks": r.ranks,
                                                            "paths_skipped": r.skipped}) for r in results],
+        **({"stopped": stopped} if stopped is not None else {}),
         **(extra or {}),
     }
+
+
+def stopped_record(message: str, ranks: list[int], world: int, done: int, planned: int) -> dict:
+    """What the reports say of a torchrun job that stopped early: rank 0's stop line, the ranks it names
+    as the cause, and how many of the planned entries every group finished."""
+    return {"message": message, "ranks": sorted(ranks), "world_size": world, "entries_done": done,
+            "entries_planned": planned}

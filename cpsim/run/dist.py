@@ -25,6 +25,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Callable
 
 import torch
 
@@ -213,7 +214,12 @@ class Terminated(BaseException):
 
 
 class PeerFailure(DistError):
-    """Another rank raised, died or never arrived: this rank stops too."""
+    """Another rank raised, died or never arrived: this rank stops too. ``ranks`` are the ranks it names
+    as the cause (rank 0's report of the stop lists them)."""
+
+    def __init__(self, message: str, ranks: list[int] | None = None):
+        super().__init__(message)
+        self.ranks = sorted(set(ranks or []))
 
 
 _TERMINATED = threading.Event()
@@ -236,6 +242,9 @@ def _leave(code: int):
             f.flush()
         except Exception:  # a closed pipe: nothing more to say
             pass
+    isolation = sys.modules.get("cpsim.run.isolation")
+    if isolation is not None:  # os._exit skips atexit: end the kernel workers and what they left here
+        isolation._end_groups()
     os._exit(code)
 
 
@@ -317,7 +326,8 @@ class Comm:
         try:
             pg = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout_s), **kw)
         except Exception as e:
-            raise PeerFailure(f"creating {what} failed ({type(e).__name__}); {self.diagnose()}") from e
+            text, ranks = self.diagnosis()
+            raise PeerFailure(f"creating {what} failed ({type(e).__name__}); {text}", ranks) from e
         self.state(f"past creating {what}")
         return pg
 
@@ -366,17 +376,17 @@ class Comm:
         now = time.monotonic()
         for r, st in states.items():
             if r != self.rank and st.split(":")[0] == "failed":
-                raise PeerFailure(f"rank {r} {st}")
+                raise PeerFailure(f"rank {r} {st}", [r])
         if any(r != self.rank and st.split(":")[0] in ("aborted", "terminated") for r, st in states.items()):
             # A peer stopped or was stopped: name what is behind it (a failed or dead rank) if anything.
-            raise PeerFailure(self.diagnose())
+            raise PeerFailure(*self.diagnosis())
         for r, n in self._beats().items():
             last = self._seen.get(r)
             if last is None or last[0] != n:
                 self._seen[r] = (n, now)
             elif r != self.rank and now - last[1] > self.stale_s and not self._final(states[r]):
                 raise PeerFailure(f"rank {r} is gone: no heartbeat for {now - last[1]:.0f} s "
-                                  f"(last state: {states[r]!r})")
+                                  f"(last state: {states[r]!r})", [r])
 
     def _alive(self, r: int) -> bool:
         """Whether rank ``r``'s heartbeat moved within the staleness window (as last polled)."""
@@ -384,7 +394,8 @@ class Comm:
         return last is not None and time.monotonic() - last[1] <= self.stale_s
 
     def _causes(self, window_s: float = 3.0) -> dict[str, list]:
-        """What the peers are doing, watched for ``window_s``: failed, died, terminated, aborted, alive."""
+        """What the peers are doing, watched for ``window_s``: failed, died, terminated, aborted (each a list
+        of (rank, text)), alive (ranks)."""
         b0 = self._beats()
         time.sleep(window_s)
         b1 = self._beats()
@@ -392,10 +403,10 @@ class Comm:
         others = [r for r in range(self.world) if r != self.rank]
 
         def named(prefix):
-            return [f"rank {r} {states[r]}" for r in others if states[r].startswith(prefix)]
+            return [(r, f"rank {r} {states[r]}") for r in others if states[r].startswith(prefix)]
         return {
             "failed": named("failed"),
-            "dead": [f"rank {r} died (no heartbeat; last state: {states[r]!r})" for r in others
+            "dead": [(r, f"rank {r} died (no heartbeat; last state: {states[r]!r})") for r in others
                      if b0[r] == b1[r] and not self._final(states[r])],
             "killed": named("terminated"),
             "aborted": named("aborted"),
@@ -403,17 +414,23 @@ class Comm:
         }
 
     @staticmethod
-    def _explain(c: dict[str, list]) -> str:
-        if c["failed"] or c["dead"]:
-            return "; ".join(c["failed"] + c["dead"])
-        return "; ".join(c["killed"] + c["aborted"]) or "no other rank failed: the job was stopped from outside"
+    def _explain(c: dict[str, list]) -> tuple[str, list[int]]:
+        """(text, ranks) of the causes: failed and dead ranks first, else terminated and aborted ones."""
+        named = c["failed"] + c["dead"] or c["killed"] + c["aborted"]
+        if not named:
+            return "no other rank failed: the job was stopped from outside", []
+        return "; ".join(text for _, text in named), [r for r, _ in named]
 
-    def diagnose(self, window_s: float = 3.0) -> str:
-        """Name the ranks behind a stop: failed, died (silent for ``window_s``), terminated, in that order."""
+    def diagnosis(self, window_s: float = 3.0) -> tuple[str, list[int]]:
+        """(text, ranks) naming the ranks behind a stop: failed, died (silent for ``window_s``), terminated,
+        in that order."""
         try:
             return self._explain(self._causes(window_s))
         except Exception as e:
-            return f"the rendezvous store is unreachable ({type(e).__name__}: {e})"
+            return f"the rendezvous store is unreachable ({type(e).__name__}: {e})", []
+
+    def diagnose(self, window_s: float = 3.0) -> str:
+        return self.diagnosis(window_s)[0]
 
     # -- collectives
     def _wait(self, work, what: str) -> None:
@@ -423,7 +440,7 @@ class Comm:
             now = time.monotonic()
             if now - start > self.timeout_s:
                 self._check_peers()  # a peer that failed or died is the better name
-                raise PeerFailure(self._late(what))
+                raise PeerFailure(*self._late(what))
             if now - last_check > 0.5:
                 last_check = now
                 self._check_peers()
@@ -431,32 +448,33 @@ class Comm:
         try:
             work.wait()
         except Exception as e:  # a peer's socket closed, or the backend's own timeout: find out which peer
-            raise PeerFailure(self._why_failed(what, e)) from e
+            raise PeerFailure(*self._why_failed(what, e)) from e
         self.state(f"past {what}")
 
-    def _why_failed(self, what: str, e: Exception) -> str:
+    def _why_failed(self, what: str, e: Exception) -> tuple[str, list[int]]:
         """A collective ended in an error: a failed or dead peer first, else the ranks that never reached it."""
         try:
             c = self._causes()
             if not (c["failed"] or c["dead"]) and any(n < self.seq for n in self._seqs().values()):
                 return self._late(what, alive=set(c["alive"]))
-            return f"{what} failed ({type(e).__name__}); {self._explain(c)}"
+            text, ranks = self._explain(c)
+            return f"{what} failed ({type(e).__name__}); {text}", ranks
         except Exception as e2:
-            return f"{what} failed ({type(e).__name__}); the rendezvous store is unreachable ({e2})"
+            return f"{what} failed ({type(e).__name__}); the rendezvous store is unreachable ({e2})", []
 
-    def _late(self, what: str, alive: set[int] | None = None) -> str:
-        """Name the ranks that never reached ``what``: slow (heartbeat alive) or silent."""
+    def _late(self, what: str, alive: set[int] | None = None) -> tuple[str, list[int]]:
+        """(text, ranks) naming the ranks that never reached ``what``: slow (heartbeat alive) or silent."""
         seqs, states = self._seqs(), self.states()
         late = [r for r, n in seqs.items() if n < self.seq]
         if not late:
-            return f"{what} did not complete within {self.timeout_s:g} s although every rank reached it"
+            return f"{what} did not complete within {self.timeout_s:g} s although every rank reached it", []
         parts = []
         for r in late:
             up = self._alive(r) if alive is None else r in alive
             how = "its heartbeat is alive" if up else "its heartbeat is silent"
             parts.append(f"rank {r} did not reach {what} within {self.timeout_s:g} s; {how} "
                          f"(last state: {states[r]!r})")
-        return "; ".join(parts)
+        return "; ".join(parts), late
 
     def _enter(self, what: str) -> None:
         self.seq += 1
@@ -515,34 +533,46 @@ class Comm:
         return self._groups[size]
 
     # -- stopping
-    def fail(self, exc: BaseException) -> int:
+    def fail(self, exc: BaseException, on_stop: Callable[[str, list[int]], None] | None = None) -> int:
         """Report this rank's failure to the others, print it, and end the process (never returns).
 
         A rank that failed or was terminated lingers (bounded) until the peers have read it, so they
         name it from its state instead of from torchrun's SIGTERM; either way the state stays in the
         agent's store, which outlives the workers.
+
+        On rank 0, ``on_stop(message, ranks)`` then writes the report of the stop (the ranks named as
+        its cause) before the linger: torchrun SIGTERMs rank 0 as soon as a peer is gone and SIGKILLs it
+        30 s later, and this path (a 3 s look at the heartbeats, the files, at most 10 s of linger)
+        ends within that grace.
         """
         err = sys.stderr
         # This rank is ending already (bounded): a later SIGTERM, e.g. the launcher's once a peer
-        # left, must not cut short the message or the linger.
+        # left, must not cut short the message, the report of the stop or the linger.
         signal.signal(signal.SIGTERM, lambda *_: None)
         if isinstance(exc, Terminated) or _TERMINATED.is_set():
             self._safe_state(f"terminated: SIGTERM while {self._own_state()!r}")
-            msg = f"[rank {self.rank}] terminated by SIGTERM: {self.diagnose()}"
+            text, ranks = self.diagnosis()
+            msg = f"[rank {self.rank}] terminated by SIGTERM: {text}"
         elif isinstance(exc, PeerFailure):
             self._safe_state(f"aborted: {exc}")
-            msg = f"[rank {self.rank}] stopping: {exc}"
+            msg, ranks = f"[rank {self.rank}] stopping: {exc}", exc.ranks
         elif isinstance(exc, (ConfigError, DistError)):  # a usage problem: the message says it all
             self._safe_state(f"failed: {exc}")
-            msg = f"[rank {self.rank}] failed: {exc}"
+            msg, ranks = f"[rank {self.rank}] failed: {exc}", [self.rank]
         else:
             text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             print(f"[rank {self.rank}] raised on {socket.gethostname()} (pid {os.getpid()}):\n{text}",
                   file=err, end="", flush=True)
             self._safe_state(f"failed: {type(exc).__name__}: {exc}")
-            msg = f"[rank {self.rank}] failed: {type(exc).__name__}: {exc}"
+            msg, ranks = f"[rank {self.rank}] failed: {type(exc).__name__}: {exc}", [self.rank]
         print(msg, file=err, flush=True)
         _record(DistError(msg))
+        if on_stop is not None and self.rank == 0 and not isinstance(exc, ConfigError):
+            try:
+                on_stop(msg, ranks)
+            except Exception as e:  # noqa: BLE001  (an unwritable file: said in one line, the exit stays 1)
+                print(f"[rank {self.rank}] could not write the report of the stop: {type(e).__name__}: {e}",
+                      file=err, flush=True)
         if not isinstance(exc, PeerFailure):  # a stopping peer's reason stays in the store for the rest
             self._linger()
         # Bad input found inside the run (a user kernel breaking its ABI) is still bad input: 2, which

@@ -288,19 +288,23 @@ def rank_info(comm) -> RankInfo:
                     {k: round(_TIMES.get(k, 0.0), 3) for k in PHASES})
 
 
-def execute(args, entries: list[Entry], report: Callable, progress: Callable | None = None) -> int:
+def execute(args, entries: list[Entry], report: Callable, progress: Callable | None = None,
+            stopped: Callable | None = None) -> int:
     """Run ``entries`` on this rank of a torchrun job; ``report(results, infos) -> code`` runs on rank 0.
 
     Never returns: every rank ends the process with the exit code the ranks agree on once rank 0
     has written its outputs (``Comm.finish``), or with 1 on a failure (``Comm.fail``), so torchrun
-    cannot stop rank 0 mid-report because another rank left first.
+    cannot stop rank 0 mid-report because another rank left first. When the run stops early (a
+    peer died, raised or never arrived; torchrun's SIGTERM) rank 0 calls
+    ``stopped(results, infos, message, ranks)`` instead: the groups finished so far, its own rank
+    info, its stop line and the ranks that line names as the cause.
     """
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(_execute)(args, entries, report, progress)
+    return record(_execute)(args, entries, report, progress, stopped)
 
 
-def _execute(args, entries, report, progress) -> int:
+def _execute(args, entries, report, progress, stopped=None) -> int:
     from cpsim.run.dist import Comm, Env, select_device
 
     env = Env.from_environ()
@@ -323,7 +327,8 @@ def _execute(args, entries, report, progress) -> int:
                 from cpsim.run.dist import _record
                 _record(DistError(line))  # the launch script's one line quotes it
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
-        comm.fail(e)
+        comm.fail(e, None if stopped is None else
+                  lambda message, ranks: stopped(results, [rank_info(comm)], message, ranks))
     # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
     try:
         comm.finish(code)
