@@ -268,3 +268,26 @@ def test_capture_from_vllm_033_real_classes_replays(tmp_path, path):
             assert (code, rep.get("passed")) == (0, True)
         else:
             assert code == 1 and "same-scenario" in failing(rep)
+
+
+def _ascend_run(tmp_path, release: str, preset: str) -> tuple[int, set[str]]:
+    code, rep = run(tmp_path, "--stack", "vllm-ascend", "--paths", "v1", "--scenario", preset, "--dcp", "4",
+                    "--stack-python", ASCEND_PYTHON, "--stack-source", ASCEND_SOURCE[release])
+    return code, (failing(rep) if rep else set())
+
+
+@pytest.mark.skipif(not (_ascend_ready("0.18.0")[0] and _ascend_ready("0.23.0.post1")[0]),
+                    reason=_ascend_ready("0.18.0")[1])
+def test_vllm_ascend_018_ships_the_two_host_bugs_023_fixed(tmp_path, capsys):
+    """On the released code itself: 0.18.0's virtual block is the kernel block x CP (vllm-ascend #10442: wrong
+    owners once the interleave exceeds the kernel block, hybrid-interleave) and its slot buffer has no MTP draft
+    reserve (#14024: the release raises on mtp's 110 tokens in 104 entries); 0.23.0.post1 holds both."""
+    code, fails = _ascend_run(tmp_path, "0.18.0", "hybrid-interleave")
+    assert code == 1 and {"owner-rule", "dense-local", "no-collision"} <= fails
+    code, fails = _ascend_run(tmp_path, "0.23.0.post1", "hybrid-interleave")
+    assert not fails & set(host.UNIVERSAL)
+    capsys.readouterr()
+    code, _ = _ascend_run(tmp_path, "0.18.0", "mtp")
+    assert code == 1 and "could not broadcast input array from shape (110,) into shape (104,)" in capsys.readouterr().out
+    code, fails = _ascend_run(tmp_path, "0.23.0.post1", "mtp")
+    assert not fails & set(host.UNIVERSAL) and fails <= TAIL
