@@ -133,7 +133,7 @@ def _missing_vllm_names() -> None:
 
     ``_compute_slot_mapping_kernel`` (vllm.v1.worker.block_table, gone in 0.31) is used only when the
     CP world is 1; its stand-in raises. ``get_total_cp_world_size`` (vllm.v1.worker.cp_utils, absent
-    in 0.28) is answered per rank by :func:`drive` anyway."""
+    in 0.28 and 0.33) is answered per rank by :func:`drive` anyway."""
     import vllm.v1.worker.block_table as vbt
     import vllm.v1.worker.cp_utils as cpu
     if not hasattr(vbt, "_compute_slot_mapping_kernel"):
