@@ -319,11 +319,31 @@ class LaunchScalarsModel(BaseModel):
     num_tokens: _Count | None = None
 
 
+class HostGroupModel(Strict):
+    """One group of a recorded host-class call (cpsim.capture.hosts): the object's own attributes."""
+
+    kind: Literal["attention", "mamba"]
+    block_size: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)]        # the physical (KV manager) block
+    entry_size: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)]        # slots per table entry (kernel block)
+    cp_world: Annotated[StrictInt, Field(ge=1, le=MAX_RANKS)] = 1
+    cp_rank: Annotated[StrictInt, Field(ge=0, le=MAX_RANKS)] = 0
+    interleave: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] = 1
+    sharded: StrictBool = True
+    max_num_reqs: Annotated[StrictInt, Field(ge=1, le=MAX_REQS)]
+    max_num_batched_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)]
+
+
+class HostCallModel(Strict):
+    groups: Annotated[list[HostGroupModel], Field(min_length=1, max_length=64)]
+    num_tokens_padded: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+
+
 class LaunchModel(Strict):
-    """``s<step>/c<call>/meta.json``: one recorded launch."""
+    """``s<step>/c<call>/meta.json``: one recorded launch (or host-class call: ``host``)."""
 
     kernel: StrictStr
-    family: Literal["v1", "v2", "v1-fused", "unknown"]
+    family: Literal["v1", "v2", "v1-fused", "host-v1", "host-v2", "unknown"]
+    host: HostCallModel | None = None
     params: list[StrictStr] = []
     grid: list[Annotated[StrictInt, Field(ge=0)]] = []
     scalars: LaunchScalarsModel = LaunchScalarsModel()

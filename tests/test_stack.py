@@ -1,13 +1,17 @@
-"""cpsim run --stack: the runtime's host classes driven per CP rank in a child, judged by the coordinator.
+"""cpsim run --stack: the runtime's host classes driven per CP rank in a child, judged by the coordinator;
+capture from the host classes, replayed.
 
-Host classes of our own in vllm-ascend's shape (tests/stack_hosts) run without vLLM; the
-installed-vLLM test skips unless a side venv with vLLM 0.33.0 is there.
+Host classes of our own in vllm-ascend's shape (tests/stack_hosts) run without vLLM; the tests on
+released classes skip unless the side venv (and, for vllm-ascend, the unpacked sdist) is there:
+$CPSIM_STACK_PYTHON (vLLM 0.33.0), $CPSIM_ASCEND_PYTHON (a vLLM 0.23.0 venv),
+$CPSIM_ASCEND_SOURCE_023 / $CPSIM_ASCEND_SOURCE_018 (the vllm-ascend sdists' top folders).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +21,13 @@ from cpsim import cli
 from cpsim.stack import host
 
 HOSTS = Path(__file__).parent / "stack_hosts"
-VLLM_PYTHON = os.environ.get(host.PYTHON_ENV, str(Path(__file__).resolve().parent.parent / ".venv-upstream" / "vllm-0.33.0" / "bin" / "python"))
+ROOT = Path(__file__).resolve().parent.parent
+UPSTREAM = ROOT / ".venv-upstream"
+VLLM_PYTHON = os.environ.get(host.PYTHON_ENV, str(UPSTREAM / "vllm-0.33.0" / "bin" / "python"))
+ASCEND_PYTHON = os.environ.get("CPSIM_ASCEND_PYTHON", str(UPSTREAM / "vllm-0.23.0" / "bin" / "python"))
+ASCEND_SOURCE = {"0.23.0.post1": os.environ.get("CPSIM_ASCEND_SOURCE_023",
+                                                str(UPSTREAM / "src" / "vllm_ascend-0.23.0.post1")),
+                 "0.18.0": os.environ.get("CPSIM_ASCEND_SOURCE_018", str(UPSTREAM / "src" / "vllm_ascend-0.18.0"))}
 
 
 def run(tmp_path, *argv) -> tuple[int, dict]:
@@ -94,3 +104,190 @@ def test_installed_vllm_classes_hold_every_universal_invariant(tmp_path):
     fails = {(v["invariant"], v["path"]) for v in rep["verdicts"] if v["status"] == "fail"}
     assert not {f for f in fails if f[0] in host.UNIVERSAL}
     assert fails == VLLM_033_KNOWN and code == 1
+
+
+# ---- vllm-ascend's released classes (v1 MultiGroupBlockTable), driven per rank --------------------------
+
+def _ascend_ready(release: str) -> tuple[bool, str]:
+    py, src = ASCEND_PYTHON, ASCEND_SOURCE[release]
+    ok = Path(py).exists() and (Path(src) / "vllm_ascend" / "worker" / "block_table.py").exists()
+    return ok, (f"needs a vLLM 0.23.0 side venv at {py} ($CPSIM_ASCEND_PYTHON) and vllm-ascend {release}'s "
+                f"unpacked sdist at {src} (docs/UPSTREAM.md)")
+
+
+def _ascend_sweep(release: str, presets=("default",)) -> dict[str, set[tuple[str, str]]]:
+    """DCP 2/4/8 x interleave 1/16 of each preset through one child: {scenario: {(invariant, group)} failing}."""
+    import dataclasses
+
+    from cpsim import scenario as sc
+    scen = [dataclasses.replace(sc.preset(p, dcp=d, interleave=i), name=f"{p}-dcp{d}-i{i}")
+            for p in presets for d in (2, 4, 8) for i in (1, 16)]
+    got, _, jobs = host.drive_many(scen, "vllm-ascend", ["v1"], ASCEND_PYTHON, source=ASCEND_SOURCE[release])
+    assert got.startswith(f"vllm-ascend {release} ")
+    out = {}
+    for j in jobs:
+        assert j.unsupported is None and j.profile == "vllm-ascend-0.23"
+        _, verdicts = host.judge_steps(j.steps, j.profile)
+        out[j.scenario.name] = {(v.invariant, x.group) for v in verdicts if v.status == "fail" for x in v.violations}
+    return out
+
+
+# On main the vllm-ascend-0.23 profile's padding reach ("padded-count": the runner PADs up to the padded
+# count, model_runner_v1.py) is not applied yet, so the buffer tail past it reads as `padding` /
+# `matches-reference` on the slot-mapped groups; nothing else may fail.
+TAIL = {"padding", "matches-reference"}
+
+
+@pytest.mark.skipif(not _ascend_ready("0.23.0.post1")[0], reason=_ascend_ready("0.23.0.post1")[1])
+def test_installed_vllm_ascend_023_holds_every_universal_invariant():
+    for name, fails in _ascend_sweep("0.23.0.post1").items():
+        assert {inv for inv, _ in fails} <= TAIL, name
+        assert {g for _, g in fails} <= {"attn-hybrid", "attn-b16"}, name
+
+
+@pytest.mark.skipif(not _ascend_ready("0.18.0")[0], reason=_ascend_ready("0.18.0")[1])
+def test_installed_vllm_ascend_018_shows_the_mamba_width_divided_by_cp():
+    """0.18.0 sizes a mamba table cdiv(max_model_len, B x CP) and never multiplies it back (vllm-ascend #9724,
+    fixed in 0.23.0.post1's BlockTable): block-sizing on the mamba group at every DCP, nothing universal."""
+    for name, fails in _ascend_sweep("0.18.0").items():
+        assert ("block-sizing", "mamba") in fails, name
+        assert {inv for inv, _ in fails} <= TAIL | {"block-sizing"}, name
+
+
+@pytest.mark.skipif(not _ascend_ready("0.23.0.post1")[0], reason=_ascend_ready("0.23.0.post1")[1])
+def test_installed_vllm_ascend_023_int32_slots_wrap_past_2_31(tmp_path):
+    """huge-cache: 33554432 blocks x 128 slots; 0.23.0.post1's slot buffer is int32 (reshape_and_cache wants
+    int32), so slots past 2^31 wrap negative: dense-local and no-collision fail on that group."""
+    code, rep = run(tmp_path, "--stack", "vllm-ascend", "--paths", "v1", "--scenario", "huge-cache", "--dcp", "4",
+                    "--stack-python", ASCEND_PYTHON, "--stack-source", ASCEND_SOURCE["0.23.0.post1"])
+    fails = {(v["invariant"], x["group"]) for v in rep["verdicts"] if v["status"] == "fail" for x in v["violations"]}
+    assert code == 1
+    assert {("dense-local", "attn-b128"), ("no-collision", "attn-b128")} <= fails
+    assert ("dense-local", "attn-b16") not in fails
+
+
+def _fake_ascend(tmp_path, version: str, block_table: str) -> Path:
+    pkg = tmp_path / "src" / "vllm_ascend"
+    (pkg / "worker").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_version.py").write_text(f"__version__ = {version!r}\n")
+    (pkg / "worker" / "__init__.py").write_text("")
+    (pkg / "worker" / "block_table.py").write_text(block_table)
+    return tmp_path / "src"
+
+
+def test_a_vllm_ascend_release_not_read_is_exit_2(tmp_path, capsys):
+    src = _fake_ascend(tmp_path, "9.9.9", "")
+    code, _ = run(tmp_path, "--stack", "vllm-ascend", "--paths", "v1", "--stack-python", sys.executable,
+                  "--stack-source", str(src))
+    assert code == 2
+    assert "vllm-ascend 9.9.9 is not a release this adapter was read from" in capsys.readouterr().err
+
+
+def test_a_vllm_ascend_that_does_not_import_is_exit_2_with_the_reason(tmp_path, capsys):
+    src = _fake_ascend(tmp_path, "0.23.0.post1", "import torch_npu\n")
+    code, _ = run(tmp_path, "--stack", "vllm-ascend", "--paths", "v1", "--stack-python", sys.executable,
+                  "--stack-source", str(src))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "does not import here" in err and "ModuleNotFoundError" in err
+
+
+def test_a_missing_stack_source_is_exit_2(tmp_path, capsys):
+    code, _ = run(tmp_path, *own("ascend_shape"), "--stack-source", str(tmp_path / "nowhere"))
+    assert code == 2
+    assert "--stack-source" in capsys.readouterr().err
+
+
+# ---- capture from the host classes ----------------------------------------------------------------------
+
+def _replay(path, tmp_path) -> tuple[int, dict]:
+    out = tmp_path / "replay.json"
+    code = cli.main(["replay", str(path), "--quiet", "--json", str(out)])
+    return code, (json.loads(out.read_text()) if out.exists() else {})
+
+
+def _capture_own(tmp_path, module: str) -> Path:
+    out = tmp_path / f"cap-{module}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, str(HOSTS / "capture_run.py"), module, str(out)], check=True, env=env,
+                   timeout=300)
+    return out
+
+
+def test_capture_from_own_host_classes_replays_clean(tmp_path):
+    cap = _capture_own(tmp_path, "ascend_shape")
+    assert sorted(p.name for p in cap.iterdir()) == [f"rank{r}.cpcap" for r in range(4)]
+    code, rep = _replay(cap, tmp_path)
+    assert (code, rep.get("passed"), rep.get("steps_checked")) == (0, True, 1)
+
+
+def test_capture_from_host_classes_keeps_block_0_by_its_live_count(tmp_path):
+    """Request 0's only block of group 0 is block 0: with the recorded num_blocks it is a block; without them
+    (read off the row, up to the last non-zero id) the row is empty and the replay fails."""
+    from cpsim.capture.archive import ArchiveReader, ArchiveWriter
+    cap = _capture_own(tmp_path, "ascend_shape")
+    assert _replay(cap, tmp_path)[0] == 0
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in cap.iterdir():
+        r = ArchiveReader(f, "capture")
+        w = ArchiveWriter(bare / f.name)
+        for name in sorted(r.names):
+            if "num_blocks" in name:
+                continue
+            if name.endswith(".json"):
+                w.json(name[: -len(".json")], r.json(name[: -len(".json")]))
+            else:
+                w.array(name[: -len(".npy")], r.array(name[: -len(".npy")]))
+        w.close()
+    code, rep = _replay(bare, tmp_path)
+    assert code == 1
+    assert rep["first_violation"]["invariant"] in {"row-bounds", "dense-local", "matches-reference"}
+
+
+def test_capture_from_host_classes_with_an_upstream_bug_fails_replay(tmp_path):
+    code, rep = _replay(_capture_own(tmp_path, "kernel_block_in_virtual"), tmp_path)  # vllm-ascend #10442
+    assert code == 1
+    assert {"dense-local", "no-collision"} <= failing(rep)
+
+
+@pytest.mark.skipif(not Path(VLLM_PYTHON).exists(), reason=f"no side venv with vLLM 0.33.0 at {VLLM_PYTHON} "
+                                                          f"(make upstream-venvs, or set {host.PYTHON_ENV})")
+@pytest.mark.parametrize("path", ["v1", "v2"])
+def test_capture_from_vllm_033_real_classes_replays(tmp_path, path):
+    """docs/examples/capture_vllm_host.py: vLLM 0.33.0's MultiGroupBlockTable / BlockTables per rank, captured;
+    the replay holds; with rank 1 handed other positions (--break) it fails."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for broken in (False, True):
+        cap = tmp_path / f"cap-{path}-{broken}"
+        subprocess.run([VLLM_PYTHON, str(ROOT / "docs" / "examples" / "capture_vllm_host.py"), str(cap), path]
+                       + (["--break"] if broken else []), check=True, env=env, timeout=600, capture_output=True)
+        code, rep = _replay(cap, tmp_path)
+        if not broken:
+            assert (code, rep.get("passed")) == (0, True)
+        else:
+            assert code == 1 and "same-scenario" in failing(rep)
+
+
+def _ascend_run(tmp_path, release: str, preset: str) -> tuple[int, set[str]]:
+    code, rep = run(tmp_path, "--stack", "vllm-ascend", "--paths", "v1", "--scenario", preset, "--dcp", "4",
+                    "--stack-python", ASCEND_PYTHON, "--stack-source", ASCEND_SOURCE[release])
+    return code, (failing(rep) if rep else set())
+
+
+@pytest.mark.skipif(not (_ascend_ready("0.18.0")[0] and _ascend_ready("0.23.0.post1")[0]),
+                    reason=_ascend_ready("0.18.0")[1])
+def test_vllm_ascend_018_ships_the_two_host_bugs_023_fixed(tmp_path, capsys):
+    """On the released code itself: 0.18.0's virtual block is the kernel block x CP (vllm-ascend #10442: wrong
+    owners once the interleave exceeds the kernel block, hybrid-interleave) and its slot buffer has no MTP draft
+    reserve (#14024: the release raises on mtp's 110 tokens in 104 entries); 0.23.0.post1 holds both."""
+    code, fails = _ascend_run(tmp_path, "0.18.0", "hybrid-interleave")
+    assert code == 1 and {"owner-rule", "dense-local", "no-collision"} <= fails
+    code, fails = _ascend_run(tmp_path, "0.23.0.post1", "hybrid-interleave")
+    assert not fails & set(host.UNIVERSAL)
+    capsys.readouterr()
+    code, _ = _ascend_run(tmp_path, "0.18.0", "mtp")
+    assert code == 1 and "could not broadcast input array from shape (110,) into shape (104,)" in capsys.readouterr().out
+    code, fails = _ascend_run(tmp_path, "0.23.0.post1", "mtp")
+    assert not fails & set(host.UNIVERSAL) and fails <= TAIL

@@ -43,7 +43,7 @@ def __getattr__(name: str) -> Any:
         return getattr(recorder, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["KNOWN_KERNELS", "CapturedKernel", "Policy", "Recorder", "capture", "install", "uninstall", "wrap",
+__all__ = ["KNOWN_HOSTS", "KNOWN_KERNELS", "CapturedKernel", "Policy", "Recorder", "capture", "install", "uninstall", "wrap",
            "active"]
 
 # Where the kernels cpsim knows are looked up at launch time (module:attr): cpsim's own and the
@@ -56,6 +56,14 @@ KNOWN_KERNELS = (
     "vllm.v1.worker.gpu.block_table:_compute_slot_mappings_kernel",
     "vllm_ascend.worker.block_table:_compute_slot_mapping_kernel",
     "vllm_ascend.worker.v2.block_table:_compute_slot_mappings_kernel",
+)
+
+# The host classes whose compute_slot_mapping(s) can be wrapped (module:Class.method; cpsim.capture.hosts):
+# their own state after each call is recorded (tables, live block counts, slot buffers, CP rank).
+KNOWN_HOSTS = (
+    "vllm.v1.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
+    "vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings",
+    "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
 )
 
 _active: "_Session | None" = None
@@ -116,11 +124,25 @@ class _Session:
     def patch(self, module) -> None:
         from cpsim.capture.recorder import CapturedKernel, wrap
         for attr in self.targets.get(module.__name__, ()):
+            if "." in attr:  # Class.method: a host class's compute_slot_mapping(s) (cpsim.capture.hosts)
+                self._patch_host(module, attr)
+                continue
             obj = getattr(module, attr, None)
             if obj is None or isinstance(obj, CapturedKernel):
                 continue
             self.saved.append((module, attr, obj))
             setattr(module, attr, wrap(obj, self.recorder, f"{module.__name__}:{attr}"))
+
+    def _patch_host(self, module, attr: str) -> None:
+        from cpsim.capture.hosts import READERS, wrap_method
+        cls_name, _, method = attr.partition(".")
+        cls = getattr(module, cls_name, None)
+        if not isinstance(cls, type) or method not in READERS or method not in cls.__dict__:
+            return
+        if getattr(cls.__dict__[method], "_cpsim_host", False):
+            return
+        original = wrap_method(cls, method, self.recorder, f"{module.__name__}:{attr}")
+        self.saved.append((cls, method, original))
 
     def start(self) -> None:
         for name in self.targets:
@@ -178,7 +200,8 @@ def install(env=os.environ) -> Recorder | None:
     Also read: ``CPSIM_CAPTURE_EVERY``, ``CPSIM_CAPTURE_STEPS`` (``a..b``),
     ``CPSIM_CAPTURE_BUDGET`` (``512M``), ``CPSIM_CAPTURE_RANK`` (this process's rank when
     torch.distributed is not initialised), ``CPSIM_CAPTURE_RANKS`` (``0-3``: record these ranks only),
-    ``CPSIM_CAPTURE_KERNELS`` (extra ``module:attr``, comma-separated),
+    ``CPSIM_CAPTURE_KERNELS`` (extra ``module:attr``, comma-separated; ``module:Class.method`` wraps a
+    host class), ``CPSIM_CAPTURE_HOSTS=1`` (also wrap the host classes of ``KNOWN_HOSTS``),
     ``CPSIM_CAPTURE_META`` (JSON, see :func:`capture`).
     """
     global _active
@@ -197,7 +220,8 @@ def install(env=os.environ) -> Recorder | None:
         raise ConfigError("CPSIM_CAPTURE_META", f"not valid JSON: {e}") from None
     rank = env.get("CPSIM_CAPTURE_RANK")
     session = _Session(Recorder(directory, policy_from_env(env), int(rank) if rank and rank.isdigit() else None,
-                                meta), list(KNOWN_KERNELS) + [k.strip() for k in extra])
+                                meta), list(KNOWN_KERNELS) + [k.strip() for k in extra]
+                       + (list(KNOWN_HOSTS) if env.get("CPSIM_CAPTURE_HOSTS", "") not in ("", "0") else []))
     session.start()
     _active = session
     recording.set_active(session.recorder)

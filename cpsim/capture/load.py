@@ -118,9 +118,14 @@ def units(cap: Capture) -> Iterator[tuple[int, str, dict[int, list[Call]]]]:
         names: dict[str, dict[int, list[Call]]] = {}
         for rank, calls in per_rank.items():
             v2_seen = 0
+            host_seen: dict[str, int] = {}
             for c in sorted(calls, key=lambda c: c.call):
                 fam = c.meta.get("family")
-                if fam == "v1":
+                if fam in ("host-v1", "host-v2"):  # one host-class call is one unit (cpsim.capture.hosts)
+                    k = host_seen.get(fam, 0)
+                    names.setdefault(f"{fam}#{k}", {}).setdefault(rank, []).append(c)
+                    host_seen[fam] = k + 1
+                elif fam == "v1":
                     names.setdefault("v1", {}).setdefault(rank, []).append(c)
                 elif fam == "v2":
                     names.setdefault(f"v2#{v2_seen}", {}).setdefault(rank, []).append(c)
@@ -308,7 +313,60 @@ def _v2_live(c: Call, tables: list[np.ndarray]) -> list[np.ndarray | None] | Non
     return [nb[g, : t.shape[0]] for g, t in enumerate(tables)]
 
 
+def _host_step(step: int, name: str, per_rank: dict[int, list[Call]], meta: dict, source: str) -> ExplicitStep:
+    """A host-class call per rank (cpsim.capture.hosts): the object's tables, live counts, slot buffers."""
+    where = f"step {step} {name}"
+    calls = {fr: cs[0] for fr, cs in per_rank.items()}
+    first = next(iter(calls.values()))
+    host = first.meta["host"]
+    path = "v2" if name.startswith("host-v2") else "v1"
+    world = max(g["cp_world"] for g in host["groups"])
+    interleave = host["groups"][0]["interleave"]
+    for fr, c in calls.items():
+        h = c.meta["host"]
+        if len(h["groups"]) != len(host["groups"]) or [(g["block_size"], g["entry_size"], g["kind"]) for g in
+                                                        h["groups"]] != [(g["block_size"], g["entry_size"], g["kind"])
+                                                                         for g in host["groups"]]:
+            raise ConfigError("capture", f"{where}: file rank {fr}'s host object has other groups than "
+                                         f"file rank {next(iter(calls))}'s")
+    order = _order(calls, {fr: c.meta["host"]["groups"][0]["cp_rank"] for fr, c in calls.items()}, world, where)
+    step_groups = [{"block_size": g["block_size"], "entry": g["entry_size"], "kernel_block": g["entry_size"],
+                    "kind": g["kind"], "sharded": g["sharded"] and (g["cp_world"] > 1 or world == 1)}
+                   for g in host["groups"]]
+    G = len(step_groups)
+    ranks, tables = [], []
+    for fr in order:
+        c = calls[fr]
+        pos, qsl = c.ints("positions"), c.ints("query_start_loc")
+        idx = c.ints("idx_mapping") if c.has("idx_mapping") else np.arange(len(qsl) - 1, dtype=np.int64)
+        ts = [c.ints(f"g{g}/table", 2) for g in range(G)]
+        bufs = [c.ints(f"g{g}/slots") for g in range(G)]
+        mapped = [b for b, gd in zip(bufs, step_groups) if gd["kind"] != "mamba"] or bufs
+        entries = min(b.size for b in mapped)
+        slots = np.full((G, entries), PAD_SLOT_ID, dtype=np.int64)
+        for g, b in enumerate(bufs):
+            slots[g, : min(entries, b.size)] = b[:entries]
+        live = [c.ints(f"g{g}/num_blocks") if c.has(f"g{g}/num_blocks") else None for g in range(G)]
+        padded = int(c.meta["host"]["num_tokens_padded"])
+        if padded > len(pos):
+            pos = np.concatenate([pos, np.zeros(padded - len(pos), dtype=np.int64)])
+        tables.append(ts)
+        ranks.append(RankBatch(pos, qsl, idx, max(padded, int(qsl[-1])), ts, slots,
+                               num_blocks=live if any(x is not None for x in live) else None))
+    # What the host object knows (buffer sizes) unless the capture's meta says otherwise.
+    known = {"max_num_reqs": host["groups"][0]["max_num_reqs"],
+             "max_num_batched_tokens": host["groups"][0]["max_num_batched_tokens"]} | meta
+    groups, limits, notes = _group_limits(step_groups, tables, known, world, ranks[0].slots.shape[1],
+                                          ranks[0].num_reqs)
+    label = {"step": step, "unit": name, "source": source, "file_ranks": order, "notes": notes,
+             "kernels": sorted({c.meta.get("kernel") for c in calls.values()}), "name": f"step {step} {name}"}
+    return validate(ExplicitStep(path, CPConfig(dcp=world, interleave=interleave), groups,
+                                 tuple(g["entry"] for g in step_groups), limits, ranks, label))
+
+
 def to_step(cap: Capture, step: int, name: str, per_rank: dict[int, list[Call]], source: str) -> ExplicitStep:
+    if name.startswith("host-"):
+        return _host_step(step, name, per_rank, cap.meta, source)
     if name == "v1":
         return _v1_step(step, name, per_rank, cap.meta, source)
     if name.startswith("v2#"):

@@ -107,6 +107,14 @@ def check_meta(meta: Any, root: str = "meta") -> dict[str, Any]:
     return parse(schema.CaptureMetaModel, {} if meta is None else meta, root).model_dump(exclude_none=True)
 
 
+def _distributed() -> bool:
+    try:
+        import torch.distributed as dist
+        return dist.is_available() and dist.is_initialized()
+    except ImportError:
+        return False
+
+
 def process_rank() -> int:
     """torch.distributed's rank when initialised, else CPSIM_CAPTURE_RANK, RANK, 0."""
     try:
@@ -183,10 +191,16 @@ class Recorder:
         finally:
             self._scope = old
 
-    def rank(self) -> int:
+    def rank(self, fallback: int | None = None) -> int:
+        """The scope's rank, the fixed one, torch.distributed's; then ``fallback`` (a host object's own CP
+        rank: a virtual world builds every rank's object in one process), else CPSIM_CAPTURE_RANK / RANK / 0."""
         if self._scope is not None and self._scope[1] is not None:
             return self._scope[1]
-        return self.fixed_rank if self.fixed_rank is not None else process_rank()
+        if self.fixed_rank is not None:
+            return self.fixed_rank
+        if fallback is not None and not _distributed():
+            return fallback
+        return process_rank()
 
     def _place(self, rank: int, out_key: tuple) -> tuple[int, int]:
         """(step, call) of a launch about to happen."""

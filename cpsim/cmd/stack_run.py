@@ -26,6 +26,8 @@ def add_stack_args(p) -> None:
                                                        "(default: $CPSIM_STACK_PYTHON, else this python)")
     p.add_argument("--stack-classes", metavar="FILE", help="host classes of your own in the release's shape, "
                                                           "driven instead of the installed ones")
+    p.add_argument("--stack-source", metavar="DIR", help="an unpacked release (the sdist's top folder) put first "
+                                                        "on the child's sys.path: vllm-ascend without installing it")
 
 
 def main_stack(args) -> int:
@@ -38,7 +40,8 @@ def main_stack(args) -> int:
                                      f"{', '.join(STACK_PATHS)} (got {', '.join(bad)})")
     console = Console()
     try:
-        result = host.judge(host.drive(s, args.stack, paths, args.stack_python, args.stack_classes))
+        result = host.judge(host.drive(s, args.stack, paths, args.stack_python, args.stack_classes,
+                                       source=args.stack_source), getattr(args, "profile", None))
     except RuntimeError as e:  # the release's code died or hung: never a pass
         console.print(f"[bold red]FAIL[/bold red] {e}", highlight=False, soft_wrap=True)
         return 1
@@ -47,11 +50,12 @@ def main_stack(args) -> int:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
     else:
         report.print_report(console, result.scenario, verdicts, title=f"{s.name} on {result.release} host classes")
-        console.print(f"stack: {result.release}; patches:", highlight=False)
+        console.print(f"stack: {result.release}; profile: {result.profile or 'cpsim'}; patches:", highlight=False)
         for line in result.patches:
             console.print(f"  - {line}", highlight=False, soft_wrap=True)
     if args.json:
         report.write_json(args.json, report.to_dict(result.scenario, verdicts,
                                                     {"stack": {"release": result.release,
+                                                               "profile": result.profile or "cpsim",
                                                                "patches": result.patches}}))
     return 0 if coordinator.passed(verdicts) else 1

@@ -48,13 +48,18 @@ def run_job(adapter, module, meta: dict, arrays: dict, out: dict, k: int) -> dic
             for gi, t in enumerate(tables):
                 if t is not None:
                     out[f"j{k}/{path}_r{rank}_g{gi}_table"] = t
-    return {"entry_sizes": adapter.entry_sizes(meta)}
+    answer = {"entry_sizes": adapter.entry_sizes(meta)}
+    if hasattr(adapter, "profile"):
+        answer["profile"] = adapter.profile(meta)
+    return answer
 
 
 def main(folder: str) -> int:
     where = Path(folder)
     top, arrays = read(where, "in")
     adapter = importlib.import_module(FAMILIES[top["family"]])
+    for folder in reversed(top.get("source") or []):  # an unpacked release (sdist), not installed
+        sys.path.insert(0, folder)
     try:
         classes = load_classes_file(top["classes"]) if top.get("classes") else None
         release, module = adapter.load(classes)
@@ -63,7 +68,8 @@ def main(folder: str) -> int:
         return 3
     out: dict = {}
     jobs = [run_job(adapter, module, meta, job_arrays(arrays, k), out, k) for k, meta in enumerate(top["jobs"])]
-    write(where, "out", {"release": release, "patches": list(adapter.PATCHES), "jobs": jobs}, out)
+    applied = adapter.patches() if hasattr(adapter, "patches") else list(adapter.PATCHES)
+    write(where, "out", {"release": release, "patches": applied, "jobs": jobs}, out)
     return 0
 
 

@@ -42,6 +42,7 @@ class StackResult:
     steps: dict[str, ExplicitStep]
     verdicts: list[coordinator.Verdict] = field(default_factory=list)
     scenario: Scenario | None = None
+    profile: str | None = None       # the release profile it is judged by (None: cpsim's model)
 
 
 def kv_manager_blocks(s: Scenario, gi: int) -> list[np.ndarray]:
@@ -102,17 +103,30 @@ class Job:
     unsupported: tuple[str, str] | None = None
     verdicts: list[coordinator.Verdict] = field(default_factory=list)
     judged: Scenario | None = None
+    profile: str | None = None
+
+
+def stack_source(given: str | None) -> list[str]:
+    """The unpacked release folder put first on the child's sys.path (an sdist's top folder)."""
+    if not given:
+        return []
+    if not Path(given).is_dir():
+        raise ConfigError("--stack-source", f"{given} is not a folder (the unpacked sdist's top folder, "
+                                            f"the one holding the package)")
+    return [str(Path(given).resolve())]
 
 
 def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python: str | None = None,
-               classes: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> tuple[str, list[str], list[Job]]:
+               classes: str | None = None, timeout: float = DEFAULT_TIMEOUT, source: str | None = None
+               ) -> tuple[str, list[str], list[Job]]:
     """All scenarios through one child (the release is imported once): (release, patches, jobs).
 
     A release that cannot be loaded is a ConfigError (exit 2); a dead or hung child a RuntimeError."""
     if family not in FAMILIES:
         raise ConfigError("--stack", f"must be one of {', '.join(FAMILIES)}, got {family!r}")
     py = stack_python(python)
-    top = {"family": family, "classes": str(Path(classes).resolve()) if classes else None, "jobs": []}
+    top = {"family": family, "classes": str(Path(classes).resolve()) if classes else None, "jobs": [],
+           "source": stack_source(source)}
     arrays: dict = {}
     inputs = []
     for k, s in enumerate(scenarios):
@@ -145,17 +159,18 @@ def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python:
             jobs.append(Job(s, unsupported=(answer["unsupported"]["field"], answer["unsupported"]["rule"])))
             continue
         mine = {n[len(f"j{k}/"):]: a for n, a in got.items() if n.startswith(f"j{k}/")}
-        jobs.append(Job(s, {p: _step(s, meta, arr, mine, answer["entry_sizes"], p, family) for p in paths}))
+        jobs.append(Job(s, {p: _step(s, meta, arr, mine, answer["entry_sizes"], p, family) for p in paths},
+                        profile=answer.get("profile")))
     return out["release"], out["patches"], jobs
 
 
 def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
-          timeout: float = DEFAULT_TIMEOUT) -> StackResult:
+          timeout: float = DEFAULT_TIMEOUT, source: str | None = None) -> StackResult:
     """One scenario; a scenario the release cannot express is a ConfigError (exit 2)."""
-    release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout)
+    release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout, source)
     if job.unsupported:
         raise ConfigError(*job.unsupported)
-    return StackResult(release, patches, job.steps)
+    return StackResult(release, patches, job.steps, profile=job.profile)
 
 
 def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,
@@ -172,17 +187,23 @@ def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[in
                                  {"name": f"{s.name}@{family}"}))
 
 
-def judge_steps(steps: dict[str, ExplicitStep]) -> tuple[Scenario | None, list[coordinator.Verdict]]:
-    """Every invariant on every path's step (the coordinator's checks, unchanged)."""
+def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None
+                ) -> tuple[Scenario | None, list[coordinator.Verdict]]:
+    """Every invariant on every path's step (the coordinator's checks, unchanged), by the release's
+    profile when the adapter names one (else cpsim's model)."""
+    from cpsim.check import profiles
+    prof = profiles.get(profile) if profile else None
     judged, out = None, []
     for step in steps.values():
-        judged, _, verdicts = explicit.check(step)
+        judged, _, verdicts = explicit.check(step, profile=prof)
         out += verdicts
     return judged, out
 
 
-def judge(result: StackResult) -> StackResult:
-    result.scenario, result.verdicts = judge_steps(result.steps)
+def judge(result: StackResult, profile: str | None = None) -> StackResult:
+    """``profile``: an override (``--profile``); default the one the adapter named for the release."""
+    result.profile = profile or result.profile
+    result.scenario, result.verdicts = judge_steps(result.steps, result.profile)
     return result
 
 

@@ -1,54 +1,101 @@
-"""Adapter for vllm-ascend's v1 host block table (``vllm_ascend/worker/block_table.py``).
+"""Adapter for vllm-ascend's v1 host block table (``vllm_ascend/worker/block_table.py``), read from
+the vllm-ascend 0.18.0 and 0.23.0.post1 sdists.
 
-Read from vllm-ascend's ``MultiGroupBlockTable`` / ``BlockTable`` (the constructor
-arithmetic of the 0.23 line: ``max_num_blocks`` defaults to ``cdiv(max_model_len, B x DCP)``
-for every group, a mamba group's width is multiplied back by DCP, the slot buffer holds
-``max_num_batched_tokens + max(num_speculative_tokens - 1, 0) x max_num_reqs`` entries
-(the MTP draft reserve), tables hold kernel-block ids when ``kernel_sizes`` splits a block,
-and under DCP > 1 slots are computed by the torch function ``_compute_dcp_slot_mapping``
-with the physical block size in the virtual block). It is called as the release's NPU
-runner calls it: ``compute_slot_mapping(num_reqs, query_start_loc, positions[:num_scheduled])``.
+The installed (or unpacked: ``--stack-source DIR``, the sdist's top folder) release is driven on a
+CPU, one ``MultiGroupBlockTable`` per CP rank, called as that release's NPU runner calls it
+(``vllm_ascend/worker/model_runner_v1.py``):
 
-What this adapter does NOT do yet: drive the installed vllm-ascend package itself. Its
-``block_table`` module imports ``vllm_ascend.distributed.utils`` and
-``vllm_ascend.ops.triton.compute_slot_mapping``, whose package ``__init__`` imports
-``torch_npu`` (NPU only); :func:`load` says so (exit 2). It drives host classes of your
-own in that shape (``--stack-classes FILE``), which is how cpsim's tests express the three
-host bugs upstream shipped (mamba width divided by CP, slot buffer without the draft
-reserve, kernel block size where the KV block size belongs).
+- **0.23.0.post1** (built for vLLM 0.23.0): ``compute_slot_mapping(num_reqs, query_start_loc,
+  positions[:num_scheduled])`` with torch tensors; under CP > 1 the table's torch function
+  ``_compute_pcp_dcp_slot_mapping`` computes the slots (virtual block = the physical block x CP),
+  mamba groups are skipped. The runner sizes each group ``cdiv(max_model_len, B x CP)`` (a mamba
+  group's ``max(that, that or 1) + num_speculative_blocks``) and the table multiplies a mamba
+  group's width back by CP (``kv_cache_group``); the slot buffer holds ``max_num_batched_tokens
+  + 2 x PCP x max_num_reqs + max(num_speculative_tokens - 1, 0) x max_num_reqs``.
+- **0.18.0** (built for vLLM 0.18.0): ``compute_slot_mapping(req_indices, positions)`` with numpy
+  arrays, then ``commit_slot_mapping``; the CP branch is numpy with the virtual block = the
+  table's (kernel) block x CP, every group is mapped (mamba too), widths are the runner's
+  ``cdiv(max_model_len, B x CP)`` (mamba: ``max(that, (that or 1) + num_speculative_blocks)``,
+  not multiplied back: vllm-ascend #9724), the buffer has no draft reserve (#14024).
+
+Translation of cpsim groups: attention sharded over the whole CP world -> vLLM's
+``FullAttentionSpec`` in a ``KVCacheGroupSpec``; mamba -> ``MambaSpec`` (``align`` mode, prefix
+caching on: position-indexed rows, cpsim's model of a state table); kernel sizes as the runner
+builds them (``[kernel block]`` for attention, ``[0]`` for mamba). Block ids: each request gets
+``cdiv(allocated_len, B x CP)`` blocks, the same list on every rank, never 0 (the null block).
+Anything else is exit 2 (:func:`check_supported`). Judged with the ``vllm-ascend-0.23`` profile
+(cpsim/check/profiles.py, read from 0.18.0-0.23.0.post1).
+
+Host classes of your own in the 0.23 shape (``--stack-classes FILE``) are driven the same way;
+that is how cpsim's tests express the three host bugs upstream shipped and fixed (tests/stack_hosts).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 
 from cpsim.stack.exchange import Unsupported, request_blocks
 
-RELEASES = ("0.23.0.post1",)
-PATCHES = (
-    "get_dcp_group in the host classes' module answered per rank (world_size DCP, rank_in_group = the CP "
-    "rank being built): the virtual world has no process groups",
+# What differs between the releases read (each from that release's sdist, files above):
+# call: "torch" = compute_slot_mapping(num_reqs, query_start_loc, positions) (0.23.0.post1),
+#       "numpy" = compute_slot_mapping(req_indices, positions) + commit_slot_mapping (0.18.0);
+# groups_arg: the constructor takes kv_cache_groups (0.23.0.post1; it multiplies a mamba width by CP);
+# built_for: the vLLM release the runner checks for (vllm_version_is in that sdist).
+RELEASE_RULES = {
+    "0.23.0.post1": {"call": "torch", "groups_arg": True, "built_for": "0.23.0"},
+    "0.18.0": {"call": "numpy", "groups_arg": False, "built_for": "0.18.0"},
+}
+RELEASES = tuple(RELEASE_RULES)
+PROFILE = "vllm-ascend-0.23"
+OWN_SHAPE = "0.23.0.post1"  # host classes of your own are driven in this release's shape
+
+CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "VLLM_PLUGINS": ""}
+PATCHES_ALWAYS = (
+    "CUDA_VISIBLE_DEVICES='' and TRITON_INTERPRET=1 before vLLM is imported (as for the vllm adapter: vLLM's "
+    "triton_utils then keeps real Triton); VLLM_PLUGINS='' so that an installed vllm-ascend's platform plugin "
+    "(NPUPlatform, which imports torch_npu) is not loaded by vLLM's platform detection",
+    "get_dcp_group / get_pcp_group / get_total_cp_world_size in vllm_ascend.worker.block_table answered per "
+    "rank (DCP world size and the rank being built; PCP 1/0): the virtual world has no process groups",
     "pin_memory=False and device cpu passed to the constructor (the NPU runner passes its NPU device)",
 )
+PIN_PATCH = ("torch.Tensor.pin_memory a no-op returning the tensor: 0.23.0.post1's "
+             "BlockTable.commit_block_table calls .clone().pin_memory() unconditionally, which needs an "
+             "accelerator driver")
+NO_TORCH_NPU = ("no torch_npu stub: the imports of vllm_ascend.worker.block_table (the package __init__s "
+                "of vllm_ascend and vllm_ascend.worker included) touch vLLM only in 0.18.0 and 0.23.0.post1")
+_applied: list[str] = []
+
+
+def patches() -> list[str]:
+    """What was patched in this child (the driver reports it)."""
+    return list(PATCHES_ALWAYS) + _applied
+
+
+def _rules(meta: dict) -> dict:
+    return RELEASE_RULES[meta.get("release_version") or OWN_SHAPE]
 
 
 def check_supported(meta: dict, path: str) -> None:
+    """Raise :class:`Unsupported` for what vllm-ascend's v1 host table cannot be handed."""
     if path != "v1":
         raise Unsupported("--paths", "the vllm-ascend adapter drives the v1 MultiGroupBlockTable only; "
-                                     "vllm_ascend/worker/v2/block_table.py is not driven yet (use --paths v1)")
+                                     "vllm_ascend/worker/v2/block_table.py (AscendBlockTables) is not driven "
+                                     "(use --paths v1)")
     cp, world = meta["cp"], meta["cp"]["dcp"] * meta["cp"]["pcp"]
     if cp["pcp"] != 1:
-        raise Unsupported("--pcp", "the host class read computes DCP slots only (dcp_world_size); PCP is the "
-                                   "runner's, not driven here")
+        raise Unsupported("--pcp", "the runner splits positions over PCP before the table (pcp_manager); "
+                                   "only DCP is driven here")
     for g in meta["groups"]:
         where = f"groups.{g['name']}"
         if g["kind"] == "sliding_window":
             raise Unsupported(f"{where}.kind", "cpsim's ring-buffer sliding window has no counterpart in "
                                                "vllm-ascend's v1 block table")
         if g["kind"] == "attention" and g["world"] != world:
-            raise Unsupported(f"{where}.cp_size", "vllm-ascend's v1 BlockTable applies one DCP size to every "
+            raise Unsupported(f"{where}.cp_size", "vllm-ascend's v1 BlockTable applies one CP size to every "
                                                   "attention group")
     if meta["has_padding_flags"] or meta["has_replay"]:
         raise Unsupported("batch", "vllm-ascend's v1 block table takes no padding flags or replay window")
@@ -59,50 +106,168 @@ def entry_sizes(meta: dict) -> list[int]:
     return [g["block_size"] if g["kind"] == "mamba" else g["kernel_block_size"] for g in meta["groups"]]
 
 
+def profile(meta: dict) -> str:
+    return PROFILE
+
+
 class _Group:
     def __init__(self, world_size: int, rank_in_group: int):
         self.world_size, self.rank_in_group = world_size, rank_in_group
 
 
-def load(classes):
-    if classes is None:
+def _release_version() -> str:
+    try:
+        from vllm_ascend._version import __version__
+    except Exception:  # noqa: BLE001 - any failure of the release's own file is the reason below
+        import importlib.metadata as md
         try:
-            import vllm_ascend.worker.block_table as module  # noqa: F401
-        except Exception as e:  # any import failure of the release is the reason, not a crash
-            raise Unsupported("--stack", f"vllm-ascend's block_table does not import on this host "
-                                         f"({type(e).__name__}: {e}); its package imports torch_npu (NPU only). "
-                                         f"Drive host classes of your own in its shape with --stack-classes") from None
-        import vllm_ascend
-        return f"vllm-ascend {getattr(vllm_ascend, '__version__', '?')}", module
-    for name in ("MultiGroupBlockTable", "MambaSpec", "AttentionSpec"):
-        if not hasattr(classes, name):
-            raise Unsupported("--stack-classes", f"the file defines no {name} (the vllm-ascend shape needs "
-                                                 f"MultiGroupBlockTable, MambaSpec, AttentionSpec)")
-    return f"own classes in the vllm-ascend shape ({getattr(classes, 'NAME', classes.__file__)})", classes
+            return md.version("vllm_ascend")
+        except md.PackageNotFoundError:
+            raise Unsupported("--stack-source", "vllm_ascend is not importable in the side venv (install it, or "
+                                                "pass the unpacked sdist folder with --stack-source)") from None
+    return str(__version__)
+
+
+def _missing_vllm_names() -> None:
+    """0.23.0.post1 run against a vLLM it was not built for: stand-ins for the two names 0.31+ dropped.
+
+    ``_compute_slot_mapping_kernel`` (vllm.v1.worker.block_table, gone in 0.31) is used only when the
+    CP world is 1; its stand-in raises. ``get_total_cp_world_size`` (vllm.v1.worker.cp_utils, absent
+    in 0.28 and 0.33) is answered per rank by :func:`drive` anyway."""
+    import vllm.v1.worker.block_table as vbt
+    import vllm.v1.worker.cp_utils as cpu
+    if not hasattr(vbt, "_compute_slot_mapping_kernel"):
+        vbt._compute_slot_mapping_kernel = _KernelAbsent()
+        _applied.append("vllm.v1.worker.block_table._compute_slot_mapping_kernel stubbed (raises if launched): "
+                        "removed in the installed vLLM, imported by 0.23.0.post1, launched only at CP world 1")
+    if not hasattr(cpu, "get_total_cp_world_size"):
+        cpu.get_total_cp_world_size = lambda: 1
+        _applied.append("vllm.v1.worker.cp_utils.get_total_cp_world_size stubbed (answered per rank later): "
+                        "absent in the installed vLLM, imported by 0.23.0.post1")
+
+
+class _KernelAbsent:
+    """Stands in for a Triton kernel the installed vLLM does not have: any launch raises."""
+
+    def __getitem__(self, grid):
+        raise RuntimeError("vLLM's _compute_slot_mapping_kernel is absent in the installed vLLM; vllm-ascend "
+                           "launches it at CP world 1 only (not driven)")
+
+
+def load(classes):
+    """Patch for CPU and return (release, namespace of the host classes)."""
+    os.environ.update(CPU_ENV)
+    if classes is not None:
+        for name in ("MultiGroupBlockTable", "MambaSpec", "AttentionSpec"):
+            if not hasattr(classes, name):
+                raise Unsupported("--stack-classes", f"the file defines no {name} (the vllm-ascend shape needs "
+                                                     f"MultiGroupBlockTable, MambaSpec, AttentionSpec)")
+        name = getattr(classes, "NAME", classes.__file__)
+        return (f"own classes in the vllm-ascend {OWN_SHAPE} shape ({name})",
+                SimpleNamespace(own=True, version=None, bt=classes, kvi=None))
+    version = _release_version()
+    if version not in RELEASES:
+        raise Unsupported("--stack", f"vllm-ascend {version} is not a release this adapter was read from "
+                                     f"({', '.join(RELEASES)}); see docs/UPSTREAM.md, adding a release")
+    try:
+        import vllm
+        _missing_vllm_names()
+        import torch
+        torch.Tensor.pin_memory = lambda self, *a, **k: self
+        _applied.append(PIN_PATCH)
+        _applied.append(NO_TORCH_NPU)
+        import vllm_ascend.worker.block_table as bt
+        from vllm.v1 import kv_cache_interface as kvi
+    except Exception as e:  # noqa: BLE001 - any import failure of the release is the reason, not a crash
+        raise Unsupported("--stack", f"vllm-ascend {version}'s block_table does not import here "
+                                     f"({type(e).__name__}: {e})") from None
+    built_for = RELEASE_RULES[version]["built_for"]
+    if vllm.__version__ != built_for:
+        _applied.append(f"run against vLLM {vllm.__version__}; vllm-ascend {version} was built for vLLM {built_for}")
+    return (f"vllm-ascend {version} (vLLM {vllm.__version__})",
+            SimpleNamespace(own=False, version=version, bt=bt, kvi=kvi))
+
+
+def _answer_groups(home, dcp: int, rank: int) -> None:
+    home.get_dcp_group = lambda: _Group(dcp, rank)
+    home.get_pcp_group = lambda: _Group(1, 0)
+    home.get_total_cp_world_size = lambda: dcp
+
+
+def _runner_widths(meta: dict) -> list[int]:
+    """``max_num_blocks`` as the release's runner computes it (model_runner_v1.py, before NPUInputBatch):
+    ``n = cdiv(max_model_len, B x CP)``; a mamba group's ``max(n, n) + spec blocks`` (0.23.0.post1) or
+    ``max(n, n + spec blocks)`` (0.18.0), both ``n + spec blocks`` with prefix caching on (cpsim's model)."""
+    mml, world = meta["limits"]["max_model_len"], meta["cp"]["dcp"]
+    spec_blocks = meta["limits"]["num_speculative_tokens"]
+    out = []
+    for g in meta["groups"]:
+        n = -(-mml // (g["block_size"] * world))
+        if g["kind"] == "mamba":
+            n += spec_blocks
+        out.append(n)
+    return out
+
+
+def _groups(mod, meta: dict):
+    """KVCacheGroupSpecs of the release's vLLM (own classes: their AttentionSpec / MambaSpec)."""
+    if mod.own:
+        return [SimpleNamespace(kv_cache_spec=mod.bt.MambaSpec() if g["kind"] == "mamba" else mod.bt.AttentionSpec())
+                for g in meta["groups"]]
+    import torch
+    kvi, out = mod.kvi, []
+    for g in meta["groups"]:
+        if g["kind"] == "mamba":
+            spec = kvi.MambaSpec(block_size=g["block_size"], shapes=((1,),), dtypes=(torch.float32,),
+                                 mamba_cache_mode="align",
+                                 num_speculative_blocks=meta["limits"]["num_speculative_tokens"])
+        else:
+            spec = kvi.FullAttentionSpec(block_size=g["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float16)
+        out.append(kvi.KVCacheGroupSpec(layer_names=[g["name"]], kv_cache_spec=spec))
+    return out
 
 
 def drive(mod, meta: dict, arrays: dict, path: str, rank: int):
-    import sys
+    """One rank: build the release's host object, fill it, compute slots; (tables, slots [G, entries])."""
     import torch
-    # The name is looked up in the module that defines the classes (the release imports it there).
-    home = sys.modules[mod.MultiGroupBlockTable.__module__]
-    home.get_dcp_group = lambda: _Group(meta["cp"]["dcp"], rank)
+    meta["release_version"] = mod.version
+    rules = _rules(meta)
+    home = sys.modules[mod.bt.MultiGroupBlockTable.__module__]
+    _answer_groups(home, meta["cp"]["dcp"], rank)
     lim, groups = meta["limits"], meta["groups"]
-    specs = [SimpleNamespace(kv_cache_spec=mod.MambaSpec() if g["kind"] == "mamba" else mod.AttentionSpec())
-             for g in groups]
-    kernel_sizes = [[g["kernel_block_size"]] if g["kernel_block_size"] != g["block_size"] else [0] for g in groups]
-    table = mod.MultiGroupBlockTable(
-        lim["max_num_reqs"], lim["max_model_len"], lim["max_num_batched_tokens"], False, torch.device("cpu"),
-        [g["block_size"] for g in groups], num_speculative_tokens=lim["num_speculative_tokens"],
-        kernel_sizes=kernel_sizes, cp_kv_cache_interleave_size=meta["cp"]["interleave"], kv_cache_groups=specs)
+    kernel_sizes = [[0] if g["kind"] == "mamba" else [g["kernel_block_size"]] for g in groups]
+    extra = {"kv_cache_groups": _groups(mod, meta)} if rules["groups_arg"] else {}
+    table = mod.bt.MultiGroupBlockTable(
+        max_num_reqs=lim["max_num_reqs"], max_model_len=lim["max_model_len"],
+        max_num_batched_tokens=lim["max_num_batched_tokens"], pin_memory=False, device=torch.device("cpu"),
+        block_sizes=[g["block_size"] for g in groups], num_speculative_tokens=lim["num_speculative_tokens"],
+        max_num_blocks=_runner_widths(meta), kernel_sizes=kernel_sizes,
+        cp_kv_cache_interleave_size=meta["cp"]["interleave"], **extra)
     blocks = [request_blocks(arrays, gi) for gi in range(len(groups))]
-    num_reqs = len(arrays["query_start_loc"]) - 1
+    qsl_np = arrays["query_start_loc"].astype(np.int64)
+    num_reqs = len(qsl_np) - 1
     for i in range(num_reqs):
         table.add_row(tuple(b[i] for b in blocks), i)
     table.commit_block_table(num_reqs)
-    qsl = torch.from_numpy(arrays["query_start_loc"].astype(np.int32))
-    pos = torch.from_numpy(arrays["positions"].astype(np.int64))
-    table.compute_slot_mapping(num_reqs, qsl, pos[: int(qsl[-1])])
+    n = int(qsl_np[-1])
+    pos_np = arrays["positions"].astype(np.int64)[:n]
+    if rules["call"] == "torch":
+        table.compute_slot_mapping(num_reqs, torch.from_numpy(qsl_np.astype(np.int32)), torch.from_numpy(pos_np))
+    else:
+        req_indices = np.repeat(np.arange(num_reqs, dtype=np.int64), np.diff(qsl_np))
+        table.compute_slot_mapping(req_indices, pos_np)
+        table.commit_slot_mapping(n)
+    # What the runner does next (model_runner_v1.py, building attention metadata at PCP 1, both releases):
+    # ``slot_mapping[num_tokens:num_tokens_padded].fill_(-1)`` for every group's buffer. On a CPU the
+    # release's own CPU branch runs (0.23.0.post1 ``_compute_pcp_dcp_slot_mapping`` reads and writes the
+    # ``.cpu`` halves when its inputs are CPU tensors; the NPU runner's device tensors take the ``.gpu``
+    # branch, same arithmetic), so the ``.cpu`` halves are what was computed and what is read back.
+    for bt in table.block_tables:
+        bt.slot_mapping.cpu[n: meta["num_tokens_padded"]].fill_(-1)
+    return _read_back(table, groups)
+
+
+def _read_back(table, groups):
     tables = [bt.block_table.cpu.numpy().copy() for bt in table.block_tables]
     # One buffer length for all groups: the shortest of the slot-mapped groups' (what a short
     # buffer cannot hold is then capacity's to judge, never hidden behind another group's length).

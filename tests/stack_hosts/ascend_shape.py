@@ -10,6 +10,7 @@ three host bugs upstream shipped and fixed; every one on is the correct behaviou
   size x DCP, not the kernel block size x DCP.
 """
 
+import numpy as np
 import torch
 
 NAME = "ascend_shape (correct)"
@@ -38,6 +39,7 @@ class MambaSpec:
 class Buffer:
     def __init__(self, *size, dtype, fill=0):
         self.cpu = torch.full(size, fill, dtype=dtype)
+        self.gpu = self.cpu  # one tensor on a CPU host (the release's CpuGpuBuffer has two halves)
         self.np = self.cpu.numpy()
 
 
@@ -48,6 +50,9 @@ class BlockTable:
         cfg = globals()
         group = cfg["get_dcp_group"]()
         self.dcp_world_size, self.dcp_rank = group.world_size, group.rank_in_group
+        self.pcp_world_size, self.pcp_rank = 1, 0
+        self.max_num_reqs, self.max_num_batched_tokens = max_num_reqs, max_num_batched_tokens
+        self.num_blocks_per_row = np.zeros(max_num_reqs, dtype=np.int32)
         self.is_mamba_group = isinstance(getattr(kv_cache_group, "kv_cache_spec", None), MambaSpec)
         if self.is_mamba_group and self.dcp_world_size > 1 and cfg["MAMBA_WIDTH_TIMES_CP"]:
             max_num_blocks_per_req *= self.dcp_world_size
@@ -55,7 +60,7 @@ class BlockTable:
         self.physical_block_size, self.block_size = block_size, kernel
         self.blocks_per_phys_block = block_size // kernel
         self.max_num_blocks_per_req = max_num_blocks_per_req
-        self.interleave = cp_kv_cache_interleave_size
+        self.cp_kv_cache_interleave_size = cp_kv_cache_interleave_size
         self.block_table = Buffer(max_num_reqs, max_num_blocks_per_req * self.blocks_per_phys_block,
                                   dtype=torch.int32)
         reserve = max(num_speculative_tokens - 1, 0) * max_num_reqs if cfg["MTP_DRAFT_RESERVE"] else 0
@@ -67,11 +72,12 @@ class BlockTable:
             ids = (ids[:, None] * self.blocks_per_phys_block + torch.arange(self.blocks_per_phys_block)).reshape(-1)
         self.block_table.cpu[row].zero_()
         self.block_table.cpu[row, : ids.numel()] = ids.to(torch.int32)
+        self.num_blocks_per_row[row] = ids.numel()
 
     def compute_slot_mapping(self, num_reqs, query_start_loc, positions):
         n = positions.shape[0]
         reqs = torch.repeat_interleave(torch.arange(num_reqs), (query_start_loc[1:] - query_start_loc[:-1]).long())
-        world, rank, inter = self.dcp_world_size, self.dcp_rank, self.interleave
+        world, rank, inter = self.dcp_world_size, self.dcp_rank, self.cp_kv_cache_interleave_size
         size = self.physical_block_size if globals()["KV_BLOCK_IN_VIRTUAL_BLOCK"] else self.block_size
         virtual = size * world
         vblock, voff = positions // virtual, positions % virtual
