@@ -388,3 +388,30 @@ def test_a_rank_sigkilled_by_its_kernel_leaves_rank_0_report_naming_it(tmp_path)
     assert re.search(r"^\[rank 0\] the run stopped early; .*r\.json.* \(rank 1 named\)", proc.stderr, re.M), text
     (summary,) = _summary(proc.stderr)
     assert summary.startswith("cpsim: exit 1") and "rank 1" in summary, summary
+
+
+def test_a_rank_sigkilled_in_a_torchrun_sweep_leaves_rank_0_report_naming_it(tmp_path):
+    """The same death in `sweep` (two cells, the first call on rank 1 kills it): rank 0's --json /
+    --junit / --html say the sweep stopped, name rank 1, and count the cells planned, none done."""
+    js, xml, html = tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "r.html"
+    start = time.monotonic()
+    proc = cpu_sim(2, "sweep", "--presets", "mtp,default", "--cp", "2", "--paths", "v1",
+                   "--kernel-v1", f"{K}/kills_rank.py:slot_mapping", "--kernel-abi", "callable", "--timeout", "20",
+                   "--json", str(js), "--junit", str(xml), "--html", str(html), "--quiet",
+                   env=_env(TORCHRUN_ARGS=f"--log-dir {tmp_path / 'logs'}"), timeout=180)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-3000:]
+    _no_launcher_noise(text)
+    assert time.monotonic() - start < 120
+    report = json.loads(js.read_text())
+    assert report["passed"] is False and report["world_size"] == 2 and report["mode"] == "sweep-torchrun", report
+    stopped = report["stopped"]
+    assert stopped["ranks"] == [1] and "rank 1 died (no heartbeat" in stopped["message"], stopped
+    assert stopped["entries_done"] == 0 and stopped["entries_planned"] == 2 and report["groups"] == [], stopped
+    errors = list(ET.parse(xml).getroot().iter("error"))
+    assert len(errors) == 1 and "rank 1 died" in errors[0].get("message"), [e.attrib for e in errors]
+    page = html.read_text()
+    assert "the run stopped before the end" in page and "rank 1 died" in page
+    assert re.search(r"^\[rank 0\] the run stopped early; .*r\.json.* \(rank 1 named\)", proc.stderr, re.M), text
+    (summary,) = _summary(proc.stderr)
+    assert summary.startswith("cpsim: exit 1") and "rank 1" in summary, summary

@@ -476,3 +476,64 @@ def test_an_interrupted_fuzz_keeps_its_summary_and_the_repros_so_far(tmp_path, s
     assert {p.name for p in out.glob("repro-*.json")} == repros, (first, repros)
     data = json.loads((out / sorted(repros)[0]).read_text())
     assert data["inject"] == "stale-tail" and data["fuzz"]["signature"] in {s["signature"] for s in sigs}
+
+
+def _live_marked(mark: str) -> list[int]:
+    """Live (not zombie) processes whose environment holds ``mark``: everything cpsim started."""
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            env = (d / "environ").read_bytes() if d.name.isdigit() else b""
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0] if env else "Z"
+        except OSError:
+            continue
+        if mark.encode() in env and state != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def test_an_interrupted_fuzz_with_two_jobs_keeps_every_jobs_findings_so_far(tmp_path):
+    """``--jobs 2``, Ctrl-C to the whole process group (as a terminal sends it) once the first repro is on
+    disk: exit 130, one line, the summary lists every signature the jobs had found, each with its repro
+    file, and no job or kernel worker is left running."""
+    import uuid
+    out = tmp_path / "out"
+    mark = f"cpsim-fuzz-jobs-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([sys.executable, "-m", "cpsim", "fuzz", "--inject", "stale-tail", "--paths", "v1",
+                             "--jobs", "2", "--max-examples", "100000", "--seed", "0", "--no-db", "--out", str(out)],
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), CPSIM_KERNEL_WORKERS="1",
+                                                   CPSIM_TEST_MARK=mark),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not list(out.glob("repro-*.json")):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "no repro within 240 s"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        text, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    end = time.monotonic() + 10
+    while _live_marked(mark) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = _live_marked(mark)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
+    assert proc.returncode == 130, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    lines = [ln for ln in text.splitlines() if "interrupted" in ln]
+    assert len(lines) == 1 and lines[0].startswith("interrupted: SIGINT; stopped before the end"), text
+    assert "repro(s) in" in lines[0], lines[0]
+    summary = json.loads((out / "fuzz-summary.json").read_text())
+    assert summary["interrupted"] == "SIGINT" and summary["jobs"] == 2 and summary["examples"] >= 1
+    sigs = [s for s in summary["signatures"] if not s["ignored"]]
+    assert sigs and all(s["signature"].startswith("v1:") for s in sigs), sigs
+    assert all(s["job"] in (0, 1) for s in sigs), sigs
+    repros = {Path(s["repro"]).name for s in sigs}
+    assert all((out / name).is_file() for name in repros), repros
+    assert {p.name for p in out.glob("repro-*.json")} == repros
+    data = json.loads((out / sorted(repros)[0]).read_text())
+    assert data["inject"] == "stale-tail" and data["fuzz"]["signature"] in {s["signature"] for s in sigs}

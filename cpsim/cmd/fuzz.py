@@ -187,7 +187,8 @@ def main(args) -> int:
 
 def _search(cfg: fz.FuzzConfig, live: bool, console, started: float, early: set[Path]) -> fz.FuzzResult:
     """The search, with the live status line on a terminal. One job writes each new signature's repro as
-    soon as it is first seen (shrunk later, and replaced then), so an interrupt or a kill loses none."""
+    soon as it is first seen (shrunk later, and replaced then), so an interrupt or a kill loses none; with
+    ``--jobs N`` each job sends its new signatures here as it finds them, and this process writes them."""
     def found(f: fz.Finding, examples: int) -> None:
         try:
             early.add(fz.write_repro(cfg.out, fz.repro_of(cfg, f, examples)))
@@ -205,8 +206,8 @@ def _search(cfg: fz.FuzzConfig, live: bool, console, started: float, early: set[
                     view.update(_status(prog, cfg.max_examples))
 
             return (fz.search(cfg, show, found) if cfg.jobs == 1 else
-                    fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st, cfg.max_examples))))
-    return fz.search(cfg, on_found=found) if cfg.jobs == 1 else fz.search_jobs(cfg)
+                    fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st, cfg.max_examples)), found))
+    return fz.search(cfg, on_found=found) if cfg.jobs == 1 else fz.search_jobs(cfg, on_found=found)
 
 
 def _drop_superseded(early: set[Path], result: fz.FuzzResult) -> None:

@@ -776,39 +776,55 @@ def _search(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
 
 # ---- several jobs --------------------------------------------------------------------
 
-_QUEUE = None
+def _finding_record(f: Finding) -> dict:
+    """A finding as plain data, for the queue to the parent."""
+    return {**dataclasses.asdict(f), "scenario": f.scenario.to_dict(), "repro": None}
 
 
-def _init_job(queue, workers: str) -> None:
-    global _QUEUE
+def _finding_from(x: dict) -> Finding:
+    return Finding(**{**x, "scenario": sc.Scenario.from_dict(x["scenario"])})
+
+
+def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
+    """A job process: its own seed stream, the shared (keyed) example database. It tells the parent, over
+    ``queue``, its progress, each new signature as first seen ("found", with the scenario), and at its
+    end its result ("done") or its error ("failed"); so the parent holds every finding so far even if
+    it has to stop this job. Ctrl-C is the parent's to handle (a terminal sends it to the whole group);
+    SIGTERM, the parent's stop, ends the search with SystemExit, so this process's exit ends its own
+    kernel workers."""
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the pool
-    _QUEUE = queue
+    import sys
+    import traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     os.environ["CPSIM_KERNEL_WORKERS"] = workers
+    job = cfg_state["seed_stream"]
+    try:
+        from cpsim.kernels import use_interpreter
+        from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
+        from cpsim.kernels.under_test import from_record
 
+        use_interpreter()
+        cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu"))
+        last = [0.0]
 
-def _job(cfg_state: dict, kernels_record: dict) -> dict:
-    """A worker process: its own seed stream, the shared (keyed) example database."""
-    from cpsim.kernels import use_interpreter
-    from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
-    from cpsim.kernels.under_test import from_record
+        def tell(p: Progress) -> None:
+            now = time.monotonic()
+            if now - last[0] > 0.25:
+                last[0] = now
+                queue.put(("progress", job, (p.examples, p.signatures, p.phase)))
 
-    use_interpreter()
-    cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu"))
-    last = [0.0]
+        def found(f: Finding, examples: int) -> None:
+            queue.put(("found", job, (_finding_record(f), examples)))
 
-    def tell(p: Progress) -> None:
-        now = time.monotonic()
-        if _QUEUE is not None and now - last[0] > 0.25:
-            last[0] = now
-            _QUEUE.put((p.job, p.examples, p.signatures, p.phase))
-
-    r = search(cfg, tell)
-    if _QUEUE is not None:
-        _QUEUE.put((cfg.seed_stream, r.examples, len(r.reported), "done"))
-    return {"examples": r.examples, "classify_runs": r.classify_runs,
-            "findings": [{**dataclasses.asdict(f), "scenario": f.scenario.to_dict(), "repro": None}
-                         for f in r.findings]}
+        r = search(cfg, tell, found)
+        queue.put(("progress", job, (r.examples, len(r.reported), "done")))
+        queue.put(("done", job, {"examples": r.examples, "classify_runs": r.classify_runs,
+                                 "findings": [_finding_record(f) for f in r.findings]}))
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001 - a bug in cpsim itself: the parent raises it
+        queue.put(("failed", job, traceback.format_exc()))
 
 
 def merge(results: list[FuzzResult]) -> list[Finding]:
@@ -829,13 +845,92 @@ def merge(results: list[FuzzResult]) -> list[Finding]:
     return merge_nested(list(best.values()))
 
 
-def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = None) -> FuzzResult:
-    """``cfg.jobs`` worker processes, each its own seed stream; the example budget is split."""
+class JobFailed(RuntimeError):
+    """A fuzz job process raised (a bug in cpsim) or died before it reported its result."""
+
+
+class _Jobs:
+    """The parent's side of ``search_jobs``: the job processes and what they have said so far."""
+
+    def __init__(self, ctx, states: list[dict], record: dict, workers: str,
+                 on_progress: Callable[[dict], None] | None, on_found: Callable[[Finding, int], None] | None):
+        self.queue = ctx.Queue()
+        self.on_progress, self.on_found = on_progress, on_found
+        self.status: dict[int, tuple] = {}
+        self.found: dict[int, list[Finding]] = {}
+        self.done: dict[int, dict] = {}
+        self.procs = {st["seed_stream"]: ctx.Process(target=_job, args=(st, record, self.queue, workers),
+                                                     name=f"cpsim-fuzz-job-{st['seed_stream']}")
+                      for st in states}
+        for p in self.procs.values():
+            p.start()
+
+    def take(self, timeout: float) -> bool:
+        """Handle one message from a job, waiting up to ``timeout``; False when none came."""
+        import queue as queue_mod
+        try:
+            kind, job, body = self.queue.get(timeout=timeout)
+        except queue_mod.Empty:
+            return False
+        if kind == "progress":
+            self.status[job] = body
+            if self.on_progress:
+                self.on_progress(self.status)
+        elif kind == "found":
+            f = _finding_from(body[0])
+            self.found.setdefault(job, []).append(f)
+            if self.on_found:
+                self.on_found(f, body[1])
+        elif kind == "done":
+            self.done[job] = body
+        elif kind == "failed":
+            self.stop()
+            raise JobFailed(f"fuzz job {job} failed:\n{body}")
+        return True
+
+    def wait(self) -> None:
+        """Until every job has reported its result."""
+        while len(self.done) < len(self.procs):
+            if self.take(0.3):
+                continue
+            for job, p in self.procs.items():
+                if job not in self.done and not p.is_alive() and not self.take(0.5):
+                    self.stop()
+                    raise JobFailed(f"fuzz job {job} ended (exit code {p.exitcode}) before it reported its result")
+        for p in self.procs.values():
+            p.join()
+
+    def stop(self, bound_s: float = 10.0) -> None:
+        """End every job (SIGTERM, then SIGKILL past ``bound_s``), keeping what they send meanwhile."""
+        for p in self.procs.values():
+            if p.is_alive():
+                p.terminate()
+        end = time.monotonic() + bound_s
+        while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < end:
+            self.take(0.05)  # a job blocked writing to a full queue needs it read
+        for p in self.procs.values():
+            if p.is_alive():
+                p.kill()
+            p.join()
+        while self.take(0):
+            pass
+        self.queue.close()
+
+    def partial(self, started: float, space: str) -> FuzzResult:
+        """Every finding the jobs reported so far, merged."""
+        results = [FuzzResult(0, 0.0, fs, space) for fs in self.found.values()]
+        return FuzzResult(sum(v[0] for v in self.status.values()), time.monotonic() - started, merge(results),
+                          space, len(self.procs))
+
+
+def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = None,
+                on_found: Callable[[Finding, int], None] | None = None) -> FuzzResult:
+    """``cfg.jobs`` job processes, each its own seed stream; the example budget is split. Each job sends
+    every new signature to this process as first seen (``on_found(finding, examples)`` is told here), so an
+    interrupt (Ctrl-C, SIGTERM) stops the jobs and re-raises with every finding so far as ``partial``."""
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("spawn")  # a fresh interpreter: no forked torch / Triton state
-    queue = ctx.Queue()
     started = time.monotonic()
     share = [cfg.max_examples // cfg.jobs + (j < cfg.max_examples % cfg.jobs) for j in range(cfg.jobs)]
     states = []
@@ -846,37 +941,18 @@ def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = No
     record = to_record(cfg.kernels, cfg.paths)
     from cpsim.run.isolation import usable_cores
     workers = os.environ.get("CPSIM_KERNEL_WORKERS") or str(max(1, usable_cores() // cfg.jobs))  # the cores, shared out
-    ex = ProcessPoolExecutor(cfg.jobs, mp_context=ctx, initializer=_init_job, initargs=(queue, workers))
+    jobs = None
     try:
-        futures = [ex.submit(_job, st, record) for st in states]
-        status: dict[int, tuple] = {}
-        while not all(f.done() for f in futures):
-            try:
-                item = queue.get(timeout=0.3)
-                status[item[0]] = item[1:]
-                if on_progress:
-                    on_progress(status)
-            except Exception:  # queue.Empty: nothing new
-                pass
-        raw = [f.result() for f in futures]
+        jobs = _Jobs(ctx, states, record, workers, on_progress, on_found)
+        jobs.wait()
     except (KeyboardInterrupt, Interrupted) as e:
-        # The jobs ignore Ctrl-C and would run to their end: stop them (their findings are theirs, not
-        # sent back yet; the summary says how many examples the jobs had reported).
-        for proc in list((getattr(ex, "_processes", None) or {}).values()):
-            proc.terminate()
-        ex.shutdown(wait=False, cancel_futures=True)
-        e.partial = FuzzResult(sum(v[0] for v in status.values()), time.monotonic() - started, [], cfg.space,
-                               cfg.jobs)
+        if jobs is not None:
+            jobs.stop()
+            e.partial = jobs.partial(started, cfg.space)
         raise
-    ex.shutdown()
-    results = []
-    for d in raw:
-        fs = []
-        for x in d["findings"]:
-            x = dict(x)
-            x["scenario"] = sc.Scenario.from_dict(x["scenario"])
-            fs.append(Finding(**x))
-        results.append(FuzzResult(d["examples"], 0.0, fs, cfg.space, 1, d["classify_runs"]))
+    jobs.queue.close()
+    results = [FuzzResult(d["examples"], 0.0, [_finding_from(x) for x in d["findings"]], cfg.space, 1,
+                          d["classify_runs"]) for _, d in sorted(jobs.done.items())]
     return FuzzResult(sum(r.examples for r in results), time.monotonic() - started, merge(results), cfg.space,
                       cfg.jobs, sum(r.classify_runs for r in results))
 
