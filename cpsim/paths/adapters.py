@@ -20,8 +20,9 @@ from cpsim.allocator import table_entries
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, RankOutput, _guard, _intact, v1, v2
+from cpsim.paths import _guard, _intact, v1, v2
 from cpsim.paths._inputs import batch_tensors, prepare_triton
+from cpsim.paths.types import Knobs, RankOutput
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024

@@ -17,9 +17,10 @@ import torch
 
 from cpsim import kernels
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, _guard
+from cpsim.paths import _guard
 from cpsim.paths._inputs import prepare_triton
 from cpsim.paths.prep import PerRank
+from cpsim.paths.types import Knobs
 from cpsim.scenario import Scenario
 
 BLOCK = 1024  # upstream's launch

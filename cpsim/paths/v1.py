@@ -12,9 +12,10 @@ import torch
 from cpsim import kernels, layout, sizing
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, RankOutput, _guard, _tile
+from cpsim.paths import _guard, _tile
 from cpsim.paths._inputs import prepare_triton
 from cpsim.paths.prep import PerRank, TableShape
+from cpsim.paths.types import Knobs, RankOutput
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024

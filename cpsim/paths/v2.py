@@ -21,9 +21,10 @@ import torch
 from cpsim import kernels, sizing
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, RankOutput, _guard, _tile, v1
+from cpsim.paths import _guard, _tile, v1
 from cpsim.paths._inputs import prepare_triton
 from cpsim.paths.prep import PerRank, TableShape
+from cpsim.paths.types import Knobs, RankOutput
 from cpsim.scenario import KVGroup, Scenario
 
 TILE = 1024
