@@ -8,11 +8,11 @@ coordinator is expected to report. ``Knobs()`` is the fixed form of every fault.
 from __future__ import annotations
 
 from cpsim.errors import ConfigError
+from cpsim.faults.catalogue import FAULTS
 from cpsim.faults.fault import Fault  # noqa: F401  (re-exported)
 
 
 def registry() -> dict[str, Fault]:
-    from cpsim.faults.catalogue import FAULTS
     return {f.name: f for f in FAULTS}
 
 
