@@ -33,6 +33,7 @@ from cpsim import scenario as sc
 from cpsim.errors import ConfigError, Interrupted
 from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
+from cpsim.fuzz import explore as _explore
 from cpsim.fuzz.rounds import (SEED_STRIDE, SignatureFailure, _failure_type, _hypothesis,  # noqa: F401  (re-exported)
                                database_of, hypothesis_round, scenarios, strategy_of)
 
@@ -671,10 +672,9 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
 def _search(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
     from hypothesis import Phase
     if cfg.explorer() == "random":
-        from cpsim.fuzz.explore import explore
         from cpsim.run import isolation
         try:
-            explore(me)
+            _explore.explore(me)
         finally:
             isolation.forget_ahead()  # a scenario drawn ahead and never visited: its results go
         shrink_caches(me)
