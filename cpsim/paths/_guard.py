@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from cpsim.layout import GUARD, POISON, table_guard_id
+from cpsim.paths._inputs import upload
 
 WIDTH = 16  # guard entries on each side of an output row and past each table row
 
@@ -56,8 +57,6 @@ def tables(entries: list, num_blocks: int, block_size: int, entry_size: int, dev
     each a [rows + 2 * WIDTH, width] block (``block``) starting ``align`` bytes aligned. Four device
     operations whatever their number: the fill, the used rows' nulls, one upload of the entries, their
     scatter."""
-    from cpsim.paths._inputs import upload
-
     rows, width = entries[0].shape
     height = rows + 2 * WIDTH
     full, per = blocks(len(entries), (height, width), table_guard_id(num_blocks, block_size, entry_size),

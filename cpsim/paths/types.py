@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cpsim.errors import ConfigError
+
 PATHS = ("v1", "v1-fused", "v1-torch", "v2")
 KERNEL_DESIGNS = ("per-request", "tile")
 
@@ -40,7 +42,6 @@ class Knobs:
                                                            h["slot_buffer_len"], h.get("source", ""))
             for h in self.host_sizing))
         if self.kernel_design not in KERNEL_DESIGNS:
-            from cpsim.errors import ConfigError
             raise ConfigError("kernel_design", f"must be one of {', '.join(KERNEL_DESIGNS)}, "
                                                f"got {self.kernel_design!r}")
 
