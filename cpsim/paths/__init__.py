@@ -2,7 +2,8 @@
 
 A path runs a single rank. It gets the scenario, that rank's allocation and its
 total CP rank, and returns the rank's slot-mapping buffers; it knows nothing of
-other ranks, processes or collectives.
+other ranks, processes or collectives. What it hands its kernels comes from the
+preparation the world hands in (``cpsim.paths.prep``).
 """
 
 from __future__ import annotations

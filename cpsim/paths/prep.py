@@ -52,6 +52,10 @@ ALIGN = 256  # bytes: each rank's block starts as a fresh allocation would (Trit
 
 
 class Stage:
+    """One path's inputs for the ranks ``allocs`` names (rank -> allocations, per group) of scenario
+    ``s``, prepared together; ``for_rank`` hands out one rank's view of them. ``defer``: the ranks'
+    outputs wait for ``settle`` to be read back, together."""
+
     def __init__(self, s, allocs: dict[int, list], device, defer: bool = False):
         self.s = s
         self.allocs = allocs                  # rank -> that rank's allocations, per group
