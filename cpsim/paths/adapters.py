@@ -164,7 +164,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
             args["KV_CACHE_BLOCK_SIZE"] = g.b if knobs.virtual_from_kernel_block else g.block_size
         prep.launch(g.name)
         with prep.bracket([(gi, "positions", bt.positions), (gi, "query_start_loc", qsl),
-                              (gi, "block table", table)]):
+                           (gi, "block table", table)]):
             k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf
         enabled.append(True)
@@ -208,7 +208,7 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -
             args["IS_CIRCULAR"] = g.circular
         prep.launch(g.name)
         with prep.bracket([(gi, "positions", bt.positions), (gi, "query_start_loc", qsl),
-                              (gi, "block table", table)]):
+                           (gi, "block table", table)]):
             k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf.to(torch.int64)
         enabled.append(True)
@@ -264,8 +264,8 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Kn
         prep.launch(",".join(g.name for _, g in groups))
         per_group = s.batch.num_reqs + 1 if adaptive else s.batch.num_reqs * FUSED_PARALLEL_TILES + 1
         with prep.bracket([(groups[0][0], "positions", bt.positions),
-                              (groups[0][0], "query_start_loc", args["query_start_loc_ptr"])]
-                             + [(gi, "block table", t) for (gi, _), t in zip(groups, tables)]):
+                           (groups[0][0], "query_start_loc", args["query_start_loc_ptr"])]
+                          + [(gi, "block table", t) for (gi, _), t in zip(groups, tables)]):
             k.obj[(len(groups) * per_group,)](**args)
         for (gi, _), buf in zip(groups, bufs):
             out[gi] = buf.to(torch.int64)
@@ -334,7 +334,7 @@ def _v2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankO
                 args["HAS_SLOT_MAPPING_ENABLED"] = True
         prep.launch(",".join(s.groups[i].name for i in gis))
         with prep.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", qsl),
-                              (gis[0], "idx_mapping", rows)] + [(i, "block table", tables[i]) for i in gis]):
+                           (gis[0], "idx_mapping", rows)] + [(i, "block table", tables[i]) for i in gis]):
             k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf.to(torch.int64)
     done = {gi for gis in launches.values() for gi in gis}
@@ -403,7 +403,7 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) 
                                                device=device)
         prep.launch(",".join(s.groups[i].name for i in gis))
         with prep.bracket([(gis[0], "positions", args["pos"]), (gis[0], "query_start_loc", args["query_start_loc"]),
-                              (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
+                           (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
             k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf
     done = set(gis)
@@ -445,7 +445,7 @@ def _mrv2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> Ran
             args["is_circular"] = _i32((int(s.groups[i].circular) for i in gis), device)
         prep.launch(",".join(s.groups[i].name for i in gis))
         with prep.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", args["query_start_loc"]),
-                              (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
+                           (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
             k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf.to(torch.int64)
     done = set(gis)
@@ -507,7 +507,7 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, prep: PerRank, knobs
         )
         prep.launch(g.name)
         with prep.bracket([(gi, "positions", inputs["positions"]), (gi, "query_start_loc", inputs["query_start_loc"]),
-                              (gi, "idx_mapping", inputs["idx_mapping"]), (gi, "block table", table)]):
+                           (gi, "idx_mapping", inputs["idx_mapping"]), (gi, "block table", table)]):
                 res = k.obj(**{p: inputs[p] for p in k.params if p in inputs})
         faults[gi] = output_fault(res, device, n_tok, T)
         if faults[gi]:  # judged by the coordinator (kernel-output); the group's row stays POISON
@@ -562,6 +562,6 @@ def replay(k, s: Scenario, slots: torch.Tensor, qsl: torch.Tensor, positions: to
     else:  # vllm-replay-pad-bits: one bit per group, over every group
         args.update(CACHEABLE_GROUPS=sum(1 << gi for gi in groups), NUM_GROUPS=len(s.groups))
     with prep.bracket([(groups[0] if groups else 0, "positions", positions),
-                          (groups[0] if groups else 0, "query_start_loc", qsl)]):
+                       (groups[0] if groups else 0, "query_start_loc", qsl)]):
         k.obj[(s.batch.num_reqs,)](**args)
 
