@@ -34,7 +34,7 @@ def time_rank_runs(k, s, allocs, device: str, reps: int) -> tuple[float, float]:
     """Median seconds of one rank run with the bracket on and off, interleaved rep by rep so that
     the load of a shared box falls on both alike."""
     bracket = _intact.bracket
-    off_bracket = lambda inputs: contextlib.nullcontext()  # noqa: E731
+    off_bracket = lambda written, inputs: contextlib.nullcontext()  # noqa: E731
     run_path("v1", s, allocs[0], 0, device, kernel=k)  # warm-up (the interpreter's first launch)
     on, off = [], []
     for i in range(reps):
@@ -69,20 +69,22 @@ def main() -> None:
 def bracket_alone(preset: str, device: str, reps: int) -> float:
     """Median seconds of the copy-and-compare alone, around a launch that does nothing, for the
     inputs one v1 launch of every group gets on rank 0 (positions, query_start_loc, the table)."""
-    from cpsim.paths import v1
-    from cpsim.paths._inputs import batch_tensors
+    from cpsim.paths import Knobs, v1
+    from cpsim.paths.prep import PerRank
     s = sc.preset(preset)
     allocs = allocate_world(s)
-    bt = batch_tensors(s, device)
-    inputs = [(gi, "block table", v1._tables(s, g, allocs[0][gi], v1.Knobs(), device)) for gi, g in enumerate(s.groups)]
+    prep = PerRank(s, device)
+    bt, _ = prep.batch()
+    inputs = [(gi, "block table", prep.table(allocs[0][gi], v1.table_shape(s, g, Knobs())))
+              for gi, g in enumerate(s.groups)]
     inputs += [(0, "positions", bt.positions), (0, "query_start_loc", bt.query_start_loc)]
     times = []
     for _ in range(reps):
-        with _intact.watching(len(s.groups)):
-            t = time.perf_counter()
-            with _intact.bracket(inputs):
-                pass
-            times.append(time.perf_counter() - t)
+        written = _intact.counts(len(s.groups))
+        t = time.perf_counter()
+        with _intact.bracket(written, inputs):
+            pass
+        times.append(time.perf_counter() - t)
     return statistics.median(times)
 
 

@@ -1,5 +1,5 @@
 """The layers of docs/ARCHITECTURE.md hold: import-linter's contracts (pyproject.toml) pass, an
-upward import breaks them, and no import cycle joins two parts of cpsim.
+upward import breaks them, and no import cycle joins two modules of cpsim.
 
 Both tools read every import statement, function-level ones included. Each check runs in a
 child process against a directory on PYTHONPATH, so a broken copy of the package can be
@@ -17,14 +17,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-# Strongly connected groups of modules inside one package that remain (a package's __init__
-# and the submodules it hands work to); none may grow, and no new one may appear.
-KNOWN_CYCLES = [
-    {"cpsim.faults", "cpsim.faults.catalogue"},
-    {"cpsim.fuzz", "cpsim.fuzz.explore"},
-    {"cpsim.paths", "cpsim.paths.adapters", "cpsim.paths.replay", "cpsim.paths.v1", "cpsim.paths.v2"},
-]
 
 _CYCLES = r"""
 import json, sys
@@ -137,10 +129,18 @@ def test_no_cycle_between_parts_of_cpsim():
     assert cycles(ROOT, 2) == []
 
 
-def test_no_new_cycle_between_modules():
-    found = cycles(ROOT, 99)
-    grown = [c for c in found if c not in KNOWN_CYCLES]
-    assert grown == [], f"new or grown import cycles: {grown}"
+def test_no_cycle_between_modules():
+    assert cycles(ROOT, 99) == []
+
+
+def test_a_cycle_inside_a_package_is_seen(tmp_path):
+    """Two modules of one package importing each other (the catalogue's type reaching back for the
+    catalogue): no contract between layers sees it, the module-level count does."""
+    root = broken_copy(tmp_path, "faults/fault.py", "def _late():\n    from cpsim.faults import catalogue\n    return catalogue")
+    assert cycles(root, 2) == []
+    assert cycles(root, 99) == [{"cpsim.faults.catalogue", "cpsim.faults.fault"}]
+    root = broken_copy(tmp_path / "paths", "paths/types.py", "from cpsim.paths import v1  # the path's types reaching up")
+    assert cycles(root, 99) == [{"cpsim.paths.types", "cpsim.paths.v1"}]
 
 
 def test_an_upward_import_is_seen_as_a_cycle(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from cpsim import faults
 from cpsim.allocator import allocate_world
 from cpsim.fuzz import explore, space
-from cpsim.paths import PATHS, Knobs, run_path, staging
+from cpsim.paths import PATHS, Knobs, run_path
 from cpsim.paths import prep as _stage
 
 
@@ -30,11 +30,11 @@ def _same_world(s, knobs: Knobs | list[Knobs] = Knobs(), paths=PATHS, defer: boo
     compared = 0
     for path in paths:
         alone = [run_path(path, s, allocs[r], r, "cpu", per_rank[r]) for r in ranks]
-        with staging(s, {r: allocs[r] for r in ranks}, "cpu", defer=defer) as stage:
-            together = [run_path(path, s, allocs[r], r, "cpu", per_rank[r]) for r in ranks]
-            if defer:
-                assert all(o is None or o.guard is None for o in together)  # not read back yet
-                stage.settle()
+        stage = _stage.for_ranks(s, {r: allocs[r] for r in ranks}, "cpu", defer=defer)
+        together = [run_path(path, s, allocs[r], r, "cpu", per_rank[r], inputs=stage.for_rank(r)) for r in ranks]
+        if defer:
+            assert all(o is None or o.guard is None for o in together)  # not read back yet
+            stage.settle()
         for r, (a, b) in enumerate(zip(alone, together)):
             assert (a is None) == (b is None)
             if a is None:
@@ -104,11 +104,18 @@ def test_tables_partly_staged_give_what_a_rank_run_alone_gets(monkeypatch, bound
 
 def test_a_users_kernel_is_not_staged():
     s = _fuzz_scenarios(1)[0]
-    with staging(s, {0: allocate_world(s)[0]}, "cpu", builtin=False):
-        assert _stage.current() is None
-    with staging(s, {0: allocate_world(s)[0]}, "cpu"):
-        assert _stage.current() is not None
-    assert _stage.current() is None
+    alone = _stage.for_ranks(s, {0: allocate_world(s)[0]}, "cpu", builtin=False)
+    assert type(alone.for_rank(0)) is _stage.PerRank
+    assert isinstance(_stage.for_ranks(s, {0: allocate_world(s)[0]}, "cpu").for_rank(0), _stage.Staged)
+
+
+def test_inputs_for_another_scenario_or_device_are_refused():
+    s, other = _fuzz_scenarios(2)
+    allocs = allocate_world(s)
+    with pytest.raises(ValueError, match="another scenario or device"):
+        run_path("v1", s, allocs[0], 0, "cpu", inputs=_stage.PerRank(other, "cpu"))
+    with pytest.raises(ValueError, match="another scenario or device"):
+        run_path("v1", s, allocs[0], 0, "cpu", inputs=_stage.PerRank(s, "meta"))
 
 
 def test_staged_tensors_are_aligned_as_fresh_ones():
@@ -118,12 +125,12 @@ def test_staged_tensors_are_aligned_as_fresh_ones():
 
     for s in [x for x in _fuzz_scenarios(48) if x.cp.world > 2][:6]:
         allocs = allocate_world(s)
-        with staging(s, {r: allocs[r] for r in range(s.cp.world)}, "cpu"):
-            for r in range(s.cp.world):
-                inputs = _stage.for_rank(s, r, "cpu")
-                assert isinstance(inputs, _stage.Staged)
-                out = inputs.buffer(range(len(s.groups)), s.limits.slot_buffer_size + 3, torch.int64)
-                assert out.data_ptr() % 16 == 0
-                for gi, g in enumerate(s.groups):
-                    t = inputs.table(allocs[r][gi], v1.table_shape(s, g, Knobs()))
-                    assert t.data_ptr() % 16 == 0, (r, gi, t.shape)
+        stage = _stage.for_ranks(s, {r: allocs[r] for r in range(s.cp.world)}, "cpu")
+        for r in range(s.cp.world):
+            inputs = stage.for_rank(r)
+            assert isinstance(inputs, _stage.Staged)
+            out = inputs.buffer(range(len(s.groups)), s.limits.slot_buffer_size + 3, torch.int64)
+            assert out.data_ptr() % 16 == 0
+            for gi, g in enumerate(s.groups):
+                t = inputs.table(allocs[r][gi], v1.table_shape(s, g, Knobs()))
+                assert t.data_ptr() % 16 == 0, (r, gi, t.shape)

@@ -8,7 +8,7 @@ in seconds under the Triton interpreter. Faults that need huge values use a huge
 from __future__ import annotations
 
 from cpsim import kernels
-from cpsim.faults import Fault
+from cpsim.faults.fault import Fault
 from cpsim.paths import Knobs
 from cpsim.scenario import Batch, CPConfig, KVGroup, Limits, Request, Scenario, validate
 

@@ -23,7 +23,6 @@ import json
 import os
 import tempfile
 import time
-import unittest
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,7 +33,9 @@ from cpsim import scenario as sc
 from cpsim.errors import ConfigError, Interrupted
 from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
-from cpsim.fuzz import space as _space
+from cpsim.fuzz import explore as _explore
+from cpsim.fuzz.rounds import (SEED_STRIDE, SignatureFailure, _failure_type, _hypothesis,  # noqa: F401  (re-exported)
+                               database_of, hypothesis_round, scenarios, strategy_of)
 
 REPRO_SCHEMA = "cpsim-repro/1"
 DEFAULT_DB = Path(".cpsim") / "hypothesis"
@@ -75,13 +76,7 @@ def knobs_for_scenario(knobs, s: sc.Scenario) -> Knobs:
     return knobs(s) if callable(knobs) else knobs
 
 
-# ---- the scenario strategy ---------------------------------------------------
-
-def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_per_request: int = 24,
-              max_world: int = 16, space: str = "default"):
-    """Hypothesis strategy of scenarios that ``scenario.validate`` accepts (``space.build``)."""
-    return _space.strategy(_space.build, allow_invalid, max_programs, max_tokens_per_request, max_world, space)
-
+# ---- how big a scenario is (the strategy itself: cpsim.fuzz.rounds) ----------
 
 def size(s: sc.Scenario) -> dict[str, int]:
     """What a shrunk scenario is measured by."""
@@ -403,9 +398,6 @@ class FuzzConfig:
         return f"{self.space} ({SPACES[self.space]}{extra}; at most {self.max_programs} programs per path)"
 
 
-SEED_STRIDE = 1_000_003  # seed streams of jobs / ranks: seed + stream * SEED_STRIDE + round
-
-
 @dataclass
 class Progress:
     """Live counters the display reads (also handy in tests)."""
@@ -471,23 +463,6 @@ class FuzzResult:
     @property
     def repro(self) -> Path | None:
         return self.reported[0].repro if self.found else None
-
-
-class SignatureFailure(AssertionError):
-    """Raised for one signature; a subclass per signature, so Hypothesis keeps each bug apart
-    (it tells failures apart by exception type and line) and shrinks each on its own."""
-
-    signature = ""
-
-
-_FAILURE_TYPES: dict[str, type] = {}
-
-
-def _failure_type(sig: str) -> type:
-    if sig not in _FAILURE_TYPES:
-        name = "Sig_" + hashlib.sha256(sig.encode()).hexdigest()[:12]
-        _FAILURE_TYPES[sig] = type(name, (SignatureFailure,), {"signature": sig})
-    return _FAILURE_TYPES[sig]
 
 
 class _Searcher:
@@ -617,54 +592,6 @@ class _Searcher:
         return any(not f.ignored for f in self.findings.values())
 
 
-def _hypothesis():
-    try:
-        import hypothesis  # noqa: F401
-    except ImportError:
-        raise ConfigError("fuzz", "Hypothesis is not installed: pip install -e .[fuzz]") from None
-    import hypothesis
-    return hypothesis
-
-
-def hypothesis_round(me: _Searcher, strategy, db, budget: int, phases, seed: int | None) -> int:
-    """One run of Hypothesis over ``me.check``; marks the signatures it shrank and reported as done.
-    Returns the number of scenarios it ran."""
-    hypothesis = _hypothesis()
-    from hypothesis import HealthCheck, Verbosity, given, settings
-
-    cfg = me.cfg
-    before = me.prog.examples
-    me.shrink_until = None
-    test = settings(
-        max_examples=budget, database=db, deadline=None, derandomize=False, verbosity=Verbosity.quiet,
-        phases=phases, suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=not cfg.stop_after_first, print_blob=False,
-    )(given(strategy)(me.check))
-    if seed is not None:
-        test = hypothesis.seed(seed)(test)
-    try:
-        test()
-    except unittest.SkipTest:
-        pass  # nothing to run: a replay-only round over an empty database
-    except BaseException as e:  # noqa: B036 - Hypothesis raises an ExceptionGroup for several bugs
-        raised = list(getattr(e, "exceptions", None) or [e])  # an ExceptionGroup holds several
-        if not all(isinstance(x, SignatureFailure) for x in raised):
-            raise  # not a violation: a bug in cpsim itself (or Ctrl-C)
-        for x in raised:
-            me.done.add(x.signature)
-            me.findings[x.signature].shrunk = True
-    return me.prog.examples - before
-
-
-def strategy_of(cfg: FuzzConfig):
-    return scenarios(cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
-
-
-def database_of(cfg: FuzzConfig):
-    from hypothesis.database import DirectoryBasedExampleDatabase
-    return DirectoryBasedExampleDatabase(str(Path(cfg.database) / cfg.config_key())) if cfg.database else None
-
-
 def _fails_as(me: _Searcher, s: sc.Scenario, sig: str) -> bool:
     return sig in (me.visit(s) or {})
 
@@ -745,10 +672,9 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
 def _search(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
     from hypothesis import Phase
     if cfg.explorer() == "random":
-        from cpsim.fuzz.explore import explore
         from cpsim.run import isolation
         try:
-            explore(me)
+            _explore.explore(me)
         finally:
             isolation.forget_ahead()  # a scenario drawn ahead and never visited: its results go
         shrink_caches(me)

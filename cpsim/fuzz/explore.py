@@ -16,8 +16,7 @@ from __future__ import annotations
 import random
 import time
 
-from cpsim import fuzz as fz
-from cpsim.fuzz import space
+from cpsim.fuzz import rounds, space
 
 SHRINK_EVERY = 1000   # explored scenarios between shrink rounds (and after the last)
 MAX_REDRAWS = 50      # duplicate draws in a row before the space counts as exhausted
@@ -65,21 +64,21 @@ def encode(choices: list[int]) -> bytes:
     return choices_to_bytes(choices)
 
 
-def explore(me: "fz._Searcher") -> None:
-    """Draw, run and classify until the budget (examples or minutes) is spent; shrink each new
+def explore(me) -> None:
+    """(``me``: a job's ``cpsim.fuzz._Searcher``.) Draw, run and classify until the budget (examples or minutes) is spent; shrink each new
     signature with Hypothesis every ``SHRINK_EVERY`` scenarios and at the end."""
     from hypothesis import Phase
 
     cfg = me.cfg
-    stream = None if cfg.seed is None else cfg.seed + cfg.seed_stream * fz.SEED_STRIDE
+    stream = None if cfg.seed is None else cfg.seed + cfg.seed_stream * rounds.SEED_STRIDE
     rng = random.Random(stream)
     # With --seed the run is a function of the seed: no database read or written (as Hypothesis does when seeded).
-    strategy, db = fz.strategy_of(cfg), (fz.database_of(cfg) if stream is None else None)
+    strategy, db = rounds.strategy_of(cfg), (rounds.database_of(cfg) if stream is None else None)
     deadline = time.monotonic() + cfg.minutes * 60 if cfg.minutes else None
     seeds: dict[str, bytes] = {}   # signature -> the choices of the first scenario that showed it
     if db is not None:  # failures an earlier run shrank and saved: replayed (not shrunk again) first
         me.prog.phase = "replay database"
-        fz.hypothesis_round(me, strategy, db, 1, [Phase.reuse], None)
+        rounds.hypothesis_round(me, strategy, db, 1, [Phase.reuse], None)
 
     def shrink() -> None:
         # A scenario showing two signatures raises the earlier one; the other is raised (and shrunk)
@@ -92,7 +91,7 @@ def explore(me: "fz._Searcher") -> None:
             before = len(me.done)
             # No Hypothesis seed here: a seeded Hypothesis run reads no database, so it would not see the
             # entries. The scenarios explored still follow --seed; the shrinker's few random passes do not.
-            fz.hypothesis_round(me, strategy, seed_database([seeds[x] for x in pending], db),
+            rounds.hypothesis_round(me, strategy, seed_database([seeds[x] for x in pending], db),
                                 len(pending), [Phase.reuse, Phase.shrink], None)
             if len(me.done) == before:
                 break

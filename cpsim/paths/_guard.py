@@ -9,54 +9,31 @@ the rank's launches. Block tables get ``WIDTH`` guard rows above and below, and 
 row no request uses holds guard ids too (``layout.table_guard_id``, an id past the
 cache), so a kernel that reads outside the rows it serves produces a recognisable slot.
 
-Buffers register with a watch opened by ``cpsim.paths.run_path`` around one rank's
-run (module state: one rank runs at a time in a process); nothing here judges the
-values - the coordinator does, from the gathered guard entries.
+The rank run's preparation (``cpsim.paths.prep``) keeps the buffers it handed out and reads
+them back through ``read_back``; nothing here judges the values - the coordinator does,
+from the gathered guard entries.
 """
 
 from __future__ import annotations
-
-from typing import Iterable
 
 import numpy as np
 import torch
 
 from cpsim.layout import GUARD, POISON, table_guard_id
+from cpsim.paths._inputs import upload
 
 WIDTH = 16  # guard entries on each side of an output row and past each table row
 
-_watched: list[tuple[torch.Tensor, list[int]]] | None = None
-_launching = "*"  # the group(s) of the launch in progress, named when a kernel raises
 
+def buffer(rows: int, entries: int, dtype: torch.dtype, device, fill: int = POISON) -> torch.Tensor:
+    """[rows, entries + 2 * WIDTH]: each row ``entries`` of ``fill`` framed by ``WIDTH`` guard entries.
 
-def launch(group: str) -> None:
-    """Record which group(s) the next launch serves, so a failure can name them."""
-    global _launching
-    _launching = group
-
-
-def launching() -> str:
-    return _launching
-
-
-def buffer(groups: Iterable[int], entries: int, dtype: torch.dtype, device, fill: int = POISON) -> torch.Tensor:
-    """[len(groups), entries] view filled with ``fill``, each row framed by ``WIDTH`` guard entries.
-
-    The view's row stride is ``entries + 2 * WIDTH``; kernels that take a stride get it
-    from the view, so row ``i``'s overrun lands in its own guard.
+    Kernels get the view ``[:, WIDTH:WIDTH + entries]``, whose row stride is ``entries + 2 * WIDTH``;
+    kernels that take a stride get it from the view, so row ``i``'s overrun lands in its own guard.
     """
-    groups = list(groups)
-    full = torch.full((len(groups), entries + 2 * WIDTH), GUARD, dtype=dtype, device=device)
-    view = full[:, WIDTH:WIDTH + entries]
-    view.fill_(fill)
-    watch(full, groups)
-    return view
-
-
-def watch(full: torch.Tensor, groups: list[int]) -> None:
-    """Have the open watch read ``full`` (rows for ``groups``, guard entries included) back."""
-    if _watched is not None:
-        _watched.append((full, groups))
+    full = torch.full((rows, entries + 2 * WIDTH), GUARD, dtype=dtype, device=device)
+    full[:, WIDTH:WIDTH + entries].fill_(fill)
+    return full
 
 
 def table(entries, num_blocks: int, block_size: int, entry_size: int, device) -> torch.Tensor:
@@ -80,8 +57,6 @@ def tables(entries: list, num_blocks: int, block_size: int, entry_size: int, dev
     each a [rows + 2 * WIDTH, width] block (``block``) starting ``align`` bytes aligned. Four device
     operations whatever their number: the fill, the used rows' nulls, one upload of the entries, their
     scatter."""
-    from cpsim.paths._inputs import upload
-
     rows, width = entries[0].shape
     height = rows + 2 * WIDTH
     full, per = blocks(len(entries), (height, width), table_guard_id(num_blocks, block_size, entry_size),
@@ -113,50 +88,34 @@ def block(full: torch.Tensor, k: int, shape: tuple[int, int]) -> torch.Tensor:
     return full[k, :shape[0] * shape[1]].view(shape)
 
 
-class Watch:
-    """Collects every buffer allocated while it is open, to read them back once after the launches."""
-
-    def __init__(self, num_groups: int):
-        self.num_groups = num_groups
-        self.buffers: list[tuple[torch.Tensor, list[int]]] = []
-
-    def __enter__(self) -> "Watch":
-        global _watched
-        self._outer = _watched
-        _watched = self.buffers
-        launch("*")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        global _watched
-        _watched = self._outer
-
-    def read_back(self, slots: torch.Tensor, copy=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(``slots`` on the host, contiguous; [groups, 2 * WIDTH] int64 guard entries) after one copy
-        per watched buffer (on an accelerator, a rank run's only read-back when its slots are a view
-        of one; ``copy`` maps a buffer to its host copy, when a stage has copied it already). The guards are
-        the entries before (first WIDTH) and after each group's rows; where several buffers serve one
-        group, an overwritten entry of any of them wins."""
-        out = np.full((self.num_groups, 2 * WIDTH), GUARD, dtype=np.int64)
-        host_slots = None
-        for full, groups in self.buffers:
-            host = full.cpu() if copy is None else copy(full)
-            if host_slots is None and _views(slots, full):
-                # as_strided's offset counts from the storage's start: on CPU ``host`` is ``full`` itself
-                host_slots = host.as_strided(slots.shape, slots.stride(),
-                                             host.storage_offset() + slots.storage_offset() - full.storage_offset())
-            h = host.numpy()
-            frame = np.concatenate([h[:, :WIDTH], h[:, -WIDTH:]], 1).astype(np.int64)
-            if len(self.buffers) == 1 and groups == list(range(self.num_groups)):
-                out = frame  # the usual case: one buffer, a row per group
-                continue
-            for row, gi in enumerate(groups):
-                if 0 <= gi < self.num_groups:
-                    hit = frame[row] != GUARD
-                    out[gi][hit] = frame[row][hit]
-        if host_slots is None:
-            host_slots = slots.cpu()
-        return host_slots.contiguous(), torch.from_numpy(out)
+def read_back(buffers: list[tuple[torch.Tensor, list[int]]], num_groups: int, slots: torch.Tensor, copy=None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``slots`` on the host, contiguous; [num_groups, 2 * WIDTH] int64 guard entries) after one copy
+    per buffer of ``buffers`` (guard-framed buffers, ``buffer``, with the groups of their rows; on an
+    accelerator, a rank run's only read-back when its slots are a view of one; ``copy`` maps a buffer
+    to its host copy, when a stage has copied it already). The guards are the entries before (first
+    WIDTH) and after each group's rows; where several buffers serve one group, an overwritten entry of
+    any of them wins."""
+    out = np.full((num_groups, 2 * WIDTH), GUARD, dtype=np.int64)
+    host_slots = None
+    for full, groups in buffers:
+        host = full.cpu() if copy is None else copy(full)
+        if host_slots is None and _views(slots, full):
+            # as_strided's offset counts from the storage's start: on CPU ``host`` is ``full`` itself
+            host_slots = host.as_strided(slots.shape, slots.stride(),
+                                         host.storage_offset() + slots.storage_offset() - full.storage_offset())
+        h = host.numpy()
+        frame = np.concatenate([h[:, :WIDTH], h[:, -WIDTH:]], 1).astype(np.int64)
+        if len(buffers) == 1 and groups == list(range(num_groups)):
+            out = frame  # the usual case: one buffer, a row per group
+            continue
+        for row, gi in enumerate(groups):
+            if 0 <= gi < num_groups:
+                hit = frame[row] != GUARD
+                out[gi][hit] = frame[row][hit]
+    if host_slots is None:
+        host_slots = slots.cpu()
+    return host_slots.contiguous(), torch.from_numpy(out)
 
 
 def _views(t: torch.Tensor, full: torch.Tensor) -> bool:

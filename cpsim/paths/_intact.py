@@ -23,19 +23,10 @@ import torch
 INPUTS = ("positions", "query_start_loc", "idx_mapping", "block table")
 NOT_WATCHED = -1  # a rank run whose kernels were cpsim's own: nothing was bracketed
 
-_counts: torch.Tensor | None = None  # [groups, len(INPUTS)] of the rank run being watched
 
-
-@contextmanager
-def watching(num_groups: int):
-    """Count, for one rank run, the entries its launches wrote into their inputs; yields the counts."""
-    global _counts
-    outer = _counts
-    _counts = torch.zeros((num_groups, len(INPUTS)), dtype=torch.int64)
-    try:
-        yield _counts
-    finally:
-        _counts = outer
+def counts(num_groups: int) -> torch.Tensor:
+    """Zeroed [num_groups, len(INPUTS)] counts for one rank run (``bracket`` adds to them)."""
+    return torch.zeros((num_groups, len(INPUTS)), dtype=torch.int64)
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -45,9 +36,10 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
 
 
 @contextmanager
-def bracket(inputs: list[tuple[int, str, torch.Tensor]]):
-    """Around one launch: ``inputs`` are (group index, input name, tensor handed to the kernel)."""
-    if _counts is None:
+def bracket(written: torch.Tensor | None, inputs: list[tuple[int, str, torch.Tensor]]):
+    """Around one launch: ``inputs`` are (group index, input name, tensor handed to the kernel); the
+    entries it wrote are added to ``written`` (``counts``). None: nothing is bracketed (cpsim's kernels)."""
+    if written is None:
         yield
         return
     seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -68,7 +60,7 @@ def bracket(inputs: list[tuple[int, str, torch.Tensor]]):
                 differ &= ~(whole.isnan() & copy.isnan())
             n = int(differ.sum())
             if n:
-                _counts[gi, col] += n
+                written[gi, col] += n
                 whole.copy_(copy)  # later launches and ranks read what cpsim built
 
 

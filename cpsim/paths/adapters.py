@@ -16,12 +16,13 @@ import numpy as np
 import torch
 
 from cpsim import kernels
-from cpsim.allocator import table_entries
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, RankOutput, _guard, _intact, v1, v2
-from cpsim.paths._inputs import batch_tensors, prepare_triton
+from cpsim.paths import v1, v2
+from cpsim.paths._inputs import prepare_triton
+from cpsim.paths.prep import PerRank, TableShape
+from cpsim.paths.types import Knobs, RankOutput
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024
@@ -29,14 +30,15 @@ ASCEND_TOTAL_BLOCK_SIZE = 4096  # vllm-ascend 0.18-0.23 AscendBlockTables.comput
 FUSED_PARALLEL_TILES = 2  # cpsim's choice: >1 so the tile-striding loop is exercised
 
 
-def run(k, path: str, s: Scenario, allocs, rank: int, device: torch.device, knobs: Knobs) -> RankOutput | None:
+def run(k, path: str, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput | None:
+    """One rank run of ``k`` on ``path``: its tables, batch tensors and buffers from ``prep``."""
     if knobs.kernel_fault:
         k.note("fault switches compile into cpsim's built-in kernels only; ignored for the kernel under test")
     if path == "v1-fused" and s.cp.world > 1:
         return None
     if k.abi == "callable":
-        out = _callable(k, path, s, allocs, rank, device, knobs)
-        _mask_padding(k, s, out)
+        out = _callable(k, path, s, allocs, rank, prep, knobs)
+        _mask_padding(k, s, out, prep)
         return out
     runner = {"ascend-v1": _ascend_v1, "ascend-v1-fused": _ascend_v1_fused,
               "ascend-v1-fused-adaptive": _ascend_v1_fused,
@@ -44,10 +46,10 @@ def run(k, path: str, s: Scenario, allocs, rank: int, device: torch.device, knob
               "ascend-v2": _v2, "ascend-v2-0.18": _v2, "vllm-v2": _v2, "vllm-mrv2-0.18": _v2,
               "vllm-mrv2-0.29": _mrv2_flags, "vllm-mrv2-0.31": _mrv2_flags, "vllm-mrv2-0.32": _mrv2_flags,
               "cpsim-mrv2": _mrv2}[k.abi]
-    prepare_triton(device)
-    out = runner(k, s, allocs, rank, device, knobs)
+    prepare_triton(prep.device)
+    out = runner(k, s, allocs, rank, prep, knobs)
     if k.abi != "cpsim-mrv2" or "is_padding" not in k.params:
-        _mask_padding(k, s, out)
+        _mask_padding(k, s, out, prep)
     return out
 
 
@@ -55,7 +57,7 @@ def run(k, path: str, s: Scenario, allocs, rank: int, device: torch.device, knob
 DUMMY_AWARE = ("vllm-mrv2-0.31", "vllm-mrv2-0.32")
 
 
-def _mask_padding(k, s: Scenario, out: RankOutput | None) -> None:
+def _mask_padding(k, s: Scenario, out: RankOutput | None, prep: PerRank) -> None:
     """An ABI without an is_padding input cannot see padding tokens: the mask is applied on
     the host (as cpsim's v1 paths do) and the kernel is not judged on it. A kernel whose release
     pads a dummy request's tokens itself (``DUMMY_AWARE``) is judged on those: they stay out of the mask."""
@@ -74,7 +76,7 @@ def _mask_padding(k, s: Scenario, out: RankOutput | None) -> None:
         return
     k.note(f"the {k.abi} kernel takes no is_padding input: is_padding tokens were set to PAD on the host "
            f"after the launch, so the kernel is not checked on them")
-    v1.mask_padding(s, out.slots)
+    v1.mask_padding(s, out.slots, prep)
 
 
 def _i32(values, device) -> torch.Tensor:
@@ -105,6 +107,12 @@ def _out_dtype(k) -> torch.dtype:
     return torch.int32 if ABIS[k.abi].out_dtype == "int32" else torch.int64
 
 
+def _physical(s: Scenario, g: KVGroup, alloc, knobs: Knobs, prep: PerRank) -> tuple[torch.Tensor, int]:
+    """(v2's table of group ``g``, slots per entry)."""
+    shape = v2.table_shape(s, g, knobs)
+    return prep.table(alloc, shape), shape.entry_size
+
+
 def _note_dcp_only(k, s: Scenario) -> None:
     if s.cp.pcp > 1:
         k.note(f"the releases of the {k.abi} ABI shard KV over DCP only (the host passes the DCP size and rank); "
@@ -114,13 +122,14 @@ def _note_dcp_only(k, s: Scenario) -> None:
 
 # ---- vLLM v1 (0.19-0.33): one launch per slot-mapped group -------------------
 
-def _vllm_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
+def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
     """As vLLM's ``BlockTable.compute_slot_mapping``: grid (num_reqs + 1,), ``num_tokens`` =
     ``positions.shape[0]`` (the runner slices positions to the scheduled count), int64 buffer.
     0.19-0.25 pass the kernel block as ``block_size`` over a kernel-block table and CP = PCP x DCP;
     0.26-0.31 add KV_CACHE_BLOCK_SIZE / BLOCKS_PER_KV_BLOCK; 0.32+ take a physical table."""
-    bt = batch_tensors(s, device)
-    out = v1._poisoned(s, knobs, device)
+    device = prep.device
+    bt, _ = prep.batch()
+    out = v1._poisoned(s, knobs, prep)
     T = out.shape[1]
     n_tok = min(bt.num_scheduled, T)
     qsl = bt.query_start_loc.clamp(max=T)
@@ -136,12 +145,12 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOut
             continue
         n = g.world(s.cp)
         if k.abi == "vllm-v1-0.32":
-            entries = table_entries(allocs[gi], list(range(s.batch.num_reqs)), s.limits.max_num_reqs,
-                                    v1.physical_width(s, g, knobs), 1)
-            table = _guard.table(entries, g.num_blocks, g.block_size, g.block_size, device)
+            table = prep.table(allocs[gi], TableShape(gi, tuple(range(s.batch.num_reqs)), s.limits.max_num_reqs,
+                                                      v1.physical_width(s, g, knobs), 1, g.num_blocks,
+                                                      g.block_size, g.block_size))
         else:
-            table = v1._tables(s, g, allocs[gi], knobs, device)
-        buf = _guard.buffer([gi], T, torch.int64, device)[0]
+            table = prep.table(allocs[gi], v1.table_shape(s, g, knobs))
+        buf = prep.buffer([gi], T, torch.int64)[0]
         args = dict(num_tokens=n_tok, max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=bt.positions,
                     block_table_ptr=table, block_table_stride=table.stride(0), slot_mapping_ptr=buf,
                     TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=rank % n, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave,
@@ -153,9 +162,9 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOut
             args.update(block_size=g.b, KV_CACHE_BLOCK_SIZE=kv_bs, BLOCKS_PER_KV_BLOCK=bpk)
         else:
             args["KV_CACHE_BLOCK_SIZE"] = g.b if knobs.virtual_from_kernel_block else g.block_size
-        _guard.launch(g.name)
-        with _intact.bracket([(gi, "positions", bt.positions), (gi, "query_start_loc", qsl),
-                              (gi, "block table", table)]):
+        prep.launch(g.name)
+        with prep.bracket([(gi, "positions", bt.positions), (gi, "query_start_loc", qsl),
+                           (gi, "block table", table)]):
             k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf
         enabled.append(True)
@@ -168,9 +177,10 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOut
 
 # ---- v1: one launch per group, logical (kernel-block) table -----------------
 
-def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
-    bt = batch_tensors(s, device)
-    out = v1._poisoned(s, knobs, device)
+def _ascend_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
+    device = prep.device
+    bt, _ = prep.batch()
+    out = v1._poisoned(s, knobs, prep)
     T = out.shape[1]
     qsl = bt.query_start_loc.clamp(max=T)
     has_circular = "IS_CIRCULAR" in k.params
@@ -183,9 +193,9 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankO
             continue
         _check_int32(k, g)
         n = g.world(s.cp)
-        table = v1._tables(s, g, allocs[gi], knobs, device)
+        table = prep.table(allocs[gi], v1.table_shape(s, g, knobs))
         kv_bs, bpk = v1._sizes(s, g, knobs)
-        buf = _guard.buffer([gi], T, torch.int32, device)[0]
+        buf = prep.buffer([gi], T, torch.int32)[0]
         args = dict(
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T, query_start_loc_ptr=qsl,
             positions_ptr=bt.positions, block_table_ptr=table, block_table_stride=table.stride(0),
@@ -196,9 +206,9 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankO
         )
         if has_circular:
             args["IS_CIRCULAR"] = g.circular
-        _guard.launch(g.name)
-        with _intact.bracket([(gi, "positions", bt.positions), (gi, "query_start_loc", qsl),
-                              (gi, "block table", table)]):
+        prep.launch(g.name)
+        with prep.bracket([(gi, "positions", bt.positions), (gi, "query_start_loc", qsl),
+                           (gi, "block table", table)]):
             k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf.to(torch.int64)
         enabled.append(True)
@@ -212,9 +222,10 @@ def adaptive_tile(num_tokens: int, num_reqs: int, lo: int = 16) -> int:
     return min(max(kernels.next_pow2(per_req), lo), TILE)
 
 
-def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
-    bt = batch_tensors(s, device)
-    out = v1._poisoned(s, knobs, device)
+def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
+    device = prep.device
+    bt, _ = prep.batch()
+    out = v1._poisoned(s, knobs, prep)
     T = out.shape[1]
     has_circular = "is_circular_ptr" in k.params
     groups = []
@@ -225,8 +236,8 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
             _check_int32(k, g)
             groups.append((gi, g))
     if groups:
-        tables = [v1._tables(s, g, allocs[gi], knobs, device) for gi, g in groups]
-        bufs = [_guard.buffer([gi], T, torch.int32, device)[0] for gi, _ in groups]
+        tables = [prep.table(allocs[gi], v1.table_shape(s, g, knobs)) for gi, g in groups]
+        bufs = [prep.buffer([gi], T, torch.int32)[0] for gi, _ in groups]
         smallest = min(g.b for _, g in groups)
         args = dict(
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T,
@@ -250,11 +261,11 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
             args["is_circular_ptr"] = _i32((int(g.circular) for _, g in groups), device)
             if "HAS_CIRCULAR" in k.params:
                 args["HAS_CIRCULAR"] = any(g.circular for _, g in groups)
-        _guard.launch(",".join(g.name for _, g in groups))
+        prep.launch(",".join(g.name for _, g in groups))
         per_group = s.batch.num_reqs + 1 if adaptive else s.batch.num_reqs * FUSED_PARALLEL_TILES + 1
-        with _intact.bracket([(groups[0][0], "positions", bt.positions),
-                              (groups[0][0], "query_start_loc", args["query_start_loc_ptr"])]
-                             + [(gi, "block table", t) for (gi, _), t in zip(groups, tables)]):
+        with prep.bracket([(groups[0][0], "positions", bt.positions),
+                           (groups[0][0], "query_start_loc", args["query_start_loc_ptr"])]
+                          + [(gi, "block table", t) for (gi, _), t in zip(groups, tables)]):
             k.obj[(len(groups) * per_group,)](**args)
         for (gi, _), buf in zip(groups, bufs):
             out[gi] = buf.to(torch.int64)
@@ -264,11 +275,12 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) ->
 
 # ---- v2: physical tables through idx_mapping, one launch per CP size --------
 
-def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
-    bt = batch_tensors(s, device)
+def _v2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
+    device = prep.device
+    bt, _ = prep.batch()
     T = knobs.buffer_entries(s, "v2")
-    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
-    tables, entry = zip(*(v2._table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)))
+    out = prep.buffer(range(len(s.groups)), T, torch.int64)
+    tables, entry = zip(*(_physical(s, g, a, knobs, prep) for g, a in zip(s.groups, allocs)))
     has_enabled = "slot_mapping_enabled" in k.params
     launches: dict[tuple[int, int], list[int]] = {}
     for gi, g in enumerate(s.groups):
@@ -297,7 +309,7 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
     rows = _i32(s.batch.rows_v2(), device)
     qsl = bt.query_start_loc.clamp(max=T)
     for (n, r), gis in launches.items():
-        buf = _guard.buffer(gis, T, dtype, device)
+        buf = prep.buffer(gis, T, dtype)
         args = dict(
             max_num_tokens=T, idx_mapping=rows, query_start_loc=qsl, pos=bt.positions,
             block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
@@ -320,9 +332,9 @@ def _v2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
             args["slot_mapping_enabled"] = _i32((int(s.groups[i].slot_mapped) for i in gis), device)
             if "HAS_SLOT_MAPPING_ENABLED" in k.params:
                 args["HAS_SLOT_MAPPING_ENABLED"] = True
-        _guard.launch(",".join(s.groups[i].name for i in gis))
-        with _intact.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", qsl),
-                              (gis[0], "idx_mapping", rows)] + [(i, "block table", tables[i]) for i in gis]):
+        prep.launch(",".join(s.groups[i].name for i in gis))
+        with prep.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", qsl),
+                           (gis[0], "idx_mapping", rows)] + [(i, "block table", tables[i]) for i in gis]):
             k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf.to(torch.int64)
     done = {gi for gis in launches.values() for gi in gis}
@@ -342,21 +354,22 @@ def _mrv2_tables(s: Scenario, bt, tables, gis: list[int], T: int, device) -> dic
     )
 
 
-def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
+def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
     """As vLLM's ``BlockTables.compute_slot_mappings``: one launch over every group, grid
     (num_groups, num_reqs + 1), ``CP_SIZE`` = the world CP size for every group, per-group
     ``slot_mapping_enabled`` (and from 0.31 ``dcp_sharded``: sharded over all of CP or replicated),
     ``max_num_tokens`` = the buffer's width, int64. 0.29-0.31 tables hold kernel-block ids
     (``kernel_block_sizes``), 0.32+ physical ids."""
-    bt = batch_tensors(s, device)
+    device = prep.device
+    bt, _ = prep.batch()
     T = knobs.buffer_entries(s, "v2")
-    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
+    out = prep.buffer(range(len(s.groups)), T, torch.int64)
     kernel_blocks = "kernel_block_sizes" in k.params
     if kernel_blocks:
-        tables = [v2.kernel_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)]
+        tables = [prep.table(a, v2.kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)]
         entry = [g.b for g in s.groups]
     else:
-        tables, entry = map(list, zip(*(v2._table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs))))
+        tables, entry = map(list, zip(*(_physical(s, g, a, knobs, prep) for g, a in zip(s.groups, allocs))))
     has_sharded = "dcp_sharded" in k.params
     _note_dcp_only(k, s)
     gis = []
@@ -373,7 +386,7 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> Rank
                        f"with CP_SIZE={s.cp.world} for every group, as that release's runtime does")
             gis.append(gi)
     if gis:
-        buf = _guard.buffer(gis, T, torch.int64, device)
+        buf = prep.buffer(gis, T, torch.int64)
         args = dict(
             **_mrv2_tables(s, bt, tables, gis, T, device),
             block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
@@ -388,9 +401,9 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> Rank
         if has_sharded:
             args["dcp_sharded"] = torch.tensor([s.groups[i].world(s.cp) > 1 for i in gis], dtype=torch.bool,
                                                device=device)
-        _guard.launch(",".join(s.groups[i].name for i in gis))
-        with _intact.bracket([(gis[0], "positions", args["pos"]), (gis[0], "query_start_loc", args["query_start_loc"]),
-                              (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
+        prep.launch(",".join(s.groups[i].name for i in gis))
+        with prep.bracket([(gis[0], "positions", args["pos"]), (gis[0], "query_start_loc", args["query_start_loc"]),
+                           (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
             k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf
     done = set(gis)
@@ -399,11 +412,12 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> Rank
 
 # ---- cpsim-mrv2: kernel-block tables, num_blocks, per-group CP sizes, one launch ----
 
-def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
-    bt = batch_tensors(s, device)
+def _mrv2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
+    device = prep.device
+    bt, _ = prep.batch()
     T = knobs.buffer_entries(s, "v2")
-    out = _guard.buffer(range(len(s.groups)), T, torch.int64, device)
-    tables = [v2.kernel_table(s, g, a, knobs, device) for g, a in zip(s.groups, allocs)]
+    out = prep.buffer(range(len(s.groups)), T, torch.int64)
+    tables = [prep.table(a, v2.kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)]
     nb_all = v2.num_blocks(s, allocs, tables, device)
     has_circular = "is_circular" in k.params
     gis = []
@@ -413,7 +427,7 @@ def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput
             continue
         gis.append(gi)
     if gis:
-        buf = _guard.buffer(gis, T, torch.int64, device)
+        buf = prep.buffer(gis, T, torch.int64)
         nb = nb_all[gis].contiguous()
         args = dict(
             **_mrv2_tables(s, bt, tables, gis, T, device),
@@ -429,9 +443,9 @@ def _mrv2(k, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput
             args["is_padding"] = v2.padding_flags(s, bt.positions.numel(), device)
         if has_circular:
             args["is_circular"] = _i32((int(s.groups[i].circular) for i in gis), device)
-        _guard.launch(",".join(s.groups[i].name for i in gis))
-        with _intact.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", args["query_start_loc"]),
-                              (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
+        prep.launch(",".join(s.groups[i].name for i in gis))
+        with prep.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", args["query_start_loc"]),
+                           (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
             k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf.to(torch.int64)
     done = set(gis)
@@ -456,10 +470,11 @@ def callable_needs(params, g: KVGroup, n: int, world: int) -> str:
     return ""
 
 
-def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs) -> RankOutput:
-    bt = batch_tensors(s, device)
-    out = v1._poisoned(s, knobs, device) if path != "v2" else _guard.buffer(
-        range(len(s.groups)), knobs.buffer_entries(s, path), torch.int64, device)
+def _callable(k, path: str, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
+    device = prep.device
+    bt, _ = prep.batch()
+    out = v1._poisoned(s, knobs, prep) if path != "v2" else prep.buffer(
+        range(len(s.groups)), knobs.buffer_entries(s, path), torch.int64)
     T = out.shape[1]
     n_tok = bt.num_scheduled
     counts = (bt.query_start_loc[1:] - bt.query_start_loc[:-1]).to(torch.int64)
@@ -468,10 +483,10 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
     faults = [0] * len(s.groups)
     for gi, g in enumerate(s.groups):
         if path == "v2":
-            table, entry = v2._table(s, g, allocs[gi], knobs, device)
+            table, entry = _physical(s, g, allocs[gi], knobs, prep)
             rows, kv_bs = s.batch.rows_v2(), entry
         else:
-            table, entry = v1._tables(s, g, allocs[gi], knobs, device), g.b
+            table, entry = prep.table(allocs[gi], v1.table_shape(s, g, knobs)), g.b
             rows, kv_bs = range(s.batch.num_reqs), v1._sizes(s, g, knobs)[0]
         widths.append(table.shape[1])
         entries.append(entry)
@@ -490,9 +505,9 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, device, knobs: Knobs
             is_circular=g.circular, pad_id=PAD_SLOT_ID, max_num_tokens=T,
             cp_sharded=n > 1, world_cp_size=s.cp.world, world_cp_rank=rank,
         )
-        _guard.launch(g.name)
-        with _intact.bracket([(gi, "positions", inputs["positions"]), (gi, "query_start_loc", inputs["query_start_loc"]),
-                              (gi, "idx_mapping", inputs["idx_mapping"]), (gi, "block table", table)]):
+        prep.launch(g.name)
+        with prep.bracket([(gi, "positions", inputs["positions"]), (gi, "query_start_loc", inputs["query_start_loc"]),
+                           (gi, "idx_mapping", inputs["idx_mapping"]), (gi, "block table", table)]):
                 res = k.obj(**{p: inputs[p] for p in k.params if p in inputs})
         faults[gi] = output_fault(res, device, n_tok, T)
         if faults[gi]:  # judged by the coordinator (kernel-output); the group's row stays POISON
@@ -535,7 +550,7 @@ def output_fault(res, device, n_tok: int, T: int) -> int:
 # ---- replay padding: the user's kernel for the pass after the slot mappings -------
 
 def replay(k, s: Scenario, slots: torch.Tensor, qsl: torch.Tensor, positions: torch.Tensor,
-           starts: torch.Tensor, groups: list[int]) -> None:
+           starts: torch.Tensor, groups: list[int], prep: PerRank) -> None:
     """Launch the user's replay-padding kernel ``k`` on one rank's int64 ``[groups, entries]`` buffer,
     in place. ``groups``: the indices the runtime lists as prefix-cacheable (``cpsim.paths.replay``)."""
     device = slots.device
@@ -546,7 +561,7 @@ def replay(k, s: Scenario, slots: torch.Tensor, qsl: torch.Tensor, positions: to
         args.update(cacheable_groups_ptr=_i32(groups, device), NUM_GROUPS=len(groups))
     else:  # vllm-replay-pad-bits: one bit per group, over every group
         args.update(CACHEABLE_GROUPS=sum(1 << gi for gi in groups), NUM_GROUPS=len(s.groups))
-    with _intact.bracket([(groups[0] if groups else 0, "positions", positions),
-                          (groups[0] if groups else 0, "query_start_loc", qsl)]):
+    with prep.bracket([(groups[0] if groups else 0, "positions", positions),
+                       (groups[0] if groups else 0, "query_start_loc", qsl)]):
         k.obj[(s.batch.num_reqs,)](**args)
 

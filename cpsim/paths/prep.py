@@ -1,16 +1,21 @@
-"""A rank run's preparation: the one object through which a built-in path gets its inputs.
+"""A rank run's preparation: the one object through which a path gets its inputs - the seam the
+world hands in.
 
 A path's rank run reads top to bottom - inputs, launches, read-back - and asks a
-``Preparation`` for everything it hands its kernels: the batch tensors and small host arrays
-(``batch``), its guarded output buffers (``buffer``) and block tables (``table``), and, after the
-launches, for its outputs on the host (``read_back``). Two implementations:
+``PerRank`` for everything it hands its kernels: the batch tensors and small host arrays
+(``batch``, ``shared``), its guarded output buffers (``buffer``) and block tables (``table``),
+and, after the launches, for its outputs on the host (``read_back``). It also keeps what the run
+records on the way: the group of the launch in progress (``launch``, named when a kernel raises)
+and, for a user's kernel, the entries it wrote into its inputs (``count_writes``, ``bracket``).
+Two implementations:
 
 - ``PerRank``: made for this rank run alone; each call is one upload (pinned on CUDA), one
   allocation or one table fill. A user's kernel always gets these (fresh inputs per run).
 - ``Staged``: one rank's view of a ``Stage``, the ranks of a path prepared together (below).
 
-``for_rank`` picks one: ``Staged`` when the world has opened a stage (``staged``) for this
-scenario, device and rank, else ``PerRank``.
+The world (``cpsim.run``) makes them: ``for_ranks`` gives a ``Stage`` for the ranks of a path
+whose kernels are all cpsim's, else ``Alone``; either's ``for_rank`` is the preparation of one
+rank's run, handed to ``cpsim.paths.run_path``.
 
 One path's inputs for several ranks, prepared together.
 
@@ -25,24 +30,21 @@ for every rank in one copy. Each rank still gets tensors of its own (views into 
 allocations, laid out exactly as a rank run alone would lay them out, guard rows and
 entries included), its own launches, and its own read-back.
 
-A stage is opened around a path's ranks only for cpsim's built-in kernels
+A stage is made for a path's ranks only for cpsim's built-in kernels
 (``cpsim.run.isolation``): those never write their inputs. A user's kernel gets fresh
-inputs per rank run, so whatever it does to them stays within that run.
-
-Module state, like ``_guard``'s watch: one rank runs at a time in a process.
+inputs per rank run, so whatever it does to them stays within that run. A stage serves
+one rank run at a time (``Staged`` tells it which).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
 from cpsim.allocator import table_entries
 from cpsim.layout import GUARD, POISON
-from cpsim.paths import _guard
+from cpsim.paths import _guard, _intact
 from cpsim.paths._inputs import BatchTensors, upload, upload_batch
 
 TABLE_BYTES = 256 << 20  # tables of all staged ranks bigger than this are built per rank run, as without a stage
@@ -50,6 +52,10 @@ ALIGN = 256  # bytes: each rank's block starts as a fresh allocation would (Trit
 
 
 class Stage:
+    """One path's inputs for the ranks ``allocs`` names (rank -> allocations, per group) of scenario
+    ``s``, prepared together; ``for_rank`` hands out one rank's view of them. ``defer``: the ranks'
+    outputs wait for ``settle`` to be read back, together."""
+
     def __init__(self, s, allocs: dict[int, list], device, defer: bool = False):
         self.s = s
         self.allocs = allocs                  # rank -> that rank's allocations, per group
@@ -61,20 +67,24 @@ class Stage:
         self._cache: dict = {}
         self._views: dict = {}                # (table key, rank) -> that rank's table view
         self._staged_views: dict = {}         # id(view) -> (view, table key, block shape, rows)
-        self._pending: list = []              # (watch, output) of rank runs not read back yet
+        self._pending: list = []              # (preparation, output) of rank runs not read back yet
         self._unstaged = False                # the rank run in progress got a table built for it alone
 
-    def later(self, watch, out) -> bool:
+    def for_rank(self, rank: int) -> "Staged":
+        """The preparation of ``rank``'s run (one of the staged ranks), for the run that starts now."""
+        return Staged(self, rank)
+
+    def later(self, inputs: "Staged", out) -> bool:
         """Keep a staged rank run's output to be read back by ``settle``; False when it must be read
         back now (reading back is not deferred, or the run is not one of the staged ranks)."""
         if not self.defer or self.rank is None:
             return False
-        self._pending.append((watch, out))
+        self._pending.append((inputs, out))
         return True
 
     def settle(self) -> None:
         """Read back every deferred output, one copy per shared allocation (the slots and guard
-        entries of all staged ranks at once), as ``_guard.Watch.read_back`` would one rank's. A fault
+        entries of all staged ranks at once), as ``_guard.read_back`` would one rank's. A fault
         of any rank's kernel surfaces here, unattributed: the caller runs the ranks again one by one."""
         copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -85,8 +95,8 @@ class Stage:
             b, h = copies[id(base)]
             return h.as_strided(t.shape, t.stride(), h.storage_offset() + t.storage_offset() - b.storage_offset())
         pending, self._pending = self._pending, []
-        for watch, out in pending:
-            out.slots, out.guard = watch.read_back(out.slots, host)
+        for inputs, out in pending:
+            out.slots, out.guard = _guard.read_back(inputs.watched, len(self.s.groups), out.slots, host)
 
     def begin(self, rank: int) -> None:
         self.rank, self._buffers, self._unstaged = rank, 0, False
@@ -188,23 +198,25 @@ class _NotStaged(Exception):
     pass
 
 
-_current: Stage | None = None
+class Alone:
+    """The ranks of a path prepared each for its own run alone (``PerRank``): where a kernel is the user's."""
+
+    def __init__(self, s, device):
+        self.s, self.device = s, torch.device(device)
+
+    def for_rank(self, rank: int) -> "PerRank":
+        return PerRank(self.s, self.device)
+
+    def settle(self) -> None:
+        """Nothing waits: every rank run read its outputs back itself."""
 
 
-def current() -> Stage | None:
-    return _current
-
-
-@contextlib.contextmanager
-def staged(s, allocs: dict[int, list], device, defer: bool = False) -> Iterator[Stage]:
-    """A stage for the ranks ``allocs`` names, for as long as the block runs; with ``defer`` their
-    outputs are read back together, by ``Stage.settle``, which the block must call."""
-    global _current
-    outer, _current = _current, Stage(s, allocs, device, defer)
-    try:
-        yield _current
-    finally:
-        _current = outer
+def for_ranks(s, allocs: dict[int, list], device, builtin: bool = True, defer: bool = False) -> Stage | Alone:
+    """How the world prepares the ranks ``allocs`` names (rank -> allocations) of one path of ``s``:
+    together (a ``Stage``) only where every kernel is cpsim's (``builtin``); each alone (``Alone``)
+    when any is the user's, the slot-mapping kernel or the replay kernel beside a built-in one.
+    ``defer``: the staged ranks' outputs are read back together by ``settle``, which the world calls."""
+    return Stage(s, allocs, device, defer) if builtin else Alone(s, device)
 
 
 @dataclass(frozen=True)
@@ -229,14 +241,30 @@ Own = tuple      # (key, arrays, make): this rank's host ``arrays``; ``make(allo
 class PerRank:
     """A rank run's inputs made for it alone: every call a fresh upload or allocation."""
 
-    def __init__(self, device):
+    def __init__(self, s, device):
+        self.s = s
         self.device = torch.device(device)
+        self.launching = "*"  # the group(s) of the launch in progress, named when a kernel raises
+        self.written: torch.Tensor | None = None  # entries a user's kernel wrote into its inputs (``count_writes``)
+        self.watched: list[tuple[torch.Tensor, list[int]]] = []  # guard-framed buffers handed out, and their groups
 
-    def batch(self, s, clamp: int | None = None, shared: Shared | None = None, own: Own | None = None
+    def launch(self, group: str) -> None:
+        """Record which group(s) the next launch serves, so a failure can name them."""
+        self.launching = group
+
+    def count_writes(self) -> None:
+        """From now on, count what the bracketed launches write into their inputs (a user's kernel)."""
+        self.written = _intact.counts(len(self.s.groups))
+
+    def bracket(self, inputs: list[tuple[int, str, torch.Tensor]]):
+        """Around one launch of a user's kernel (``_intact.bracket``): (group, input name, tensor)."""
+        return _intact.bracket(self.written, inputs)
+
+    def batch(self, clamp: int | None = None, shared: Shared | None = None, own: Own | None = None
               ) -> tuple[BatchTensors, list[torch.Tensor]]:
         """(the batch's tensors, ``query_start_loc`` capped at ``clamp``; then ``shared``'s arrays and
         ``own``'s, as tensors), all in one copy."""
-        return upload_batch(s, self.device, clamp, *(shared[1]() if shared is not None else []),
+        return upload_batch(self.s, self.device, clamp, *(shared[1]() if shared is not None else []),
                             *(own[1] if own is not None else []))
 
     def shared(self, key, make) -> list[torch.Tensor]:
@@ -244,17 +272,25 @@ class PerRank:
         return upload(list(make()), self.device)
 
     def buffer(self, groups, entries: int, dtype, fill: int = POISON) -> torch.Tensor:
-        """``_guard.buffer``: [len(groups), entries] framed by guard entries, watched."""
-        return _guard.buffer(groups, entries, dtype, self.device, fill)
+        """[len(groups), entries] of ``fill`` framed by guard entries (``_guard.buffer``), read back after
+        the launches."""
+        groups = list(groups)
+        return self._watch(_guard.buffer(len(groups), entries, dtype, self.device, fill), groups, entries)
+
+    def _watch(self, full: torch.Tensor, groups: list[int], entries: int) -> torch.Tensor:
+        self.watched.append((full, groups))
+        return full[:, _guard.WIDTH:_guard.WIDTH + entries]
 
     def table(self, alloc, shape: TableShape) -> torch.Tensor:
         """``_guard.table`` of ``alloc``'s entries in ``shape``."""
         entries = table_entries(alloc, list(shape.rows), shape.num_rows, shape.width, shape.bpk)
         return _guard.table(entries, shape.num_blocks, shape.block_size, shape.entry_size, self.device)
 
-    def read_back(self, watch, out) -> None:
-        """``out``'s slots and guard entries on the host, now (one copy per watched buffer)."""
-        out.slots, out.guard = watch.read_back(out.slots)
+    def read_back(self, out) -> None:
+        """``out``'s slots and guard entries on the host, now (one copy per buffer handed out), and the
+        entries written into inputs, when counted."""
+        out.slots, out.guard = _guard.read_back(self.watched, len(self.s.groups), out.slots)
+        out.written = self.written
 
 
 class Staged(PerRank):
@@ -262,11 +298,11 @@ class Staged(PerRank):
     stage does not hold (a table too big to stage) is made for the rank alone, as ``PerRank`` does."""
 
     def __init__(self, stage: Stage, rank: int):
-        super().__init__(stage.device)
+        super().__init__(stage.s, stage.device)
         self.stage = stage
         stage.begin(rank)
 
-    def batch(self, s, clamp=None, shared=None, own=None):
+    def batch(self, clamp=None, shared=None, own=None):
         bt = self.stage.batch(clamp)  # uploaded once for every staged rank
         common = self.stage.shared(*shared) if shared is not None else []
         mine = self.stage.per_rank(own[0], own[2]) if own is not None else []
@@ -279,24 +315,13 @@ class Staged(PerRank):
 
     def buffer(self, groups, entries, dtype, fill=POISON):
         groups = list(groups)
-        full = self.stage.buffer(groups, entries, dtype, fill, _guard.WIDTH)
-        _guard.watch(full, groups)
-        return full[:, _guard.WIDTH:_guard.WIDTH + entries]
+        return self._watch(self.stage.buffer(groups, entries, dtype, fill, _guard.WIDTH), groups, entries)
 
     def table(self, alloc, shape):
         staged = self.stage.table(shape.group, alloc, list(shape.rows), shape.num_rows, shape.width, shape.bpk,
                                   shape.num_blocks, shape.block_size, shape.entry_size)
         return staged if staged is not None else super().table(alloc, shape)
 
-    def read_back(self, watch, out):
-        if not self.stage.later(watch, out):
-            super().read_back(watch, out)
-
-
-def for_rank(s, rank: int, device) -> PerRank:
-    """The preparation of ``rank``'s run of scenario ``s`` on ``device``: ``Staged`` inside a stage the
-    world opened for them (``staged``), else ``PerRank``."""
-    stage, device = _current, torch.device(device)
-    if stage is not None and stage.s is s and stage.device == device and rank in stage.allocs:
-        return Staged(stage, rank)
-    return PerRank(device)
+    def read_back(self, out):
+        if not self.stage.later(self, out):
+            super().read_back(out)

@@ -17,9 +17,10 @@ import torch
 
 from cpsim import kernels
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, _guard
+from cpsim.paths import adapters
 from cpsim.paths._inputs import prepare_triton
 from cpsim.paths.prep import PerRank
+from cpsim.paths.types import Knobs
 from cpsim.scenario import Scenario
 
 BLOCK = 1024  # upstream's launch
@@ -55,13 +56,12 @@ def pad(s: Scenario, slots: torch.Tensor, prep: PerRank, knobs: Knobs = Knobs(),
     T = slots.shape[1]
     # a short buffer drops tokens; capacity reports it
     common = (("replay", tuple(groups), T), lambda: [replay_starts(s), np.asarray(groups, dtype=np.int32)])
-    bt, (starts, group_ids) = prep.batch(s, clamp=T, shared=common)
+    bt, (starts, group_ids) = prep.batch(clamp=T, shared=common)
     qsl = bt.query_start_loc
     names = ",".join(s.groups[gi].name for gi in groups)
-    _guard.launch(f"replay-pad({names})" if kernel is None else f"replay-pad[{kernel.spec}]({names})")
+    prep.launch(f"replay-pad({names})" if kernel is None else f"replay-pad[{kernel.spec}]({names})")
     if kernel is not None:
-        from cpsim.paths import adapters
-        adapters.replay(kernel, s, slots, qsl, bt.positions, starts, groups)
+        adapters.replay(kernel, s, slots, qsl, bt.positions, starts, groups, prep)
         return
     from cpsim.kernels.replay_pad import _pad_replayed_slots_kernel
     _pad_replayed_slots_kernel[(s.batch.num_reqs,)](

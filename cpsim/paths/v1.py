@@ -12,9 +12,10 @@ import torch
 from cpsim import kernels, layout, sizing
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, RankOutput, _guard, _tile
+from cpsim.paths import _tile
 from cpsim.paths._inputs import prepare_triton
 from cpsim.paths.prep import PerRank, TableShape
+from cpsim.paths.types import Knobs, RankOutput
 from cpsim.scenario import INT32_MAX, KVGroup, Scenario
 
 TILE = 1024
@@ -50,10 +51,6 @@ def table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
                       physical_width(s, g, knobs), g.bpk, g.num_blocks, g.block_size, g.b)
 
 
-def _tables(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
-    return PerRank(device).table(alloc, table_shape(s, g, knobs))
-
-
 def group_number(s: Scenario, g: KVGroup) -> int:
     """Which of the scenario's groups ``g`` is (by identity: two groups may be equal)."""
     return next(i for i, x in enumerate(s.groups) if x is g)
@@ -66,8 +63,9 @@ def _sizes(s: Scenario, g: KVGroup, knobs: Knobs) -> tuple[int, int]:
     return g.block_size, g.bpk
 
 
-def _poisoned(s: Scenario, knobs: Knobs, device) -> torch.Tensor:
-    return _guard.buffer(range(len(s.groups)), buffer_size(s, knobs), torch.int64, device)
+def _poisoned(s: Scenario, knobs: Knobs, prep: PerRank) -> torch.Tensor:
+    """[groups, slot buffer entries] of POISON: a row per group."""
+    return prep.buffer(range(len(s.groups)), buffer_size(s, knobs), torch.int64)
 
 
 def _result(out: torch.Tensor, s: Scenario, knobs: Knobs, enabled: list[bool]) -> RankOutput:
@@ -81,7 +79,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: 
     from cpsim.kernels.triton_v1 import _compute_slot_mapping_kernel
 
     T = buffer_size(s, knobs)
-    bt, _ = prep.batch(s, clamp=T)  # a short buffer drops tokens; capacity reports it
+    bt, _ = prep.batch(clamp=T)  # a short buffer drops tokens; capacity reports it
     out = prep.buffer(range(len(s.groups)), T, torch.int64)
     for gi, g in enumerate(s.groups):
         if not g.slot_mapped:
@@ -89,7 +87,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: 
         n = g.world(s.cp)
         table = prep.table(allocs[gi], table_shape(s, g, knobs))
         kv_bs, bpk = _sizes(s, g, knobs)
-        _guard.launch(g.name)
+        prep.launch(g.name)
         if knobs.kernel_design == "tile":
             _tile.launch_v1(s, g, min(bt.num_tokens, T), bt.query_start_loc, bt.positions, table, out[gi], kv_bs,
                             bpk, rank, knobs.kernel_fault)
@@ -108,10 +106,9 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: 
     return _result(out, s, knobs, [g.slot_mapped for g in s.groups])
 
 
-def mask_padding(s: Scenario, out: torch.Tensor, prep: PerRank | None = None) -> None:
+def mask_padding(s: Scenario, out: torch.Tensor, prep: PerRank) -> None:
     """is_padding tokens get PAD after the launch: the v1 kernels (vllm-ascend ``BlockTable``)
     have no is_padding input, so the runner's mask is applied on the host, in every group."""
-    prep = prep or PerRank(out.device)
     if s.batch.has_padding:
         def index() -> list[np.ndarray]:
             idx = np.flatnonzero(s.batch.padding_mask())
@@ -168,7 +165,7 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank,
     from cpsim.kernels.triton_v1 import _compute_slot_mapping_fused_kernel
 
     T = buffer_size(s, knobs)
-    bt, _ = prep.batch(s, clamp=T)
+    bt, _ = prep.batch(clamp=T)
     out = prep.buffer(range(len(s.groups)), T, torch.int64)
     groups = [(gi, g) for gi, g in enumerate(s.groups) if g.slot_mapped]
     if groups:
@@ -200,7 +197,7 @@ def run_torch(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank,
     from cpsim.kernels.torch_dcp import compute_dcp_slot_mapping
 
     device = prep.device
-    bt, _ = prep.batch(s)
+    bt, _ = prep.batch()
     out = prep.buffer(range(len(s.groups)), buffer_size(s, knobs), torch.int64)
     T = out.shape[1]
     n_tok = min(bt.num_scheduled, T)

@@ -21,9 +21,10 @@ import torch
 from cpsim import kernels, sizing
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import Knobs, RankOutput, _guard, _tile, v1
+from cpsim.paths import _tile, v1
 from cpsim.paths._inputs import prepare_triton
 from cpsim.paths.prep import PerRank, TableShape
+from cpsim.paths.types import Knobs, RankOutput
 from cpsim.scenario import KVGroup, Scenario
 
 TILE = 1024
@@ -52,12 +53,6 @@ def table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
     return TableShape(gi, rows, s.limits.max_num_reqs, width, 1, g.num_blocks, g.block_size, g.block_size)
 
 
-def _table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> tuple[torch.Tensor, int]:
-    """(table, slots per entry), made for one rank run alone."""
-    shape = table_shape(s, g, knobs)
-    return PerRank(device).table(alloc, shape), shape.entry_size
-
-
 def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
     """The scenario (or an injected MRV2-only fault) needs what only the MRV2 kernel expresses."""
     partial = any(1 < g.world(s.cp) < s.cp.world for g in s.groups)
@@ -68,11 +63,6 @@ def kernel_table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
     """MRV2 staging: physical id q becomes kernel blocks q*BPK .. q*BPK+BPK-1."""
     return TableShape(v1.group_number(s, g), tuple(s.batch.rows_v2()), s.limits.max_num_reqs,
                       table_width(s, g, knobs), g.bpk, g.num_blocks, g.block_size, g.b)
-
-
-def kernel_table(s: Scenario, g: KVGroup, alloc: Allocation, knobs: Knobs, device) -> torch.Tensor:
-    """``kernel_table_shape``'s table, made for one rank run alone."""
-    return PerRank(device).table(alloc, kernel_table_shape(s, g, knobs))
 
 
 def num_blocks_array(s: Scenario, allocs: list[Allocation], widths: list[int]) -> np.ndarray:
@@ -134,8 +124,8 @@ def run_mrv2(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, kn
     def own(a: list[Allocation], peer=lambda t: t) -> list[np.ndarray]:  # a rank's tables and live blocks
         return [*_ptrs([peer(t) for t in tables]), num_blocks_array(s, a, widths)]
     bt, (rows, block_sizes, kernel_sizes, cp_sizes, circ, flags, ptrs, strides, nb) = prep.batch(
-        s, clamp=T, shared=common, own=(("mrv2", T, knobs), own(allocs), own))
-    _guard.launch(",".join(g.name for g in s.groups))
+        clamp=T, shared=common, own=(("mrv2", T, knobs), own(allocs), own))
+    prep.launch(",".join(g.name for g in s.groups))
     _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
         T, rows, bt.query_start_loc, bt.positions, ptrs, strides,
         nb, nb.stride(0), block_sizes, kernel_sizes, cp_sizes,
@@ -167,7 +157,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: 
     def own(a: list[Allocation], peer=lambda t: t) -> tuple[np.ndarray, np.ndarray]:  # a rank's table pointers
         return _ptrs([peer(t) for t in tables])
     bt, (rows, entry_t, enabled, cp_sizes, circular, ptrs, strides) = prep.batch(
-        s, clamp=T, shared=common, own=(("v2", T, knobs), own(allocs), own))
+        clamp=T, shared=common, own=(("v2", T, knobs), own(allocs), own))
     args = (min(bt.num_tokens, T), T, rows, bt.query_start_loc, bt.positions, ptrs, strides, entry_t,
             out, out.stride(0), rank)
     if knobs.kernel_design == "tile":

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from cpsim.errors import ConfigError
-from cpsim.paths import RankOutput, _guard, run_path
+from cpsim.paths import RankOutput, prep, run_path
 
 
 def pack(out: RankOutput | None) -> dict[str, Any] | None:
@@ -125,27 +125,27 @@ def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks:
     all of them in one ("batch", replies) message at the end); stops after the first rank that does
     not complete, as the in-process loop would. One message per path, and the scenario itself once
     per scenario (``load``): the parent is not woken in between."""
-    from cpsim.paths import staging
     have, s, allocs = loaded
     if have != token:  # cannot happen while the parent sends "load" first; a reply names it if it does
         conn.send(("raised", "RuntimeError", f"kernel worker holds scenario {have}, asked for {token}", "*"))
         return
     replies = []
-    with staging(s, {r: allocs[r] for r in ranks}, device, builtin=record is None, defer=batch) as stage:
-        for rank, kn in zip(ranks, knobs):
-            reply = _run(kernels, path, s, allocs[rank], rank, device, kn, record, packed=not batch)
-            if batch:
-                replies.append(reply)
-            else:
-                conn.send(reply)
-            if reply[0] != "ok":
-                break
-        if batch and stage is not None:
-            try:
-                stage.settle()  # every rank's outputs at once; a device fault of any of them surfaces here
-            except Exception as e:  # noqa: BLE001  (the parent runs the ranks again one by one to name the rank)
-                conn.send(("lost", type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
-                return
+    stage = prep.for_ranks(s, {r: allocs[r] for r in ranks}, device, builtin=record is None, defer=batch)
+    for rank, kn in zip(ranks, knobs):
+        reply = _run(kernels, path, s, allocs[rank], rank, device, kn, record, packed=not batch,
+                     inputs=stage.for_rank(rank))
+        if batch:
+            replies.append(reply)
+        else:
+            conn.send(reply)
+        if reply[0] != "ok":
+            break
+    if batch:
+        try:
+            stage.settle()  # every rank's outputs at once; a device fault of any of them surfaces here
+        except Exception as e:  # noqa: BLE001  (the parent runs the ranks again one by one to name the rank)
+            conn.send(("lost", type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+            return
     if batch:
         conn.send(("batch", [(r[0], pack(r[1]), *r[2:]) if r[0] == "ok" else r for r in replies]))
 
@@ -168,8 +168,9 @@ def _prepare(device: str, threads: int | None = None) -> tuple:
 
 
 def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, record: dict | None,
-         packed: bool = True) -> tuple:
-    """One rank run's reply; ``packed``: its output as plain data (else the ``RankOutput`` itself)."""
+         packed: bool = True, inputs: prep.PerRank | None = None) -> tuple:
+    """One rank run's reply; ``packed``: its output as plain data (else the ``RankOutput`` itself).
+    ``inputs``: the run's preparation (a stage's, for a chunk of ranks); else one made for it alone."""
     from cpsim.kernels.under_test import KernelImportError
     try:
         k = _kernel(kernels, path, record, device)
@@ -180,14 +181,15 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
     failed = None if k is None else k.load_failure
     if failed is not None:
         return ("unloaded", failed.kind, failed.message)
+    inputs = inputs if inputs is not None else prep.PerRank(s, device)
     try:
-        out = run_path(path, s, allocs, rank, device, knobs, k)
+        out = run_path(path, s, allocs, rank, device, knobs, k, inputs)
     except ConfigError as e:
         return ("config", e.field, e.rule)
     except SystemExit as e:
-        return ("exit", repr(e.code), _guard.launching())
+        return ("exit", repr(e.code), inputs.launching)
     except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
         from cpsim.kernels.under_test import where_raised
         text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
-        return ("raised", type(e).__name__, text, _guard.launching())
+        return ("raised", type(e).__name__, text, inputs.launching)
     return ("ok", pack(out) if packed else out, list(k.notes) if k is not None else [])

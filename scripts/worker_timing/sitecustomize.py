@@ -94,13 +94,13 @@ if os.environ.get("CPSIM_WTIME"):
                     if v is f:
                         setattr(m, k, w)
 
-    for mod, names in ((_guard, ["table", "tables", "buffer", "blocks"]), (allocator, ["table_entries"]),
+    for mod, names in ((_guard, ["table", "tables", "buffer", "blocks", "read_back"]), (allocator, ["table_entries"]),
                        (_inputs, ["upload", "upload_batch"]), (v1, ["run", "mask_padding"]),
                        (v2, ["run", "run_mrv2", "num_blocks_array"]), (replay, ["pad"]), (kw, ["pack", "_run"])):
         for n in names:
             _patch(getattr(mod, n), f"{mod.__name__.split('.')[-1]}.{n}")
     for cls, names in ((_stage.Stage, ["settle", "per_rank", "table", "buffer", "shared", "batch"]),
-                       (_stage.PerRank, ["table"]), (_guard.Watch, ["read_back"])):
+                       (_stage.PerRank, ["table"])):
         for n in names:
             setattr(cls, n, _timed(getattr(cls, n), f"{cls.__name__}.{n}"))
     try:
