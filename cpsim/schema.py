@@ -184,6 +184,7 @@ class ReproModel(Strict):
     size: dict[StrictStr, StrictInt] = {}
     fuzz: dict[StrictStr, Any] = {}           # how the search ran (seed, examples, ...): informative only
     inject_rank: Annotated[StrictInt, Field(ge=0, le=MAX_CP * MAX_CP)] | None = None
+    profile: StrictStr | None = None          # the release profile that judged (cpsim.check.profiles)
 
     model_config = ConfigDict(populate_by_name=True)
 

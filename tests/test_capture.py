@@ -87,7 +87,7 @@ def test_replay_names_step_rank_group_token_of_the_injected_fault(faulty, tmp_pa
 
 def test_clean_capture_replays_clean(clean, tmp_path):
     rc, rep = _replay(clean, tmp_path=tmp_path)
-    assert rc == 0 and rep == {"passed": True, "steps_checked": 6}
+    assert rc == 0 and rep == {"passed": True, "steps_checked": 6, "profile": "cpsim"}
 
 
 def test_fault_on_the_v2_launch_only(tmp_path):

@@ -46,6 +46,15 @@ def test_broken_kernel_fails_with_the_violation_report(pytester):
     res.stdout.fnmatch_lines(["*✗ exactly-one-owner [[]v1] group attn*", "*FAILED cpsim::v1[[]mtp]*"])
 
 
+def test_profile_option_is_accepted_and_shown_in_the_report(pytester):
+    res = pytester.runpytest("--cpsim-kernel-v1", _broken(pytester), "--cpsim-profile", "vllm-ascend-0.23", *FAST)
+    res.assert_outcomes(failed=2)
+    res.stdout.fnmatch_lines(["*profile: vllm-ascend-0.23 (vllm-ascend*"])
+    res = pytester.runpytest("--cpsim-kernel-v1", GOOD, "--cpsim-profile", "vllm-9.9", *FAST)
+    res.assert_outcomes(failed=2)
+    res.stdout.fnmatch_lines(["*--profile*unknown profile 'vllm-9.9'*"])
+
+
 def test_plugin_is_inert_without_its_options(pytester):
     pytester.makepyfile(test_user="def test_theirs():\n    assert True\n")
     res = pytester.runpytest("-p", "cpsim.plugin.testing", "-p", "no:warnings")

@@ -34,17 +34,34 @@ KERNELS = {
     "vllm-v1-0.26": (V1_026, "v1", "auto", ("default", "hybrid-mamba")),
     "vllm-v1-0.32": (V1_032, "v1", "auto", ("default", "hybrid-mamba")),
     "vllm-mrv2-0.18": (MRV2_018, "v2", "auto", ("default",)),
-    "vllm-mrv2-0.29": (MRV2_029, "v2", "auto", ("default",)),
-    "vllm-mrv2-0.31": (MRV2_031, "v2", "auto", ("default", "partial-replica")),
-    "vllm-mrv2-0.32": (MRV2_032, "v2", "auto", ("default", "partial-replica", "hybrid-mamba", "dummy-tokens")),
+    "vllm-mrv2-0.29": (MRV2_029, "v2", "auto", ("default", "ring-sharded")),
+    "vllm-mrv2-0.31": (MRV2_031, "v2", "auto", ("default", "dcp-replicated")),
+    "vllm-mrv2-0.32": (MRV2_032, "v2", "auto", ("default", "dcp-replicated", "hybrid-mamba", "dummy-tokens")),
     "ascend-v2-0.18": (ASCEND_V2_018, "v2", "auto", ("default",)),
 }
 
 
-def dummy_with_tokens():
-    """partial-replica with its dummy request (idx_mapping -1) scheduling 3 padding tokens, as a
-    runner's graph padding does: vLLM 0.31+ kernels must write PAD for them on every rank."""
+def dcp_replicated():
+    """partial-replica with its CP-4 group sharded over all of DCP instead: vLLM has no partial replicas
+    (under its profiles that group is exit 2), so its releases meet sharded and replicated groups only."""
     s = preset("partial-replica")
+    groups = tuple(dataclasses.replace(g, cp_size=0) if g.name == "attn-cp4" else g for g in s.groups)
+    return dataclasses.replace(s, groups=groups, name="dcp-replicated")
+
+
+def ring_sharded():
+    """hybrid-mamba with every attention group sharded (vLLM 0.29-0.30 have no replicated groups): its ring
+    is those releases' CircularBufferSpec, launched with slot_mapping_enabled false (all PAD)."""
+    s = preset("hybrid-mamba")
+    groups = tuple(dataclasses.replace(g, cp_size=0, cp_sharded=True) if g.kind == "attention" else g
+                   for g in s.groups)
+    return dataclasses.replace(s, groups=groups, name="ring-sharded")
+
+
+def dummy_with_tokens():
+    """dcp-replicated with its dummy request (idx_mapping -1) scheduling 3 padding tokens, as a
+    runner's graph padding does: vLLM 0.31+ kernels must write PAD for them on every rank."""
+    s = dcp_replicated()
     reqs = list(s.batch.requests)
     assert reqs[-1].kind == "dummy" and s.batch.rows_v2()[len(reqs) - 1] == -1
     first = s.batch.num_tokens
@@ -54,7 +71,8 @@ def dummy_with_tokens():
 
 
 def _scenario(name):
-    return dummy_with_tokens() if name == "dummy-tokens" else name
+    return {"dummy-tokens": dummy_with_tokens, "dcp-replicated": dcp_replicated,
+            "ring-sharded": ring_sharded}.get(name, lambda: name)()
 
 
 @pytest.mark.parametrize("abi", KERNELS)
@@ -115,17 +133,17 @@ BUGS = [
     ("vllm-mrv2-0.29", "mine = chunk % CP_SIZE == cp_rank", "mine = chunk % CP_SIZE == 0", "default",
      "exactly-one-owner"),
     ("vllm-mrv2-0.29", "enabled = tl.load(slot_mapping_enabled + group) != 0",
-     "enabled = tl.load(slot_mapping_enabled + group) >= 0", "default", "matches-reference"),
+     "enabled = tl.load(slot_mapping_enabled + group) >= 0", "ring-sharded", "matches-reference"),
     ("vllm-mrv2-0.31", "slot = tl.where(ok, blk * kbs + local % kbs, PAD_ID)",
      "slot = tl.where(ok, blk * bs + local % bs, PAD_ID)", "default", "dense-local"),
     ("vllm-mrv2-0.31", "sharded = tl.load(dcp_sharded + group) != 0",
-     "sharded = tl.load(dcp_sharded + group) >= 0", "partial-replica", "exactly-one-owner"),
+     "sharded = tl.load(dcp_sharded + group) >= 0", "dcp-replicated", "exactly-one-owner"),
     ("vllm-mrv2-0.32", "ok = mask & mine & enabled & (row >= 0) & (idx < stride)",
      "ok = mask & mine & enabled & (idx < stride)", "dummy-tokens", "row-bounds"),
     ("vllm-mrv2-0.32", "pad_from = tl.load(query_start_loc + batch_idx)",
      "pad_from = tl.load(query_start_loc + batch_idx) + 8", "default", "padding"),
     ("vllm-mrv2-0.32", "mine = (chunk % CP_SIZE == cp_rank) | ~sharded",
-     "mine = (chunk % CP_SIZE == cp_rank) | sharded", "partial-replica", "exactly-one-owner"),
+     "mine = (chunk % CP_SIZE == cp_rank) | sharded", "dcp-replicated", "exactly-one-owner"),
     ("ascend-v2-0.18", "local = (chunk // CP_SIZE) * CP_INTERLEAVE + p % CP_INTERLEAVE",
      "local = (chunk // CP_SIZE) * CP_INTERLEAVE", "default", "dense-local"),
 ]

@@ -40,10 +40,15 @@ def main(args, console: Console | None = None) -> int:
     quiet_rank = os.environ.get("RANK", "0") not in ("", "0")  # under torchrun only rank 0 speaks
     console = console or terminal.console(quiet=quiet_rank)
     kernels = _kernels(args)
+    from cpsim.check import profiles
+    name = getattr(args, "profile", None)
+    prof = profiles.get(name) if name else profiles.for_abis([getattr(k, "abi", "builtin") for k in kernels.values()])
+    if not args.quiet:
+        console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
     checked = 0
     notes: list[str] = []
     for step in iter_steps(args.file, notes):
-        out = check_step(step, kernels)
+        out = check_step(step, kernels, profile=prof)
         checked += 1
         if out.differs:
             console.print(f"{escape(str(step.label.get('name', 'step')))}: the {step.path} kernel's outputs differ "
@@ -59,7 +64,8 @@ def main(args, console: Console | None = None) -> int:
                 console.print(f"[dim]note: {escape(note)}[/dim]")
         finding = first_finding(step, out.gathered, out.verdicts)
         console.print(f"[bold red]{escape(finding.line(step))}[/bold red]", highlight=False)
-        extra = {"capture": _label(step), "first_violation": finding.__dict__, "steps_checked": checked}
+        extra = {"capture": _label(step), "first_violation": finding.__dict__, "steps_checked": checked,
+                 "profile": prof.name}
         if args.shrink:
             small, small_out = shrink.shrink(step, kernels, target=finding.invariant)
             dest = Path(args.shrink)
@@ -83,7 +89,7 @@ def main(args, console: Console | None = None) -> int:
     console.print(f"[bold green]{checked} step(s) checked ({escape(how)}); all invariants hold[/bold green]",
                   highlight=False)
     if args.json:
-        report.write_json(args.json, {"passed": True, "steps_checked": checked})
+        report.write_json(args.json, {"passed": True, "steps_checked": checked, "profile": prof.name})
     return 0
 
 

@@ -99,17 +99,18 @@ class Outcome:
         return sorted({v.invariant for v in self.verdicts if v.status == "fail"})
 
 
-def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "cpu") -> Outcome:
-    """Check the given outputs; with a kernel for the step's path, rerun it and check its outputs too."""
+def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "cpu", profile=None) -> Outcome:
+    """Check the given outputs; with a kernel for the step's path, rerun it and check its outputs too.
+    ``profile``: the release profile judging (``cpsim.check.profiles``; None: cpsim's model)."""
     k = (kernels or {}).get(step.path)
     if k is None and step.has_outputs:
-        s, gath, verdicts = explicit.check(step)
+        s, gath, verdicts = explicit.check(step, profile=profile)
         return Outcome(step, s, gath, verdicts)
     from cpsim.capture import rerun
     slots = rerun.run(step, None if k in (None, "builtin") else k, device)
     given = [rb.slots for rb in step.ranks]
     plain = dataclasses.replace(step, ranks=[dataclasses.replace(rb, slots=None) for rb in step.ranks])
-    s, gath, verdicts = explicit.check(plain, {f"rerun-{step.path}": slots})
+    s, gath, verdicts = explicit.check(plain, {f"rerun-{step.path}": slots}, profile)
     differs = None
     if step.has_outputs:
         differs = sum(int((a[:, : b.shape[1]] != b[:, : a.shape[1]]).sum()) for a, b in zip(given, slots))

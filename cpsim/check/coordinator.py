@@ -10,7 +10,6 @@ replica sets that failed (to word their violations).
 from __future__ import annotations
 
 import copy
-
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -85,6 +84,7 @@ class _Ctx:
     def __init__(self, s: Scenario, allocs_world: list[list[Allocation]], profile=None):
         self.s = s
         self.profile = profile or profiles.PROFILES["cpsim"]
+        self.padded = s.batch.num_tokens_padded
         self.allocs = allocs_world
         self.pos = s.batch.positions()
         self.req = s.batch.token_request()
@@ -123,11 +123,21 @@ class _Ctx:
         """Replica sets of group ``g``: ``g`` consecutive ranks, one of each shard rank."""
         return layout.replica_sets(ranks, g.world(self.s.cp))
 
-    def want(self, gi: int, ranks: int, entries: int) -> np.ndarray:
-        """[ranks, entries]: the reference buffer of group ``gi``, shared by every path."""
-        key = (gi, ranks)
+    def end(self, entries: int) -> int:
+        """Buffer entries the profile promises (``padding_end``): past them nothing is judged."""
+        return profiles.padding_end(self.profile, self.n, self.padded, entries)
+
+    def want(self, gi: int, ranks: int, entries: int, state: str = "") -> np.ndarray:
+        """[ranks, entries]: the reference buffer of group ``gi``, shared by every path. ``state``: "slots",
+        a state group whose release computes slots (``profiles.state_slots``), mapped as a plain table;
+        "pad", a group whose release disables its slot mapping (``profiles.ring_is_pad``)."""
+        key = (gi, ranks, state)
+        if state == "pad":
+            return np.full((ranks, entries), PAD_SLOT_ID, dtype=np.int64)
         if key not in self._want:
             g = self.s.groups[gi]
+            if state:
+                g = profiles.state_as_table(self.s, self.profile, g)
             rows = list(range(ranks))
             self._want[key] = reference.world_slots(self.s, g, [self.allocs[r][gi] for r in rows], rows,
                                                     self.pos, self.req, self.pad, self.replayed)
@@ -251,6 +261,7 @@ def owner_rule(ctx, path, g, x) -> list[Violation]:
 def replicas_agree(ctx, path, g, full) -> list[Violation]:
     """Ranks with the same shard rank ``r % g`` hold the same copy: identical buffers."""
     world = g.world(ctx.s.cp)
+    full = full[:, :ctx.end(full.shape[1])]
     twins = np.arange(world, full.shape[0]) % world
     differ = full[world:] != full[twins]
     out = []
@@ -346,9 +357,10 @@ def _duplicates(ctx, g, x: np.ndarray, held: np.ndarray) -> dict[int, np.ndarray
 
 
 def padding(ctx, path, g, full: np.ndarray) -> list[Violation]:
-    """Entries past the scheduled tokens must be PAD; no entry may keep the poison."""
+    """Entries past the scheduled tokens must be PAD, up to what the profile promises (the whole buffer,
+    or the padded count); no scheduled entry may keep the poison."""
     out = []
-    tail = full[:, ctx.n:]
+    tail = full[:, ctx.n:ctx.end(full.shape[1])]
     bad = tail != PAD_SLOT_ID
     if bad.any():
         ranks = _rows(bad)
@@ -356,7 +368,8 @@ def padding(ctx, path, g, full: np.ndarray) -> list[Violation]:
         idx = _nz(bad[r])
         out.append(Violation("padding", path, g.name, int(bad.sum()),
                              f"{int(bad.sum())} entr(ies) after the last scheduled token "
-                             f"(index {ctx.n}) are not PAD; first at index {ctx.n + int(idx[0])}", ranks,
+                             f"(index {ctx.n}) are not PAD; first at index {ctx.n + int(idx[0])}"
+                             f"{_reach(ctx, full.shape[1])}", ranks,
                              [Example(r, None, None, f"PAD at index {ctx.n + t}", _fmt(int(tail[r, t])))
                               for t in idx[:MAX_EXAMPLES].tolist()]))
     m = min(ctx.n, full.shape[1])
@@ -413,9 +426,31 @@ def replayed_is_pad(ctx, path, g, full: np.ndarray) -> list[Violation]:
                       _examples(ctx, _nz(lost[r]), x[r], "its real slot (not cacheable)", r))]
 
 
-def matches_reference(ctx, path, g, gi, full) -> list[Violation]:
-    want = ctx.want(gi, full.shape[0], full.shape[1])
+def _reach(ctx, entries: int) -> str:
+    end = ctx.end(entries)
+    return "" if end == entries else f" (profile {ctx.profile.name}: PAD up to the padded count, index {end})"
+
+
+def _state_unjudged(ctx, g, allocs) -> np.ndarray:
+    """bool [n]: tokens of a slot-computed state group past the request's live blocks (the release reads a
+    table entry that holds no state block there; cpsim does not model what it holds)."""
+    _, _, live = reference.stacked_blocks(allocs)
+    k, _, _ = reference.group_index(ctx.s, profiles.state_as_table(ctx.s, ctx.profile, g), ctx.pos)
+    return k // g.bpk >= live[0, ctx.req]
+
+
+def matches_reference(ctx, path, g, gi, full, state_allocs=None, disabled=False) -> list[Violation]:
+    """Each rank's buffer equals the reference up to the profile's reach. ``state_allocs``: a state group
+    whose release computes slots, judged by its rule on the tokens inside its live blocks; ``disabled``: a
+    group its release launches with slot mapping disabled (all PAD)."""
+    end = ctx.end(full.shape[1])
+    mode = "pad" if disabled else ("slots" if state_allocs is not None else "")
+    want = ctx.want(gi, full.shape[0], full.shape[1], mode)[:, :end]
+    full = full[:, :end]
     differ = full != want
+    if state_allocs is not None:
+        skip = _state_unjudged(ctx, g, state_allocs)[:end]
+        differ[:, :skip.size] &= ~skip[None, :]
     out = []
     for r in _rows(differ):
         bad = _nz(differ[r])
@@ -613,6 +648,7 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
           profile: "profiles.Profile | None" = None) -> list[Verdict]:
     """Every invariant for every gathered path; one Verdict per (invariant, path), judged by ``profile``
     (default: cpsim's model)."""
+    s = profiles.scenario_for(s, profile or profiles.PROFILES["cpsim"])
     ctx = _Ctx(s, allocs_world, profile)
     verdicts: list[Verdict] = []
     for path, G in gathered.items():
@@ -655,9 +691,19 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
                 applies["guard-intact"] = True
                 checked["guard-intact"] += guards[:, gi].size
                 found["guard-intact"] += guard_intact(gctx, path, g, guards[:, gi], entries)
-            if not enabled_any[gi]:
+            if not enabled_any[gi] or profiles.not_judged(ctx.profile, path, g):
                 continue
             full = slots[:, gi, :]
+            state = profiles.state_slots(ctx.profile, path, g)
+            if state or profiles.ring_is_pad(ctx.profile, path, g):
+                applies["padding"] = applies["matches-reference"] = True
+                found["padding"] += padding(gctx, path, g, full)
+                found["matches-reference"] += matches_reference(gctx, path, g, gi, full,
+                                                                [a[gi] for a in allocs_world] if state else None,
+                                                                disabled=not state)
+                checked["padding"] += full.size
+                checked["matches-reference"] += full.size
+                continue
             x = _tokens(gctx, full)
             applies["padding"] = applies["matches-reference"] = True
             found["padding"] += padding(gctx, path, g, full)
@@ -707,11 +753,11 @@ def paths_agree(ctx, gathered: dict) -> list[Verdict]:
     for other in names[1:]:
         A, Bt = gathered[base], gathered[other]
         vios, checked = [], 0
-        m = min(A.slots.shape[2], Bt.slots.shape[2])
+        m = ctx.end(min(A.slots.shape[2], Bt.slots.shape[2]))
         sa, sb = _np(A.slots), _np(Bt.slots)
         both = (_np(A.enabled) & _np(Bt.enabled)).all(0).tolist() if sa.shape[0] == sb.shape[0] else []
         for gi, g in enumerate(ctx.s.groups):
-            if gi >= len(both) or not both[gi]:
+            if gi >= len(both) or not both[gi] or any(profiles.not_judged(ctx.profile, p, g) for p in (base, other)):
                 continue
             a, b = sa[:, gi, :m], sb[:, gi, :m]
             checked += a.size

@@ -185,32 +185,43 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
     return out
 
 
-def add_profile_arg(p: argparse.ArgumentParser) -> None:
-    """``--profile NAME`` and ``--strict-sizing`` (``run`` only for now)."""
+def add_profile_arg(p: argparse.ArgumentParser, strict_sizing: bool = True) -> None:
+    """``--profile NAME`` (every command that judges); ``--strict-sizing`` and ``--sizing`` (``run``)."""
+    from cpsim.check import profiles
+    p.add_argument("--profile", metavar="NAME",
+                   help=f"the runtime contract the oracle judges by ({', '.join(profiles.PROFILES)}; default: the "
+                        f"loaded kernel's release (a repro's recorded one), else the --sizing release, builtin = "
+                        f"cpsim; docs/SPEC.md §4.1)")
+    if not strict_sizing:
+        return
     p.add_argument("--strict-sizing", action="store_true",
                    help="also note tables wider and slot buffers larger than the profile's rule (waste; exit 0)")
-    p.add_argument("--profile", metavar="NAME",
-                   help="the runtime contract the oracle judges by (cpsim, vllm-0.26, vllm-0.31, vllm-0.33, "
-                        "vllm-ascend-0.23; default: the loaded kernel's release, else the --sizing release, "
-                        "builtin = cpsim; docs/SPEC.md §4)")
     p.add_argument("--sizing", metavar="SPEC",
                    help="host sizing under test: table widths and slot-buffer length from a built-in release "
                         "(cpsim, vllm-0.33, vllm-ascend-0.23) or your function, path/to/file.py:fn or "
                         "package.module:fn (run in a child process; docs/TESTING_YOUR_KERNEL.md §Host sizing)")
 
 
-def profile_from_args(args, kernels: dict):
-    """``--profile NAME`` (exit 2 if unknown), else the one the kernels' released ABIs imply, else the
-    release a built-in ``--sizing`` names (cpsim for builtin)."""
+def profile_from_args(args, kernels: dict, recorded: str = ""):
+    """``--profile NAME`` (exit 2 if unknown), else ``recorded`` (a repro file's), else the one the kernels'
+    released ABIs imply, else the release a built-in ``--sizing`` names (cpsim for builtin)."""
     from cpsim.check import profiles
-    name = getattr(args, "profile", None)
+    name = getattr(args, "profile", None) or recorded
     if name:
         return profiles.get(name)
-    implied = profiles.for_abis([k.abi for k in kernels.values()])
+    implied = profiles.for_abis([k.abi for k in (kernels or {}).values()])
     sizing = getattr(args, "sizing", None)
     if implied.name == "cpsim" and sizing in profiles.PROFILES:
         return profiles.PROFILES[sizing]
     return implied
+
+
+def show_profile(console, prof, s=None, paths=()) -> None:
+    """``profile: NAME (releases)``, then what the profile leaves unjudged or lays out anew in ``s``."""
+    from cpsim.check import profiles
+    console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
+    for line in (profiles.notes(s, prof, paths) if s is not None else []):
+        console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
 
 
 def knobs_with_sizing(args, knobs, s, paths: list[str]):
@@ -301,7 +312,8 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
 
     world = int(os.environ["WORLD_SIZE"])
     quiet = getattr(args, "quiet", False)
-    subjects = subjects_for(entry.kernels, entry.paths)
+    prof = entry.profile
+    subjects = subjects_for(entry.kernels, entry.paths, prof.name if prof else None)
 
     def report_(results, infos) -> int:
         console = terminal.console()
@@ -315,6 +327,8 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
             print_ranks(console, infos, results)
             print_groups(console, results, subjects, getattr(args, "examples", None))
             describe_kernels(console, entry.kernels, notes_only=True)
+            if prof is not None:
+                show_profile(console, prof, s0, entry.paths)
             console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
                           f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
                           f"{len(results)} CP group(s) fail[/bold red]")

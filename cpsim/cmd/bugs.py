@@ -15,7 +15,9 @@ from rich.table import Table
 from cpsim import faults
 from cpsim.report import report
 from cpsim.cmd import (DefaultPaths, add_kernel_args, add_report_args, check_paths_apply, describe_kernels,
-                       execute_torchrun, kernels_from_args, parse_paths, subjects_for, torchrun_world)
+                       execute_torchrun, kernels_from_args, parse_paths, subjects_for, torchrun_world,
+                       add_profile_arg, profile_from_args, show_profile)
+from cpsim.check import profiles
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
@@ -49,6 +51,7 @@ def register(sub) -> None:
     q.add_argument("--paths", default=DefaultPaths(",".join(PATHS)), help=f"paths to run (default: {','.join(PATHS)})")
     q.add_argument("--inject-on-rank", type=int, metavar="R", help="inject the fault on CP rank R only")
     add_kernel_args(q)
+    add_profile_arg(q, strict_sizing=False)
     add_dist_args(q)
     q.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     q.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
@@ -192,24 +195,28 @@ def main_reproduce(args) -> int:
     check_paths_apply([s], paths, args)
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
+    prof = profile_from_args(args, kernels)
+    s = profiles.scenario_for(s, prof)
     c = terminal.console()
     mode = "fixed form" if args.fixed else f"fault injected ({knob_text(f.knobs)})"
     where = "" if args.inject_on_rank is None else f" on rank {args.inject_on_rank}"
     if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 alone prints
         c.print(f"[bold]{f.name}[/bold]: {mode}{where}; references {'; '.join(f.references)}", highlight=False)
     if launched_by_torchrun():
-        return _reproduce_torchrun(args, f, s, paths, kernels)
-    r = detect.reproduce(f, args.fixed, paths, args.inject_on_rank, dev.device, kernels)
-    subjects = subjects_for(kernels, paths)
+        return _reproduce_torchrun(args, f, s, paths, kernels, prof)
+    r = detect.reproduce(f, args.fixed, paths, args.inject_on_rank, dev.device, kernels, prof)
+    subjects = subjects_for(kernels, paths, prof.name)
     report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]", examples=args.examples,
                         subjects=subjects, gathered=r.gathered)
     describe_kernels(c, kernels, notes_only=True)
+    show_profile(c, prof, s, paths)
     skipped = [p for p in paths if p not in r.gathered]
     for p in skipped:
         c.print(f"[dim]{p}: not applicable at CP world size {s.cp.world}[/dim]")
     own = detect.ownership(r)
     extra = {"fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
-             "knobs": dataclasses.asdict(detect.knobs(f, s, args.fixed)), "paths_skipped": skipped}
+             "knobs": dataclasses.asdict(detect.knobs(f, s, args.fixed)), "paths_skipped": skipped,
+             "profile": prof.name, "profile_notes": profiles.notes(s, prof, paths)}
 
     def html() -> None:
         from cpsim.report.html import write_checked
@@ -222,7 +229,7 @@ def main_reproduce(args) -> int:
     return code
 
 
-def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict) -> int:
+def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict, prof=None) -> int:
     """Every CP group of the world runs the fault's trigger (CP size from the trigger)."""
     from cpsim.check import coordinator
     from cpsim.run.distrun import Entry
@@ -231,7 +238,7 @@ def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict) -
     torchrun_world(s.cp.world, f"{f.name}'s trigger scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "name")
     knobs = detect.knobs(f, s, args.fixed)
     entry = Entry(f.name, lambda replica: s, s.cp.world, paths, knobs=knobs, inject_rank=args.inject_on_rank,
-                  kernels=kernels)
+                  kernels=kernels, profile=prof)
 
     def summary(c: Console, results) -> None:
         failed: dict[str, list[str]] = {}

@@ -15,7 +15,8 @@ from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim import scenario as sc
 from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, apply_overrides, check_paths_apply,
-                       KERNEL_FLAGS, kernels_from_args, kernels_with_record, parse_paths, scenario_from_args,
+                       KERNEL_FLAGS, add_profile_arg, kernels_from_args, kernels_with_record, parse_paths,
+                       profile_from_args, scenario_from_args,
                        subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
@@ -45,6 +46,7 @@ def register(sub) -> None:
     p.add_argument("--title", default="", help="figure title (default: scenario summary)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     add_kernel_args(p)  # the same kernels as `run`; a repro's recorded kernels unless these replace them
+    add_profile_arg(p, strict_sizing=False)  # a repro's recorded profile unless this replaces it
     p.set_defaults(func=main)
 
 
@@ -117,25 +119,31 @@ def main(args) -> int:
     kernels = _kernels(args, paths)
     if kernels:
         check_paths_apply([s], paths, args, explicit=False)
-    pic = simulate(s, paths, knobs, rank, kernels)
-    fig = draw.render(pic, args.title, subjects=subjects_for(kernels, paths))
+    recorded = (_repro_data(args.repro).get("profile") or "") if args.repro else ""
+    prof = profile_from_args(args, kernels, recorded)
+    pic = simulate(s, paths, knobs, rank, kernels, prof)
+    fig = draw.render(pic, args.title, subjects=subjects_for(kernels, paths, prof.name))
     draw.save(fig, out)
     ok = coordinator.passed(pic.verdicts)
     if not args.quiet:
         n = sum(len(v.violations) for v in pic.verdicts)
         terminal.console().print(f"wrote {out} ({out.stat().st_size // 1024} KiB): "
-                                 + ("all invariants hold" if ok else f"[red]{n} violation(s) drawn[/red]"),
-                                 highlight=False)
+                                 + ("all invariants hold" if ok else f"[red]{n} violation(s) drawn[/red]")
+                                 + f"; profile {prof.name}", highlight=False)
     return 0 if ok else 1
 
 
 def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
-             inject_rank: int | None = None, kernels: dict | None = None) -> draw.Picture:
-    """Run the virtual world (with the user's ``kernels``, if any), check it, and lay out the picture's data."""
+             inject_rank: int | None = None, kernels: dict | None = None, profile=None) -> draw.Picture:
+    """Run the virtual world (with the user's ``kernels``, if any), check it by ``profile`` (None: cpsim's
+    model; it lays the scenario out too), and lay out the picture's data."""
+    from cpsim.check import profiles
+    if profile is not None:
+        s = profiles.scenario_for(s, profile)
     draw.check_size(s)
     allocs = allocate_world(s)
     gathered = run_virtual(s, list(paths), knobs, inject_rank, kernels=kernels, allocs=allocs)
-    verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
+    verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world, profile)
     pic = draw.build(s, gathered, allocs, verdicts, list(paths))
     pic.skipped = [p for p in paths if p not in gathered]
     return pic

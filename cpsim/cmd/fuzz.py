@@ -22,7 +22,8 @@ from rich.text import Text
 
 from cpsim import fuzz as fz
 from cpsim.errors import ConfigError, Interrupted
-from cpsim.cmd import add_kernel_args, add_path_args, describe_kernels, kernels_from_args, parse_paths
+from cpsim.cmd import (add_kernel_args, add_path_args, add_profile_arg, describe_kernels, kernels_from_args,
+                       parse_paths, profile_from_args, show_profile)
 
 
 def register(sub) -> None:
@@ -40,6 +41,7 @@ def register(sub) -> None:
     p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim fuzz --list-faults`)")
     p.add_argument("--list-faults", action="store_true", help="print the fault names --inject accepts and exit")
     add_kernel_args(p)  # recorded in the repro file, so `cpsim replay` loads the same kernels
+    add_profile_arg(p, strict_sizing=False)  # recorded in the repro file too; replay judges by it
     p.add_argument("--allow-invalid", action="store_true",
                    help="also draw CP layouts that break the global owner rule (interleave not dividing B)")
     p.add_argument("--extreme", action="store_true",
@@ -166,12 +168,14 @@ def main(args) -> int:
         space="extreme" if args.extreme else "default", stop_after_first=args.stop_after_first,
         ignore=ignore, jobs=args.jobs, seed_stream=stream, explore=args.explore,
         summary_name=f"fuzz-summary-rank{stream}.json" if stream else "fuzz-summary.json",
+        profile=profile_from_args(args, kernels).name,
     )
     where = f"rank {stream}: " if stream else ""
     if not args.quiet:
         console.print(f"{where}space searched: {cfg.describe_space()}; device {dev.device}; "
                       f"scenarios drawn by {cfg.explorer()}"
                       + (f"; {cfg.jobs} jobs" if cfg.jobs > 1 else ""), highlight=False)
+        show_profile(console, cfg.judged_by())
     live = not args.quiet and console.is_terminal
     started = time.monotonic()
     early: set[Path] = set()  # repros written as their signature was first seen

@@ -14,6 +14,7 @@ world reruns the repro's scenario. Exit 1 while the violation shows.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -26,7 +27,9 @@ from cpsim import fuzz as fz
 from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.report import report
-from cpsim.cmd import (add_kernel_args, add_report_args, describe_kernels, execute_torchrun, kernels_with_record,
+from cpsim.check import profiles
+from cpsim.cmd import (add_kernel_args, add_profile_arg, add_report_args, describe_kernels, execute_torchrun,
+                       kernels_with_record, profile_from_args, show_profile,
                        subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
@@ -46,6 +49,7 @@ def register(sub) -> None:
     p.add_argument("--allow-large", action="store_true",
                    help="replay a CP world size above 64 in the virtual world (every rank in turn: minutes)")
     add_kernel_args(p)
+    add_profile_arg(p, strict_sizing=False)
     add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the report and the violation summary as JSON")
     p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
@@ -82,10 +86,12 @@ def main(args) -> int:
     check_world(r.scenario, args.allow_large)
     dev = select_device(args.device)
     kernels = kernels_with_record(args, r.kernels, dev.device, r.paths)
+    prof = profile_from_args(args, kernels, r.profile)
+    r = dataclasses.replace(r, profile=prof.name)
     console = terminal.console()
     out = fz.replay(r, dev.device, kernels)
     recorded = r.violation.get("invariants", [])
-    subjects = subjects_for(kernels, r.paths)
+    subjects = subjects_for(kernels, r.paths, prof.name)
     if not args.quiet:
         if r.inject:
             console.print(f"injected fault: {r.inject}")
@@ -95,8 +101,11 @@ def main(args) -> int:
             report.print_report(console, r.scenario, out.verdicts, examples=args.examples, subjects=subjects,
                                 gathered=out.gathered)
         describe_kernels(console, kernels, notes_only=not out.error)
+        show_profile(console, prof, r.scenario, r.paths)
+        if out.not_expressible:
+            console.print(f"[yellow]not judged:[/yellow] {out.not_expressible}", highlight=False, soft_wrap=True)
     extra = {"inject": r.inject, "violation": out.summary(), "recorded_violation": r.violation,
-             "kernels": to_record(kernels, r.paths)}
+             "kernels": to_record(kernels, r.paths), "profile": prof.name}
 
     def html() -> None:
         from cpsim.report.html import write_checked
@@ -116,8 +125,10 @@ def main_torchrun(args, r: fz.Repro) -> int:
     s = r.scenario
     torchrun_world(s.cp.world, f"the repro's scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "FILE")
     kernels = kernels_with_record(args, r.kernels, select_device(args.device).device, r.paths)
+    prof = profile_from_args(args, kernels, r.profile)
+    s = profiles.scenario_for(s, prof)
     entry = Entry(f"replay {s.fingerprint()}", lambda replica: s, s.cp.world, r.paths, knobs=r.knobs,
-                  kernels=kernels)
+                  kernels=kernels, profile=prof)
     recorded = r.violation.get("invariants", [])
 
     def summary(console: Console, results) -> None:
@@ -147,5 +158,11 @@ def load_repro(path: str | Path, accept_edited: bool = False):
         raise ConfigError("repro.inject", f"unknown fault {m.inject!r}; known faults: {', '.join(faults.names())} "
                                           f"(in {path})")
     kernels = {p: (v.model_dump() if isinstance(v, BaseModel) else v) for p, v in m.kernels.items()}
+    if m.profile:
+        try:
+            profiles.get(m.profile)
+        except ConfigError:
+            raise ConfigError("repro.profile", f"unknown profile {m.profile!r}; known: {', '.join(profiles.PROFILES)} "
+                                               f"(in {path})") from None
     return fz.Repro(s, list(m.paths or fz.DEFAULT_PATHS), Knobs(**m.knobs.model_dump()), m.inject,
-                    m.violation.model_dump(), kernels)
+                    m.violation.model_dump(), kernels, profile=m.profile or "")

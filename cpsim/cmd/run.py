@@ -23,7 +23,8 @@ from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.cmd import (add_kernel_args, add_path_args, add_profile_arg, add_report_args, add_scenario_args,
                        check_paths_apply, describe_kernels, execute_torchrun, kernels_from_args, knobs_with_sizing,
-                       parse_paths, profile_from_args, scenario_from_args, subjects_for, torchrun_world)
+                       parse_paths, profile_from_args, scenario_from_args, show_profile, subjects_for, torchrun_world)
+from cpsim.check import profiles
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.run.sizing import SizingFailure
 from cpsim import sizing
@@ -73,6 +74,8 @@ def main(args) -> int:
     check_paths_apply([s], paths, args)
     dev = select_device(args.device)
     kernels = kernels_from_args(args, dev.device, paths)
+    prof = profile_from_args(args, kernels)
+    s = profiles.scenario_for(s, prof)  # vLLM: KV sharded over DCP only; layouts the release lacks: exit 2
     console = terminal.console()
     knobs, inject_rank = _injection(args, s)
     try:
@@ -89,7 +92,6 @@ def main(args) -> int:
                                kernels=kernels,
                                on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
     skipped = [p for p in paths if p not in gathered]
-    prof = profile_from_args(args, kernels)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, prof)
     if args.inject and coordinator.passed(verdicts):
         _fault_must_show(args, s, paths, dev.device, kernels, gathered, inject_rank, knobs.host_sizing)
@@ -100,7 +102,7 @@ def main(args) -> int:
     if not args.quiet:
         report.print_report(console, s, verdicts, examples=args.examples, subjects=subjects, gathered=gathered)
         describe_kernels(console, kernels, notes_only=True)
-        console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
+        show_profile(console, prof, s, paths)
         for hs in knobs.host_sizing:
             console.print(f"host sizing ({hs.host}) from {hs.source}: table widths {list(hs.table_widths)} KV blocks, "
                           f"slot buffer {hs.slot_buffer_len}", highlight=False, soft_wrap=True, markup=False)
@@ -112,7 +114,8 @@ def main(args) -> int:
             console.print(f"  [yellow]note (strict sizing):[/yellow] {line}", highlight=False, soft_wrap=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
-    extra = {"paths_skipped": skipped, "profile": prof.name, "sizing_waste": waste,
+    extra = {"paths_skipped": skipped, "profile": prof.name, "profile_notes": profiles.notes(s, prof, paths),
+             "sizing_waste": waste,
              "host_sizing": [dataclasses.asdict(hs) for hs in knobs.host_sizing],
              "inject": args.inject, "inject_rank": inject_rank,
              "kernels": {p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}
@@ -169,8 +172,11 @@ def main_torchrun(args) -> int:
     except SizingFailure as e:
         print(f"FAIL (--sizing): {e}", flush=True)
         return 1
-    entry = Entry(label, build, n, paths, knobs=knobs, inject_rank=inject_rank,
-                  kernels=kernels_from_args(args, select_device(args.device).device, paths))
+    kernels = kernels_from_args(args, select_device(args.device).device, paths)
+    prof = profile_from_args(args, kernels)
+    profiles.scenario_for(s0, prof)  # a layout the release lacks: exit 2 before any rank runs
+    entry = Entry(label, lambda replica: profiles.scenario_for(build(replica), prof), n, paths, knobs=knobs,
+                  inject_rank=inject_rank, kernels=kernels, profile=prof)
     return execute_torchrun(args, entry)
 
 

@@ -33,7 +33,7 @@ from cpsim.check import coordinator
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim import schema
-from cpsim.cmd import (add_kernel_args, check_paths_apply, describe_kernels, kernels_from_args, parse_paths,
+from cpsim.cmd import (add_kernel_args, add_profile_arg, check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
                        scenario_from_args)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
@@ -56,6 +56,7 @@ def register(sub) -> None:
     p.add_argument("--allow-large", action="store_true",
                    help="run CP world sizes above 64 in the virtual world (every rank in turn: minutes)")
     add_kernel_args(p)
+    add_profile_arg(p, strict_sizing=False)
     add_dist_args(p)
     p.add_argument("--json", metavar="FILE", help="write the whole report as JSON")
     p.add_argument("--html", metavar="FILE", help="write one self-contained HTML page with every scenario's "
@@ -163,23 +164,35 @@ def _builder(cell: Cell, seed: int, allow_large: bool = False):
     return build
 
 
-def plan(matrix: dict, world: int | None, kernels: dict | None = None):
-    """(entries, skipped): the runnable cells and, for the others, why not. Deterministic on every rank."""
+def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=None):
+    """(entries, skipped): the runnable cells and, for the others, why not. Deterministic on every rank.
+    ``profile``: the release profile judging; each cell is laid out as its release does, and a cell it
+    cannot express is skipped with the reason."""
+    from cpsim.check import profiles
     from cpsim.run.distrun import Entry
 
+    prof = profile or profiles.for_abis([k.abi for k in (kernels or {}).values()])
     entries, skipped = [], {}
     for cell in cells(matrix):
-        build = _builder(cell, matrix["seed"], matrix.get("allow_large", False))
+        raw = _builder(cell, matrix["seed"], matrix.get("allow_large", False))
         try:
-            s = build(0)
+            s = raw(0)
         except ConfigError as e:
             skipped[cell.label] = f"invalid: {e}"
             continue
+        try:
+            s = profiles.scenario_for(s, prof)
+        except ConfigError as e:
+            skipped[cell.label] = f"not expressible under profile {prof.name}: {e}"
+            continue
+
+        def build(replica: int, raw=raw) -> sc.Scenario:
+            return profiles.scenario_for(raw(replica), prof)
         n = s.cp.world
         if world is not None and n > world:
             skipped[cell.label] = f"needs {n} ranks, the job has {world}"
             continue
-        entries.append(Entry(cell.label, build, n, matrix["paths"], kernels=kernels or {}))
+        entries.append(Entry(cell.label, build, n, matrix["paths"], kernels=kernels or {}, profile=prof))
     if not entries:
         raise ConfigError("sweep", "every cell was skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     return entries, skipped
@@ -190,17 +203,18 @@ def main(args) -> int:
     world = int(os.environ["WORLD_SIZE"]) if launched_by_torchrun() else None
     from cpsim.run.dist import select_device
     kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
-    entries, skipped = plan(matrix, world, kernels)
+    prof = profile_from_args(args, kernels)
+    entries, skipped = plan(matrix, world, kernels, prof)
     check_paths_apply([e.build(0) for e in entries], matrix["paths"], args, explicit=matrix["paths_given"])
     console = terminal.console()
     progress = _progress(console, args.quiet, len(entries))
     if world is None:
         results = run_virtual_sweep(args, entries, progress)
-        return finish(console, args, results, skipped, None, world, kernels)
+        return finish(console, args, results, skipped, None, world, kernels, prof)
     from cpsim.run.distrun import execute
 
     def report_(results, infos) -> int:
-        return finish(console, args, results, skipped, infos, world, kernels)
+        return finish(console, args, results, skipped, infos, world, kernels, prof)
 
     from cpsim.cmd import stop_writer, subjects_for
     stopped = stop_writer(args, f"sweep on {world} ranks", subjects_for(kernels or {}, matrix["paths"]), len(entries),
@@ -242,7 +256,7 @@ def run_virtual_sweep(args, entries, progress):
     for i, e in enumerate(entries):
         s = e.build(0)
         gathered = run_virtual(s, e.paths, device=dev.device, kernels=e.kernels)
-        verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+        verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, e.profile)
         verdicts += [v for p in e.paths if p not in gathered
                      for v in coordinator.not_run(p, f"not applicable at CP world size {s.cp.world}")]
         results.append(GroupResult(e.label, 0, list(range(s.cp.world)), s, verdicts,
@@ -257,7 +271,7 @@ def junit_label(r) -> str:
 
 
 def finish(console: Console, args, results, skipped: dict, infos, world: int | None,
-           kernels: dict | None = None) -> int:
+           kernels: dict | None = None, prof=None) -> int:
     from cpsim.report.torchrun import print_groups
 
     ok = all(coordinator.passed(r.verdicts) for r in results)
@@ -276,18 +290,23 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     failing = [r for r in results if not coordinator.passed(r.verdicts)]
     from cpsim.cmd import subjects_for
     subjects = subjects_for(kernels or {}, dict.fromkeys(v.path for r in results for v in r.verdicts
-                                                         if v.path != "*" and "~" not in v.path))
+                                                         if v.path != "*" and "~" not in v.path),
+                            prof.name if prof else None)
     if failing and not args.quiet:
         print_groups(console, failing, subjects, getattr(args, "examples", None))
     if not args.quiet and results:
         describe_kernels(console, kernels or {}, notes_only=bool(failing))
+    if prof is not None and not args.quiet:
+        from cpsim.cmd import show_profile
+        show_profile(console, prof)
     console.print("[bold green]every scenario passes[/bold green]" if ok else
                   f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
 
     def json_() -> None:
         from cpsim.report.torchrun import to_dict
         report.write_json(args.json, to_dict(results, infos or [], {
-            "mode": "sweep" if world is None else "sweep-torchrun", "skipped": skipped}, subjects))
+            "mode": "sweep" if world is None else "sweep-torchrun", "skipped": skipped,
+            "profile": prof.name if prof else "cpsim"}, subjects))
 
     def junit() -> None:
         from cpsim.report.junit import write_junit

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Callable
 
-from cpsim.check import coordinator
+from cpsim.check import coordinator, profiles
 
 from cpsim import faults
 from cpsim.allocator import allocate_world
@@ -51,11 +51,15 @@ class Run:
 
 
 def run(s: Scenario, knobs: Knobs = Knobs(), paths: tuple[str, ...] | list[str] = PATHS,
-        inject_rank: int | None = None, device: str = "cpu", kernels: dict | None = None) -> Run:
-    """``kernels``: path -> the user's kernel replacing the built-in one (fault bits do not reach it)."""
+        inject_rank: int | None = None, device: str = "cpu", kernels: dict | None = None, profile=None) -> Run:
+    """``kernels``: path -> the user's kernel replacing the built-in one (fault bits do not reach it);
+    ``profile``: the release profile judging (``cpsim.check.profiles``; None: cpsim's model), which also
+    lays the scenario out as that release does."""
     t0 = time.perf_counter()
+    if profile is not None:
+        s = profiles.scenario_for(s, profile)
     gathered = run_virtual(s, list(paths), knobs, inject_rank, device, kernels)
-    verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+    verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, profile)
     return Run(s, verdicts, gathered, time.perf_counter() - t0)
 
 
@@ -65,9 +69,9 @@ def knobs(fault: faults.Fault, s: Scenario, fixed: bool = False) -> Knobs:
 
 
 def reproduce(fault: faults.Fault, fixed: bool = False, paths=PATHS, inject_rank: int | None = None,
-              device: str = "cpu", kernels: dict | None = None) -> Run:
+              device: str = "cpu", kernels: dict | None = None, profile=None) -> Run:
     s = fault.trigger()
-    return run(s, knobs(fault, s, fixed), paths, inject_rank, device, kernels)
+    return run(s, knobs(fault, s, fixed), paths, inject_rank, device, kernels, profile)
 
 
 # ---- ownership: who holds which positions (cpsim.check.ownership) -------------

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cpsim import __version__
-from cpsim.check import coordinator
+from cpsim.check import coordinator, profiles
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError, Interrupted
 from cpsim.kernels.under_test import to_record
@@ -101,6 +101,7 @@ class Outcome:
     verdicts: list[coordinator.Verdict]
     error: str = ""
     gathered: dict = field(default_factory=dict, repr=False)  # path -> world.Gathered (for pictures)
+    not_expressible: str = ""  # the profile's release cannot run this scenario (not judged, not a pass)
 
     @property
     def failed(self) -> bool:
@@ -117,18 +118,38 @@ class Outcome:
         return {"invariants": self.invariants(), "failures": fails, "error": self.error}
 
 
+def profiled(s: sc.Scenario, profile) -> tuple[sc.Scenario | None, str]:
+    """``s`` as ``profile``'s runtime lays it out (``profiles.scenario_for``), or (None, why) where that
+    release cannot express it."""
+    if profile is None:
+        return s, ""
+    try:
+        return profiles.scenario_for(s, profile), ""
+    except ConfigError as e:
+        return None, str(e)
+
+
 def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: str = "cpu",
              kernels: dict | None = None, allocs: list | None = None,
-             meanwhile: Callable[[], None] | None = None) -> Outcome:
+             meanwhile: Callable[[], None] | None = None, profile=None) -> Outcome:
     """Run the virtual world and the coordinator; an exception is an outcome too.
 
     ``kernels`` maps a path to the user's kernel (``cpsim.kernels.under_test``) replacing the
     built-in one; ``allocs`` is ``allocate_world(s)`` when the caller has it; ``meanwhile`` is called
     once, before the kernels' results are awaited (fuzz draws the next scenario there and queues its
-    kernels behind these)."""
+    kernels behind these). ``profile``: the release profile judging (``cpsim.check.profiles``); a
+    scenario its release cannot express is an outcome of its own, neither pass nor failure."""
     from cpsim.allocator import allocate_world
     from cpsim.run.world import run_virtual
 
+    t, why = profiled(s, profile)
+    if t is None or t is not s:
+        allocs = None  # drawn for the scenario before the profile laid it out
+    if t is None:
+        if meanwhile is not None:
+            meanwhile()
+        return Outcome([], not_expressible=why)
+    s = t
     knobs = knobs_for_scenario(knobs, s)
     try:
         allocs = allocs if allocs is not None else allocate_world(s)
@@ -145,7 +166,7 @@ def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: s
     except Exception as e:  # a crash in a path is a finding, shrunk like any other
         return Outcome([], f"{type(e).__name__}: {e}"[:2000])
     try:
-        verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
+        verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world, profile)
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001  (as above)
@@ -165,6 +186,7 @@ class Repro:
     # path -> "builtin" or {spec, abi, v2_launch, shim_vllm} (kernel_under_test.to_record); empty = all built-in
     kernels: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    profile: str = ""  # the release profile that judged it ("" = the one the kernels imply)
 
 
 def write_repro(out_dir: str | Path, r: Repro) -> Path:
@@ -178,6 +200,7 @@ def write_repro(out_dir: str | Path, r: Repro) -> Path:
         "scenario": r.scenario.to_dict(),
         "paths": list(r.paths),
         "kernels": r.kernels or to_record({}, r.paths),
+        "profile": r.profile,
         "inject": r.inject,
         "knobs": dataclasses.asdict(r.knobs),
         "violation": r.violation,
@@ -206,8 +229,11 @@ def load_repro(path: str | Path) -> Repro:
     if not isinstance(kernels, dict):
         raise ConfigError("kernels", f"{path}: expected {{path: 'builtin' | {{spec, abi, ...}}}}, got {kernels!r}")
     s = sc.validate(sc.Scenario.from_dict(data["scenario"]))
+    profile = data.get("profile") or ""
+    if profile:
+        profiles.get(profile)  # a name this cpsim does not know is exit 2 here, not at the check
     return Repro(s, list(data.get("paths") or DEFAULT_PATHS), knobs, data.get("inject"),
-                 data.get("violation", {}), kernels)
+                 data.get("violation", {}), kernels, profile=profile)
 
 
 # ---- signatures: which distinct bug a failure is ------------------------------------
@@ -378,6 +404,12 @@ class FuzzConfig:
     seed_stream: int = 0                 # this process's stream (job index; rank * jobs + job under torchrun)
     summary_name: str = "fuzz-summary.json"  # per rank under torchrun, so ranks sharing --out do not clash
     explore: str = "random"              # "random": plain random draws, Hypothesis shrinks (cpsim.fuzz.explore); "hypothesis"
+    profile: str = ""                    # release profile judging ("" = the one the kernels imply)
+
+    def judged_by(self):
+        """The ``profiles.Profile`` the oracle judges by: the named one, else the kernels' release."""
+        return (profiles.get(self.profile) if self.profile else
+                profiles.for_abis([k.abi for k in (self.kernels or {}).values()]))
 
     def config_key(self) -> str:
         """Hash of what decides which scenarios fail: the example database is kept per key."""
@@ -385,6 +417,7 @@ class FuzzConfig:
         data = {"paths": self.paths, "kernels": to_record(self.kernels, self.paths), "inject": self.inject,
                 "knobs": dataclasses.asdict(knobs) if knobs else None, "space": self.space,
                 "allow_invalid": self.allow_invalid, "max_programs": self.max_programs,
+                "profile": self.judged_by().name,
                 "max_tokens_per_request": self.max_tokens_per_request}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -487,13 +520,16 @@ class _Searcher:
         if meanwhile is not None and id(s) not in self._ahead:
             self.ahead(s)  # its own kernels first: what ``meanwhile`` starts queues behind them
         allocs = self._ahead.pop(id(s))[1] if id(s) in self._ahead else None
-        return evaluate(s, self.cfg.paths, self.knobs, self.cfg.device, self.cfg.kernels, allocs, meanwhile)
+        return evaluate(s, self.cfg.paths, self.knobs, self.cfg.device, self.cfg.kernels, allocs, meanwhile,
+                        self.cfg.judged_by())
 
     def ahead(self, s: sc.Scenario) -> None:
         """Start ``s``'s kernels in the kernel workers now; its ``visit`` collects them (``isolation.ahead``)."""
         from cpsim.allocator import allocate_world
         from cpsim.run import isolation
         from cpsim.run.world import rank_knobs
+        if profiled(s, self.cfg.judged_by())[0] is not s:
+            return  # the profile lays it out anew (or cannot run it): its visit runs it then
         try:
             knobs = knobs_for_scenario(self.knobs, s)
             allocs = allocate_world(s)
@@ -903,7 +939,7 @@ def repro_of(cfg: FuzzConfig, f: Finding, examples: int) -> Repro:
     """The repro file's content for finding ``f`` after ``examples`` scenarios."""
     knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
     return Repro(f.scenario, cfg.paths, knobs_for_scenario(knobs, f.scenario), cfg.inject, f.summary,
-                 to_record(cfg.kernels, cfg.paths),
+                 to_record(cfg.kernels, cfg.paths), profile=cfg.judged_by().name,
                  extra={"fuzz": {"seed": cfg.seed, "job": f.job, "space": cfg.space, "signature": f.signature,
                                  "first_seen": f.first_seen, "examples": examples,
                                  "allow_invalid": cfg.allow_invalid}})
@@ -950,4 +986,5 @@ def replay(r: Repro, device: str = "cpu", kernels: dict | None = None) -> Outcom
 
     ``kernels``: the loaded kernels under test (``cpsim replay`` loads the recorded ones,
     ``kernel_under_test.from_record(r.kernels)``, with command-line overrides)."""
-    return evaluate(r.scenario, r.paths, r.knobs, device, kernels)
+    prof = profiles.get(r.profile) if r.profile else profiles.for_abis([k.abi for k in (kernels or {}).values()])
+    return evaluate(r.scenario, r.paths, r.knobs, device, kernels, profile=prof)

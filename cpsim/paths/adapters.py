@@ -115,9 +115,19 @@ def _physical(s: Scenario, g: KVGroup, alloc, knobs: Knobs, prep: PerRank) -> tu
 
 def _note_dcp_only(k, s: Scenario) -> None:
     if s.cp.pcp > 1:
-        k.note(f"the releases of the {k.abi} ABI shard KV over DCP only (the host passes the DCP size and rank); "
-               f"this scenario has PCP {s.cp.pcp}, so the kernel was handed cpsim's N = PCP x DCP = {s.cp.world} "
-               f"and the rank among them, which cpsim's owner rule judges")
+        k.note(f"the releases of the {k.abi} ABI shard KV over DCP only: the kernel was handed the DCP size "
+               f"{s.cp.dcp} and the DCP rank, as their host does (PCP {s.cp.pcp} does not shard KV; the vLLM "
+               f"profiles judge ownership over DCP, cpsim's profile over N = PCP x DCP = {s.cp.world})")
+
+
+def _release_cp(k, s: Scenario, g: KVGroup, rank: int) -> tuple[int, int]:
+    """(CP size, CP rank) the release's v1 host hands group ``g``: vLLM 0.19-0.25 pass PCP x DCP and the
+    total rank; from 0.26 a group sharded over cpsim's whole N is sharded over DCP (``dcp_world_size``,
+    ``dcp_rank``, the total rank mod DCP). Replicated and partial groups keep cpsim's per-group size."""
+    n = g.world(s.cp)
+    if k.abi != "vllm-v1-0.19" and n == s.cp.world and s.cp.pcp > 1:
+        n = s.cp.dcp
+    return n, rank % n
 
 
 # ---- vLLM v1 (0.19-0.33): one launch per slot-mapped group -------------------
@@ -143,7 +153,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
                        f"sliding-window groups map every position as a plain table); group not checked")
             enabled.append(False)
             continue
-        n = g.world(s.cp)
+        n, cp_rank = _release_cp(k, s, g, rank)
         if k.abi == "vllm-v1-0.32":
             table = prep.table(allocs[gi], TableShape(gi, tuple(range(s.batch.num_reqs)), s.limits.max_num_reqs,
                                                       v1.physical_width(s, g, knobs), 1, g.num_blocks,
@@ -153,7 +163,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
         buf = prep.buffer([gi], T, torch.int64)[0]
         args = dict(num_tokens=n_tok, max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=bt.positions,
                     block_table_ptr=table, block_table_stride=table.stride(0), slot_mapping_ptr=buf,
-                    TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=rank % n, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave,
+                    TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=cp_rank, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave,
                     PAD_ID=PAD_SLOT_ID, BLOCK_SIZE=TILE)
         kv_bs, bpk = v1._sizes(s, g, knobs)
         if k.abi == "vllm-v1-0.19":
@@ -356,8 +366,11 @@ def _mrv2_tables(s: Scenario, bt, tables, gis: list[int], T: int, device) -> dic
 
 def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
     """As vLLM's ``BlockTables.compute_slot_mappings``: one launch over every group, grid
-    (num_groups, num_reqs + 1), ``CP_SIZE`` = the world CP size for every group, per-group
-    ``slot_mapping_enabled`` (and from 0.31 ``dcp_sharded``: sharded over all of CP or replicated),
+    (num_groups, num_reqs + 1), ``CP_SIZE`` = the DCP size for every group and ``cp_rank`` the DCP rank
+    (the runner passes ``dcp_size`` / ``dcp_rank``; PCP does not shard KV), per-group
+    ``slot_mapping_enabled`` (true for state groups too: 0.29-0.30 enable every group but circular ones,
+    0.31+ read ``uses_slot_mapping``, true for ``MambaSpec``) and from 0.31 ``dcp_sharded`` (sharded
+    over all of DCP or replicated; false for state groups),
     ``max_num_tokens`` = the buffer's width, int64. 0.29-0.31 tables hold kernel-block ids
     (``kernel_block_sizes``), 0.32+ physical ids."""
     device = prep.device
@@ -373,17 +386,21 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) 
     has_sharded = "dcp_sharded" in k.params
     _note_dcp_only(k, s)
     gis = []
+    dcp = s.cp.dcp
     for gi, g in enumerate(s.groups):
         n = g.world(s.cp)
         if g.circular:
-            k.note(f"group {g.name}: no vLLM release has a ring-buffer sliding-window slot rule; group not checked")
-        elif 1 < n < s.cp.world:
+            k.note(f"group {g.name}: a ring is the release's CircularBufferSpec, launched with "
+                   f"slot_mapping_enabled false (no vLLM release has a ring slot rule): PAD expected")
+            gis.append(gi)
+        elif 1 < n < s.cp.world and n != dcp:
             k.note(f"group {g.name}: a partial replica (CP size {n} of {s.cp.world}) has no counterpart in vLLM, "
                    f"whose groups are sharded over all of DCP or replicated; group not checked")
         else:
-            if n == 1 and s.cp.world > 1 and g.slot_mapped and not has_sharded:
-                k.note(f"group {g.name} is replicated, but the {k.abi} ABI has no dcp_sharded flag: launched "
-                       f"with CP_SIZE={s.cp.world} for every group, as that release's runtime does")
+            if n == 1 and dcp > 1 and not has_sharded:
+                k.note(f"group {g.name} is {'replicated' if g.slot_mapped else 'a state group'}, but the {k.abi} "
+                       f"ABI has no dcp_sharded flag: launched with CP_SIZE={dcp} for every group, as that "
+                       f"release's runtime does")
             gis.append(gi)
     if gis:
         buf = prep.buffer(gis, T, torch.int64)
@@ -391,10 +408,10 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) 
             **_mrv2_tables(s, bt, tables, gis, T, device),
             block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
                               for i in gis) if kernel_blocks else (entry[i] for i in gis), device),
-            slot_mapping_enabled=torch.tensor([s.groups[i].slot_mapped for i in gis], dtype=torch.bool,
+            slot_mapping_enabled=torch.tensor([not s.groups[i].circular for i in gis], dtype=torch.bool,
                                               device=device),
-            slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=rank,
-            CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
+            slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=rank % dcp,
+            CP_SIZE=dcp, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
         )
         if kernel_blocks:
             args["kernel_block_sizes"] = _i32((s.groups[i].b for i in gis), device)

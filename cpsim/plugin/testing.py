@@ -47,13 +47,21 @@ def _for_path(s, path: str):
     return s.replace(name=f"{s.name}@cp1", cp=CPConfig())
 
 
-def report_text(s, verdicts, kernel=None) -> str:
+def judged_by(kernel, profile: str | None = None):
+    """The named release profile (exit-2 ConfigError if unknown), else the kernel's release (cpsim's own)."""
+    from cpsim.check import profiles
+    return profiles.get(profile) if profile else profiles.for_abis([getattr(kernel, "abi", "builtin")])
+
+
+def report_text(s, verdicts, kernel=None, profile=None) -> str:
     from rich.console import Console
 
     from cpsim.report import report
     buf = io.StringIO()
     console = Console(file=buf, width=120, color_system=None, soft_wrap=True)
     report.print_report(console, s, verdicts)
+    if profile is not None:
+        console.print(f"profile: {profile.name} ({profile.releases})", highlight=False)
     if kernel is not None:
         console.print(f"kernel under test: {kernel.describe()}", highlight=False)
         for note in kernel.notes:
@@ -61,14 +69,16 @@ def report_text(s, verdicts, kernel=None) -> str:
     return buf.getvalue()
 
 
-def run_one(kernel, path: str, s, device: str = "cpu"):
-    """Verdicts of one scenario for a loaded kernel on one path."""
-    from cpsim.check import coordinator
+def run_one(kernel, path: str, s, device: str = "cpu", profile=None):
+    """Verdicts of one scenario for a loaded kernel on one path, judged by ``profile`` (a
+    ``cpsim.check.profiles.Profile``; default: the kernel's release), which lays the scenario out too."""
+    from cpsim.check import coordinator, profiles
     from cpsim.allocator import allocate_world
     from cpsim.run.world import run_virtual
-    s = _for_path(s, path)
+    prof = profile or judged_by(kernel)
+    s = profiles.scenario_for(_for_path(s, path), prof)
     gathered = run_virtual(s, [path], device=device, kernels={path: kernel})
-    return s, coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
+    return s, coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, prof)
 
 
 def exercised(verdicts) -> bool:
@@ -95,13 +105,14 @@ def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim
 
 def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
                  scenarios: Iterable[Any] | None = None, *, shim_vllm: bool = False, device: str = "cpu",
-                 v2_launch: str = "split") -> dict:
+                 v2_launch: str = "split", profile: str | None = None) -> dict:
     """Run every invariant on ``kernel``; AssertionError with the report if any fails.
 
     ``path`` defaults to the path the ABI stands in for (v1 for a callable; a replay-padding kernel
     runs after cpsim's slot mapping on v1 and v2, or on ``path``);
     ``scenarios`` are presets, .json/.toml files, ``random:SEED`` or Scenario
-    objects. Returns {scenario name: verdicts} when everything holds.
+    objects; ``profile`` names the release profile judging (default: the kernel's release).
+    Returns {scenario name: verdicts} when everything holds.
     """
     from cpsim.check import coordinator
     k = load_kernel(kernel, None, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
@@ -110,12 +121,13 @@ def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
     if path is not None:
         k = load_kernel(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
     path = path or next(p for p in ("v1", "v1-fused", "v2") if p in _paths_of(k.abi))
+    prof = judged_by(k, profile)
     results, failures = {}, []
     for spec in (DEFAULT_SCENARIOS if scenarios is None else scenarios):
-        s, verdicts = run_one(k, path, scenario(spec), device)
+        s, verdicts = run_one(k, path, scenario(spec), device, prof)
         results[s.name] = verdicts
         if not coordinator.passed(verdicts):
-            failures.append(report_text(s, verdicts, k))
+            failures.append(report_text(s, verdicts, k, prof))
     if failures:
         raise AssertionError(f"{k.describe()} on the {path} path violates cpsim invariants in "
                              f"{len(failures)} scenario(s):\n\n" + "\n".join(failures))
@@ -167,6 +179,8 @@ def pytest_addoption(parser) -> None:
                 help="comma-separated presets, .json/.toml files or random:SEED")
     g.addoption("--cpsim-device", default="cpu", help="torch device for the kernels (cpu = Triton interpreter)")
     g.addoption("--cpsim-shim-vllm", action="store_true", help="provide vllm.triton_utils/_load_ptr from Triton")
+    g.addoption("--cpsim-profile", metavar="NAME",
+                help="release profile the oracle judges by (default: the kernel's release; docs/SPEC.md §4.1)")
     g.addoption("--cpsim-v2-launch", default="split", choices=("split", "single"),
                 help="v2 ABIs: launch unsharded groups with CP_SIZE=1 (split) or all groups at once (single)")
 
@@ -190,9 +204,12 @@ class CpsimKernelItem(pytest.Item):
     def runtest(self) -> None:
         from cpsim.check import coordinator
         k = self._kernel()
-        s, verdicts = run_one(k, self.kernel_path, scenario(self.scenario_spec), self.config.getoption("cpsim_device"))
+        prof = judged_by(k, self.config.getoption("cpsim_profile"))
+        self.user_properties.append(("cpsim_profile", prof.name))
+        s, verdicts = run_one(k, self.kernel_path, scenario(self.scenario_spec), self.config.getoption("cpsim_device"),
+                              prof)
         if not coordinator.passed(verdicts):
-            raise AssertionError(report_text(s, verdicts, k))
+            raise AssertionError(report_text(s, verdicts, k, prof))
         if not exercised(verdicts):
             pytest.skip(f"no group of scenario {s.name} can be checked with the {k.abi} ABI")
 
@@ -203,7 +220,8 @@ class CpsimKernelItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.spec, None, f"cpsim {self.kernel_path} {self.scenario_spec}"
+        prof = self.config.getoption("cpsim_profile")
+        return self.spec, None, f"cpsim {self.kernel_path} {self.scenario_spec}" + (f" profile {prof}" if prof else "")
 
 
 _KERNELS = pytest.StashKey[dict]()

@@ -51,6 +51,7 @@ class Entry:
     knobs: Knobs = Knobs()               # an injected fault ...
     inject_rank: int | None = None       # ... on this CP rank only (None: every rank)
     kernels: dict = field(default_factory=dict)  # path -> user kernel replacing the built-in one
+    profile: object = None               # the release profile judging (cpsim.check.profiles; None: cpsim)
 
 
 @dataclass
@@ -275,7 +276,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
         return None
     comm.state(f"{entry.label}: checking")
     with _timed("check"):
-        verdicts = coordinator.check(s, allocate_world(s), gathered, fps)
+        verdicts = coordinator.check(s, allocate_world(s), gathered, fps, entry.profile)
     for v in verdicts:  # every rank ran at once: the violation names each rank whose kernel failed
         if v.invariant == "kernel-completes" and v.path in failed_on:
             for x in v.violations:

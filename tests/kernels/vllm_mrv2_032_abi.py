@@ -1,7 +1,7 @@
 """A slot-mapping kernel in vLLM 0.32-0.33's MRV2 ABI (``vllm-mrv2-0.32``), written for cpsim's tests.
 
 Parameter list and launch as those releases' ``BlockTables.compute_slot_mappings`` (grid
-``(num_groups, num_reqs + 1)``, one launch with ``CP_SIZE`` = the world CP size, physical tables
+``(num_groups, num_reqs + 1)``, one launch with ``CP_SIZE`` = the DCP size, physical tables
 through ``idx_mapping`` (-1: a dummy request, PAD), per-group ``slot_mapping_enabled`` and
 ``dcp_sharded`` flags, int64 output); our own plain body.
 """
