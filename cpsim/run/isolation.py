@@ -221,6 +221,11 @@ def _fail(kind: str, text: str, path: str, rank: int, kernel, group: str = "*") 
     return KernelFailed(KernelFailure(path, rank, kind, f"kernel {text} {where} [{_label(path, kernel)}]", group))
 
 
+def raised_text(name: str, text: str) -> str:
+    """"raised NAME: message at FILE:LINE ..." (no colon before the place when the message is empty)."""
+    return f"raised {name}" + ("" if not text else f"{text}" if text.startswith(" at ") else f": {text}")
+
+
 def _exit_text(code: int | None) -> tuple[str, str]:
     if code is not None and code < 0:
         try:
@@ -374,7 +379,7 @@ class Worker:
         if what == "config":
             raise ConfigError(reply[1], reply[2])
         if what == "raised":
-            raise _fail("raised", f"raised {reply[1]}" + (f": {reply[2]}" if reply[2] else ""), path, rank,
+            raise _fail("raised", raised_text(reply[1], reply[2]), path, rank,
                         kernel, reply[3])
         if what == "exit":
             raise _fail("exited", f"called sys.exit({reply[1]})", path, rank, kernel, reply[2])
@@ -408,7 +413,7 @@ def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kern
     except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
         from cpsim.kernels.under_test import where_raised
         text = (str(e).splitlines()[0] if str(e) else "") + where_raised(kernel, e)
-        raise _fail("raised", f"raised {type(e).__name__}" + (f": {text}" if text else ""), path, rank, kernel,
+        raise _fail("raised", raised_text(type(e).__name__, text), path, rank, kernel,
                     _guard.launching()) from None
 
 

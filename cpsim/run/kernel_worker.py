@@ -70,7 +70,7 @@ def _probe(spec: str, path: str, shim_vllm: bool, device: str, where: str) -> tu
         return ("config", e.field, e.rule)
     except KernelImportError as e:
         return ("unloaded", e.failure.kind, e.failure.message)
-    except Exception as e:  # noqa: BLE001  (reading the kernel's signature raised: its failure, named)
+    except BaseException as e:  # noqa: BLE001  (reading the kernel's signature raised: its failure, named)
         return ("unloaded", "raised", f"raised {type(e).__name__} while its signature was read: {e}")
 
 
@@ -186,7 +186,7 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
         return ("config", e.field, e.rule)
     except SystemExit as e:
         return ("exit", repr(e.code), _guard.launching())
-    except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
+    except BaseException as e:  # noqa: BLE001  (KeyboardInterrupt, GeneratorExit too: the kernel's, named)
         from cpsim.kernels.under_test import where_raised
         text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
         return ("raised", type(e).__name__, text, _guard.launching())
