@@ -376,6 +376,10 @@ class Worker:
             for note in reply[2]:
                 kernel.note(note)
             return unpack(reply[1])
+        if what == "value":  # a ``call``'s result
+            for note in reply[2]:
+                kernel.note(note)
+            return reply[1]
         if what == "config":
             raise ConfigError(reply[1], reply[2])
         if what == "raised":
@@ -517,6 +521,42 @@ def probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
     _worker.stop()
     kind, text = _exit_text(code)
     return LoadFailure(kind, f"{text} while {what} was imported")
+
+
+def call(fn: Callable, path: str, kernel, *args, rank: int = 0, device: str = "cpu"):
+    """``fn(kernel, *args)`` run in a kernel worker that loads the user's ``kernel`` there, within
+    ``--kernel-timeout``: for rank runs that are not a scenario's (a capture's or an explicit
+    batch's steps rerun, ``cpsim.capture.rerun``). ``fn`` is a module-level function (it travels by
+    name) and returns plain data (numpy arrays): the worker's result is unpickled here, and nothing of
+    the kernel's runs in this process. Raises ``KernelFailed`` naming ``rank`` when the kernel's import
+    or the call raised, exited, crashed or hung. In-process where isolation is off."""
+    device = str(device)
+    failure = _unloaded(path, kernel, rank, 1)
+    if failure is not None:
+        raise KernelFailed(failure)
+    if not _config.process:
+        from cpsim.kernels.under_test import here, where_raised
+        k = here(kernel, device)
+        failure = _unloaded(path, k, rank, 1)
+        if failure is not None:
+            raise KernelFailed(failure)
+        try:
+            return fn(k, *args)
+        except ConfigError:
+            raise
+        except SystemExit as e:
+            raise _fail("exited", f"called sys.exit({e.code!r})", path, rank, kernel) from None
+        except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
+            text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
+            raise _fail("raised", raised_text(type(e).__name__, text), path, rank, kernel) from None
+    _settle()
+    if _worker.ensure(device):
+        _worker.ready()
+    timeout = _config.timeout_s
+    reply = _worker._ask(("call", fn, path, _record(kernel), device, args), timeout)
+    if reply[0] in ("timeout", "dead"):
+        raise _worker.lost(reply, path, rank, kernel, timeout)
+    return _worker.answer(reply, path, rank, kernel)
 
 
 DEPTH = 2  # scenarios whose rank runs may be in flight at once: one running, one queued behind it
