@@ -165,6 +165,24 @@ ROWS = [
 ]
 
 
+# Exceptions a kernel raises that are not Exceptions: each is the kernel's failure on its rank, with
+# no worker traceback printed; an ordinary one names the kernel's own frames only (issue 27, item 6).
+ROWS += [
+    Row("callable raises KeyboardInterrupt", callable_kernel("raise KeyboardInterrupt('stop')"),
+        phrases=("kernel raised KeyboardInterrupt: stop at", "on rank 0, group attn"), absent=("SIGINT",)),
+    Row("callable raises GeneratorExit", callable_kernel("raise GeneratorExit()"),
+        phrases=("kernel raised GeneratorExit at", "on rank 0, group attn")),
+    Row("callable raises SystemExit(0)", callable_kernel("raise SystemExit(0)"),
+        phrases=("kernel called sys.exit(0) on rank 0",)),
+    Row("KeyboardInterrupt at import", "raise KeyboardInterrupt\n\n\ndef kernel(positions):\n    return positions\n",
+        phrases=("kernel raised KeyboardInterrupt while its file",)),
+    Row("an exception two frames deep names the kernel's frames only", callable_kernel(
+        "return helper(out)", top="\n\ndef helper(x):\n    raise ValueError('deep')\n"),
+        phrases=("kernel raised ValueError: deep at", "raise ValueError('deep'); called from hostile_kernel.py:",
+                 " in kernel on rank 0"), absent=("adapters.py", "kernel_worker.py")),
+]
+
+
 def _killed_mid_run(proc, tmp_path: Path) -> None:
     """SIGKILL the kernel worker from outside once the kernel is running (it wrote its pid)."""
     pids = tmp_path / "pids"
