@@ -33,7 +33,7 @@ PATH_OPTIONS = {
 }
 LIST_PATH_OPTIONS = {"presets": "--presets"}  # comma-separated, each entry a preset name or a file
 SPEC_OPTIONS = {"kernel_v1": "--kernel-v1", "kernel_v1_fused": "--kernel-v1-fused", "kernel_v2": "--kernel-v2",
-                "kernel_replay": "--kernel-replay"}  # path/to/file.py:attr: the file part
+                "kernel_replay": "--kernel-replay", "sizing": "--sizing"}  # path/to/file.py:attr: the file part
 
 
 # ---- reading files ---------------------------------------------------------------------

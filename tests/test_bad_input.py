@@ -456,7 +456,7 @@ def symlink_loop(tmp: Path, suffix: str = "") -> Path:
 PATH_FLAGS = [
     ("run", "--scenario"), ("run", "--json"), ("run", "--html"), ("run", "--junit"), ("run", "--kernel-v1"),
     ("run", "--kernel-v2"), ("run", "--kernel-v1-fused"), ("run", "--kernel-replay"), ("run", "--stack-python"),
-    ("run", "--stack-classes"),
+    ("run", "--stack-classes"), ("run", "--sizing"),
     ("sweep", "--config"), ("sweep", "--presets"), ("sweep", "--json"), ("sweep", "--html"), ("sweep", "--junit"),
     ("bugs matrix", "--json"), ("bugs show stale-tail", "--dump"), ("bugs reproduce stale-tail", "--json"),
     ("bugs reproduce stale-tail", "--html"), ("doctor", "--json"), ("draw", "--out"), ("draw --out x.png", "--repro"),
@@ -467,7 +467,7 @@ PATH_FLAGS = [
 
 
 def _path_argv(before: str, flag: str, value: str) -> list[str]:
-    if flag.startswith("--kernel"):
+    if flag.startswith("--kernel") or flag == "--sizing":
         value += ":kernel" if value == "{f}" else ".py:kernel"
     elif flag == "--presets":
         value = "mtp," + value
@@ -478,11 +478,11 @@ for _before, _flag in PATH_FLAGS:
     _cmd = _before.split()[0] + ("-" + _before.split()[1] if _before.startswith("bugs") else "")
     _name = _flag.lstrip("-").lower()
     ROWS.append(Row(f"path-5000-chars-{_cmd}-{_name}", _path_argv(_before, _flag, "a" * 5000),
-                    f"{_flag}: path of 500" if not _flag.startswith("--kernel") else f"{_flag}: path of 5003"))
+                    f"{_flag}: path of 500"))
     ROWS.append(Row(f"path-256-char-name-{_cmd}-{_name}", _path_argv(_before, _flag, "d/" + "n" * 256),
-                    f"{_flag}: a name of 25" if not _flag.startswith("--kernel") else f"{_flag}: a name of 25"))
+                    f"{_flag}: a name of 25"))
     ROWS.append(Row(f"path-symlink-loop-{_cmd}-{_name}", _path_argv(_before, _flag, "{f}"),
-                    f"{_flag}: {{tmp}}/loop-a", (lambda tmp: symlink_loop(tmp, ".py")) if _flag.startswith("--kernel")
+                    f"{_flag}: {{tmp}}/loop-a", (lambda tmp: symlink_loop(tmp, ".py")) if _flag in ("--sizing",) or _flag.startswith("--kernel")
                     else symlink_loop))
 ROWS += [
     Row("fuzz-known-not-signatures", ["fuzz", "--known", "{f}"], "line 1 ('dcp = 2') is not a signature",
