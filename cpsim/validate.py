@@ -29,7 +29,7 @@ PATH_OPTIONS = {
     "scenario": "--scenario", "json": "--json", "html": "--html", "junit": "--junit", "dump": "--dump",
     "out": "--out", "shrink": "--shrink", "db": "--db", "known": "--known", "config": "--config",
     "repro": "--repro", "capture": "--capture", "file": "FILE", "stack_classes": "--stack-classes",
-    "stack_python": "--stack-python", "ascend_python": "--ascend-python",
+    "stack_python": "--stack-python", "stack_source": "--stack-source", "ascend_python": "--ascend-python",
 }
 LIST_PATH_OPTIONS = {"presets": "--presets"}  # comma-separated, each entry a preset name or a file
 SPEC_OPTIONS = {"kernel_v1": "--kernel-v1", "kernel_v1_fused": "--kernel-v1-fused", "kernel_v2": "--kernel-v2",

@@ -428,7 +428,7 @@ ROWS = [
         capture_file({"meta": {"max_model_len": float("nan")}})),
     Row("capture-meta-num-blocks-bool", REPLAY, "capture.meta.num_blocks[0]: must be a valid integer, got true",
         capture_file({"meta": {"num_blocks": [True]}})),
-    Row("capture-launch-family", REPLAY, "capture.family: must be one of v1, v2, v1-fused, unknown, got 'v3'",
+    Row("capture-launch-family", REPLAY, "capture.family: must be one of v1, v2, v1-fused, host-v1, host-v2, unknown, got 'v3'",
         capture_file(launch={"family": "v3"})),
     Row("capture-launch-world-zero", REPLAY, "capture.scalars.TOTAL_CP_WORLD_SIZE: must be greater than or equal to 1",
         capture_file(scalars={"TOTAL_CP_WORLD_SIZE": 0})),
@@ -456,7 +456,7 @@ def symlink_loop(tmp: Path, suffix: str = "") -> Path:
 PATH_FLAGS = [
     ("run", "--scenario"), ("run", "--json"), ("run", "--html"), ("run", "--junit"), ("run", "--kernel-v1"),
     ("run", "--kernel-v2"), ("run", "--kernel-v1-fused"), ("run", "--kernel-replay"), ("run", "--stack-python"),
-    ("run", "--stack-classes"), ("run", "--sizing"),
+    ("run", "--stack-classes"), ("run", "--stack-source"), ("run", "--sizing"),
     ("sweep", "--config"), ("sweep", "--presets"), ("sweep", "--json"), ("sweep", "--html"), ("sweep", "--junit"),
     ("bugs matrix", "--json"), ("bugs show stale-tail", "--dump"), ("bugs reproduce stale-tail", "--json"),
     ("bugs reproduce stale-tail", "--html"), ("doctor", "--json"), ("draw", "--out"), ("draw --out x.png", "--repro"),
