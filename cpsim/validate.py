@@ -22,6 +22,18 @@ from cpsim.schema import _show, parse, scenario_data
 
 MAX_FILE_BYTES = 64 << 20   # no scenario or repro file comes near this; refuse to slurp a disk image
 OUTPUT_OPTIONS = ("json", "html", "junit", "dump")
+# Every option of every subcommand that names a file or directory (argparse dest -> how the user wrote
+# it); each is checked by ``check_path`` before any work. ``tests/test_bad_input.py`` walks the parser
+# to keep this table complete.
+PATH_OPTIONS = {
+    "scenario": "--scenario", "json": "--json", "html": "--html", "junit": "--junit", "dump": "--dump",
+    "out": "--out", "shrink": "--shrink", "db": "--db", "known": "--known", "config": "--config",
+    "repro": "--repro", "capture": "--capture", "file": "FILE", "stack_classes": "--stack-classes",
+    "stack_python": "--stack-python", "stack_source": "--stack-source", "ascend_python": "--ascend-python",
+}
+LIST_PATH_OPTIONS = {"presets": "--presets"}  # comma-separated, each entry a preset name or a file
+SPEC_OPTIONS = {"kernel_v1": "--kernel-v1", "kernel_v1_fused": "--kernel-v1-fused", "kernel_v2": "--kernel-v2",
+                "kernel_replay": "--kernel-replay", "sizing": "--sizing"}  # path/to/file.py:attr: the file part
 
 
 # ---- reading files ---------------------------------------------------------------------
@@ -118,10 +130,61 @@ def load_sweep_config(path: str | Path) -> dict[str, Any]:
 # ---- CLI values and output paths ----------------------------------------------------------
 
 def check_args(args) -> None:
-    """Bounds on the shared options, then every output path: all before any work starts."""
+    """Bounds on the shared options, then every path (its length, no symlink loop), then every output
+    path: all before any work starts."""
     values = {k: v for k, v in vars(args).items() if k in schema.CliValues.model_fields and v is not None}
     parse(schema.CliValues, values, "", cli=True)
+    for flag, value in given_paths(args):
+        check_path(flag, value)
     check_outputs(output_paths(args))
+
+
+def given_paths(args) -> list[tuple[str, str]]:
+    """(flag, path) of every file or directory the command line names (``PATH_OPTIONS`` and the rest)."""
+    out = [(flag, v) for dest, flag in PATH_OPTIONS.items() if isinstance(v := getattr(args, dest, None), str)]
+    for dest, flag in LIST_PATH_OPTIONS.items():
+        if isinstance(v := getattr(args, dest, None), str):
+            out += [(flag, part.strip()) for part in v.split(",") if part.strip()]
+    for dest, flag in SPEC_OPTIONS.items():
+        v = getattr(args, dest, None)
+        if isinstance(v, str) and ":" in v:
+            module = v.rpartition(":")[0]
+            if module.endswith(".py") or "/" in module or "\\" in module:
+                out.append((flag, module))
+    return out
+
+
+def _limit(name: str, fallback: int) -> int:
+    try:
+        return int(os.pathconf("/", name))
+    except (OSError, ValueError, AttributeError):
+        return fallback
+
+
+def _short(path: str, keep: int = 60) -> str:
+    return path if len(path) <= keep else f"{path[: keep // 2]}...{path[-keep // 2:]}"
+
+
+def check_path(flag: str, path: str) -> None:
+    """A path the system can look up: no name longer than NAME_MAX bytes, the whole shorter than
+    PATH_MAX, and no symlink loop on the way (each would otherwise surface as an OSError traceback
+    wherever the path is first opened)."""
+    import errno
+    name_max, path_max = _limit("PC_NAME_MAX", 255), _limit("PC_PATH_MAX", 4096)
+    size = len(os.fsencode(path))
+    if size >= path_max:
+        raise ConfigError(flag, f"path of {size} bytes ({_short(path)}) is too long: at most {path_max - 1}")
+    longest = max((len(os.fsencode(part)) for part in path.split(os.sep)), default=0)
+    if longest > name_max:
+        raise ConfigError(flag, f"a name of {longest} bytes in {_short(path)} is too long: a file or directory "
+                                f"name has at most {name_max}")
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(flag, f"{path} is a symlink loop (too many levels of symbolic links)") from None
+        if e.errno == errno.ENAMETOOLONG:
+            raise ConfigError(flag, f"{_short(path)} is too long for its file system") from None
 
 
 def output_paths(args) -> dict[str, str]:

@@ -428,7 +428,7 @@ ROWS = [
         capture_file({"meta": {"max_model_len": float("nan")}})),
     Row("capture-meta-num-blocks-bool", REPLAY, "capture.meta.num_blocks[0]: must be a valid integer, got true",
         capture_file({"meta": {"num_blocks": [True]}})),
-    Row("capture-launch-family", REPLAY, "capture.family: must be one of v1, v2, v1-fused, unknown, got 'v3'",
+    Row("capture-launch-family", REPLAY, "capture.family: must be one of v1, v2, v1-fused, host-v1, host-v2, unknown, got 'v3'",
         capture_file(launch={"family": "v3"})),
     Row("capture-launch-world-zero", REPLAY, "capture.scalars.TOTAL_CP_WORLD_SIZE: must be greater than or equal to 1",
         capture_file(scalars={"TOTAL_CP_WORLD_SIZE": 0})),
@@ -442,6 +442,84 @@ ROWS = [
         lambda tmp: (lambda p: (p.write_bytes(p.read_bytes()[:300]), p)[1])(capture_file()(tmp))),
     Row("capture-binary", REPLAY, "is not a cpsim capture/batch archive", capture_file(raw=b"\x7fELF\x02\x01\x00")),
 ]
+
+
+# ---- paths the system cannot look up (issue 27, item 6): every file or directory flag of every command ----
+
+def symlink_loop(tmp: Path, suffix: str = "") -> Path:
+    (tmp / f"loop-a{suffix}").symlink_to(tmp / f"loop-b{suffix}")
+    (tmp / f"loop-b{suffix}").symlink_to(tmp / f"loop-a{suffix}")
+    return tmp / f"loop-a{suffix}"
+
+
+# (the command line before the flag, the flag as the message names it, the flag on the command line)
+PATH_FLAGS = [
+    ("run", "--scenario"), ("run", "--json"), ("run", "--html"), ("run", "--junit"), ("run", "--kernel-v1"),
+    ("run", "--kernel-v2"), ("run", "--kernel-v1-fused"), ("run", "--kernel-replay"), ("run", "--stack-python"),
+    ("run", "--stack-classes"), ("run", "--stack-source"), ("run", "--sizing"),
+    ("sweep", "--config"), ("sweep", "--presets"), ("sweep", "--json"), ("sweep", "--html"), ("sweep", "--junit"),
+    ("bugs matrix", "--json"), ("bugs show stale-tail", "--dump"), ("bugs reproduce stale-tail", "--json"),
+    ("bugs reproduce stale-tail", "--html"), ("doctor", "--json"), ("draw", "--out"), ("draw --out x.png", "--repro"),
+    ("draw --out x.png", "--capture"), ("fuzz", "--known"), ("fuzz", "--out"), ("fuzz", "--db"),
+    ("replay", "FILE"), (f"replay {EXPLICIT}", "--shrink"), (f"replay {EXPLICIT}", "--json"),
+    (f"replay {EXPLICIT}", "--html"), ("ascend-check", "--json"), ("ascend-check", "--ascend-python"),
+]
+
+
+def _path_argv(before: str, flag: str, value: str) -> list[str]:
+    if flag.startswith("--kernel") or flag == "--sizing":
+        value += ":kernel" if value == "{f}" else ".py:kernel"
+    elif flag == "--presets":
+        value = "mtp," + value
+    return before.split() + ([value] if flag == "FILE" else [flag, value])
+
+
+for _before, _flag in PATH_FLAGS:
+    _cmd = _before.split()[0] + ("-" + _before.split()[1] if _before.startswith("bugs") else "")
+    _name = _flag.lstrip("-").lower()
+    ROWS.append(Row(f"path-5000-chars-{_cmd}-{_name}", _path_argv(_before, _flag, "a" * 5000),
+                    f"{_flag}: path of 500"))
+    ROWS.append(Row(f"path-256-char-name-{_cmd}-{_name}", _path_argv(_before, _flag, "d/" + "n" * 256),
+                    f"{_flag}: a name of 25"))
+    ROWS.append(Row(f"path-symlink-loop-{_cmd}-{_name}", _path_argv(_before, _flag, "{f}"),
+                    f"{_flag}: {{tmp}}/loop-a", (lambda tmp: symlink_loop(tmp, ".py")) if _flag in ("--sizing",) or _flag.startswith("--kernel")
+                    else symlink_loop))
+ROWS += [
+    Row("fuzz-known-not-signatures", ["fuzz", "--known", "{f}"], "line 1 ('dcp = 2') is not a signature",
+        text_file("dcp = 2\n", "known.txt")),
+    Row("fuzz-known-json-not-a-summary", ["fuzz", "--known", "{f}"], "--known: {tmp}/known.txt is not a fuzz summary",
+        text_file('{"scenario": {}}', "known.txt")),
+    Row("fuzz-known-json-signatures-not-a-list", ["fuzz", "--known", "{f}"], "is not a fuzz summary",
+        json_file({"signatures": 5}, "known.json")),
+    Row("fuzz-known-binary", ["fuzz", "--known", "{f}"], "--known: cannot read", text_file(b"\x89PNG\x00", "k.png")),
+    Row("fuzz-db-regular-file", ["fuzz", "--db", "{f}"], "--db: {tmp}/db is not a directory",
+        text_file("", "db")),
+    Row("fuzz-db-under-a-file", ["fuzz", "--db", "{f}/sub"], "is not a directory ({tmp}/db is a file)",
+        text_file("", "db")),
+]
+
+
+def test_every_path_flag_of_every_command_is_checked():
+    """Walk the parser: every option that takes a file or directory is in cpsim.validate's table and
+    has its rows above, so a flag added later cannot skip the path check unnoticed."""
+    from cpsim.cli import build_parser
+    from cpsim import validate
+    import argparse
+    checked = validate.PATH_OPTIONS | validate.LIST_PATH_OPTIONS | validate.SPEC_OPTIONS
+    seen = set()
+
+    def walk(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+                continue
+            meta = str(action.metavar or "")
+            if any(w in meta for w in ("FILE", "PATH", "DIR", "OUT", "PY", "SPEC")) or action.dest == "file":
+                assert action.dest in checked, (parser.prog, action.option_strings or action.dest)
+                seen.add(checked[action.dest])
+    walk(build_parser())
+    assert seen - {"--presets"} <= {flag for _, flag in PATH_FLAGS}, seen - {flag for _, flag in PATH_FLAGS}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])

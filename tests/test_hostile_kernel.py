@@ -165,6 +165,24 @@ ROWS = [
 ]
 
 
+# Exceptions a kernel raises that are not Exceptions: each is the kernel's failure on its rank, with
+# no worker traceback printed; an ordinary one names the kernel's own frames only (issue 27, item 6).
+ROWS += [
+    Row("callable raises KeyboardInterrupt", callable_kernel("raise KeyboardInterrupt('stop')"),
+        phrases=("kernel raised KeyboardInterrupt: stop at", "on rank 0, group attn"), absent=("SIGINT",)),
+    Row("callable raises GeneratorExit", callable_kernel("raise GeneratorExit()"),
+        phrases=("kernel raised GeneratorExit at", "on rank 0, group attn")),
+    Row("callable raises SystemExit(0)", callable_kernel("raise SystemExit(0)"),
+        phrases=("kernel called sys.exit(0) on rank 0",)),
+    Row("KeyboardInterrupt at import", "raise KeyboardInterrupt\n\n\ndef kernel(positions):\n    return positions\n",
+        phrases=("kernel raised KeyboardInterrupt while its file",)),
+    Row("an exception two frames deep names the kernel's frames only", callable_kernel(
+        "return helper(out)", top="\n\ndef helper(x):\n    raise ValueError('deep')\n"),
+        phrases=("kernel raised ValueError: deep at", "raise ValueError('deep'); called from hostile_kernel.py:",
+                 " in kernel on rank 0"), absent=("adapters.py", "kernel_worker.py")),
+]
+
+
 def _killed_mid_run(proc, tmp_path: Path) -> None:
     """SIGKILL the kernel worker from outside once the kernel is running (it wrote its pid)."""
     pids = tmp_path / "pids"
@@ -440,3 +458,71 @@ def test_an_empty_list_entry_is_bad_input(tmp_path, args, phrase):
     assert code == 2, out
     assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
     assert phrase in out, out
+
+
+# ---- issue 27, item 1: replay of a capture or an explicit batch never imports the kernel here -----
+
+# A Triton kernel in the ascend-v1 ABI (the ABIs a captured step is rerun with) that writes PAD
+# everywhere: wrong slots on every rank, which a working oracle reports.
+TRITON_ALL_PAD = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(num_tokens, max_num_tokens, query_start_loc_ptr, positions_ptr, block_table_ptr,
+           block_table_stride, block_size, slot_mapping_ptr, KV_CACHE_BLOCK_SIZE: tl.constexpr,
+           BLOCKS_PER_KV_BLOCK: tl.constexpr, TOTAL_CP_WORLD_SIZE: tl.constexpr, TOTAL_CP_RANK: tl.constexpr,
+           CP_KV_CACHE_INTERLEAVE_SIZE: tl.constexpr, PAD_ID: tl.constexpr, TILE_BLOCK_SIZE: tl.constexpr,
+           BLOCK_TABLE_WINDOW_SIZE: tl.constexpr):
+    for i in range(0, max_num_tokens, TILE_BLOCK_SIZE):
+        offs = i + tl.arange(0, TILE_BLOCK_SIZE)
+        tl.store(slot_mapping_ptr + offs, tl.full((TILE_BLOCK_SIZE,), PAD_ID, tl.int32), mask=offs < max_num_tokens)
+'''
+PATCHES_THE_ORACLE = '''
+import cpsim.check.coordinator as c
+c.check = lambda *a, **k: []
+c.passed = lambda verdicts: True
+''' + TRITON_ALL_PAD
+EXITS_AT_IMPORT = "import os\nos._exit(0)\n" + TRITON_ALL_PAD
+
+
+@pytest.fixture(scope="module")
+def v1_capture(tmp_path_factory) -> Path:
+    """Two steps of cpsim's own v1 kernel on both ranks of DCP 2, captured (one attention group)."""
+    from cpsim.capture import simulate
+    from cpsim.scenario import preset
+    d = tmp_path_factory.mktemp("cap") / "v1"
+    simulate.run([preset("mtp", dcp=2), preset("mtp", dcp=2, seed=1)], d, paths=("v1",))
+    return d
+
+
+REPLAY_ROWS = [
+    ("capture", PATCHES_THE_ORACLE, ("matches-reference", "rerun-v1")),
+    ("explicit batch", PATCHES_THE_ORACLE, ("matches-reference",)),
+    ("capture", EXITS_AT_IMPORT, ("kernel-completes", "kernel ended its process with exit code 0", "was imported")),
+    ("explicit batch", EXITS_AT_IMPORT, ("kernel-completes", "kernel ended its process with exit code 0",
+                                         "was imported")),
+]
+
+
+@pytest.mark.parametrize("target, source, phrases", REPLAY_ROWS,
+                         ids=[f"{t}: {'patches the oracle' if s is PATCHES_THE_ORACLE else 'os._exit(0) at import'}"
+                              for t, s, _ in REPLAY_ROWS])
+def test_replay_never_imports_the_kernel_in_the_judging_process(tmp_path, v1_capture, target, source, phrases):
+    """``cpsim replay`` reruns a capture's or an explicit batch's inputs through the user's kernel in a
+    kernel worker: what its import does to cpsim there cannot reach the judge, nor end it with 0."""
+    kernel = tmp_path / "hostile_kernel.py"
+    kernel.write_text(source)
+    what = v1_capture if target == "capture" else ROOT / "docs" / "examples" / "explicit-shuffled-positions.json"
+    report = tmp_path / "r.json"
+    code, out = cpsim(tmp_path, ["replay", str(what), "--kernel-v1", f"{kernel}:kernel", "--json", str(report)])
+    assert "Traceback" not in out, out
+    assert code == 1, out
+    data = json.loads(report.read_text())
+    assert data["passed"] is False
+    text = " ".join(out.split()) + " " + " ".join(json.dumps(data).split())
+    for phrase in phrases:
+        assert phrase in text, (phrase, out)
+    if source is EXITS_AT_IMPORT:
+        assert str(kernel) in text  # the file is named

@@ -9,6 +9,7 @@ coordinator are also fed broken gathered data directly, and must fail.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -530,3 +531,59 @@ def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, workers, 
     else:  # ranks 0-1 and 2-3 in two workers: the first rank of each crashes
         assert crashed["v1"].not_run == [1, 3] and "also failed on rank 2 (crashed)" in crashed["v1"].message
     _same({"v2": crashed["v2"]}, {"v2": split["v2"]})
+
+
+def test_a_worker_killed_mid_batch_runs_its_ranks_again_one_by_one(monkeypatch):
+    """A real SIGKILL of the worker right after it was sent a batched chunk of cpsim's own kernels (as
+    the OOM killer would): nobody knows which rank it was on, so the chunk's ranks run again in a fresh
+    worker, one reply each; all complete, so the loss is reported on the chunk, never dropped, and the
+    path queued behind it is judged as usual."""
+    import signal
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.run import isolation
+    s = sc.preset("mtp", dcp=2)
+    allocs, knobs = _world(s)
+    real, killed = isolation._send, []
+
+    def send(run, w, tasks):
+        real(run, w, tasks)
+        if not killed and run.queues[w] and run.queues[w][0][2]:  # the first batched chunk is on its way
+            killed.append(w.proc.pid)
+            os.kill(w.proc.pid, signal.SIGKILL)
+    monkeypatch.setattr(isolation, "_send", send)
+    got = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    assert killed
+    f = got["v1"]
+    assert isinstance(f, KernelFailure) and f.kind == "crashed" and "SIGKILL" in f.message
+    assert "on one of ranks 0-1" in f.message and "run again one rank at a time, every one completed" in f.message
+    assert isinstance(got["v2"], list) and all(o is not None for o in got["v2"])
+
+
+@pytest.mark.parametrize("deadly, named, also", [((1,), 1, ""), ((1, 3), 1, "also failed on rank 3 (crashed)")])
+def test_a_kernel_killing_its_worker_is_named_on_its_rank_and_the_other_ranks_run(monkeypatch, tmp_path, deadly,
+                                                                                   named, also):
+    """A user's kernel answers rank by rank: a worker SIGKILLed on rank 1 names rank 1 exactly (not a
+    chunk), and every other rank still runs, in the other worker, and is judged on its own (rank 3 dying
+    too is named as well; ranks 0 and 2 complete)."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "2")
+    from test_hostile_kernel import callable_kernel
+    kernel = tmp_path / "kills.py"
+    kernel.write_text(callable_kernel(f'''
+        import os, signal
+        if cp_rank in {deadly!r}:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out'''))
+    from cpsim import scenario as sc
+    from cpsim.paths import KernelFailure
+    from cpsim.kernels.under_test import load
+    from cpsim.run import isolation
+    s = sc.preset("mtp", dcp=4)
+    allocs, knobs = _world(s)
+    got = isolation.run_paths(s, ["v1"], allocs, "cpu", knobs, {"v1": load(f"{kernel}:kernel", "v1")})
+    f = got["v1"]
+    assert isinstance(f, KernelFailure) and f.rank == named and f.kind == "crashed"
+    assert f"kernel crashed with SIGKILL on rank {named} " in f.message and "one of ranks" not in f.message
+    assert (also in f.message) if also else "also failed" not in f.message
+    assert f.not_run == []  # ranks 0 and 2 (and 3) ran: none is left unjudged

@@ -66,7 +66,9 @@ def main(args, console: Console | None = None) -> int:
         console.print(f"[bold red]{escape(finding.line(step))}[/bold red]", highlight=False)
         extra = {"capture": _label(step), "first_violation": finding.__dict__, "steps_checked": checked,
                  "profile": prof.name}
-        if args.shrink:
+        if args.shrink and finding.invariant == "kernel-completes":
+            console.print("not shrunk: the kernel did not complete, so there are no outputs to shrink", highlight=False)
+        elif args.shrink:
             small, small_out = shrink.shrink(step, kernels, target=finding.invariant)
             dest = Path(args.shrink)
             xb.save(small, dest)
@@ -98,10 +100,11 @@ def _label(step: ExplicitStep) -> dict[str, Any]:
 
 
 def _kernels(args) -> dict:
-    """The kernels a capture or explicit batch is rerun with. Known gap (issue 27): the rerun of a
-    capture step (``cpsim.capture.rerun``) still calls a user's kernel in this process, so it is
-    imported here (``inspect_here``), not in a kernel worker as ``run`` / ``fuzz`` / ``bugs`` do."""
-    from cpsim.kernels.under_test import inspect_here, load
+    """The kernels a capture or explicit batch is rerun with. A user's is imported only in a kernel
+    worker (this process learns its signature as plain data), and every rerun of it runs there too
+    (``cpsim.capture.rerun``)."""
+    from cpsim.kernels.under_test import load
+    from cpsim.run import isolation  # noqa: F401  (importing it installs the probe: a SPEC is imported by a worker)
     if getattr(args, "kernel_v1_fused", None):
         raise ConfigError("--kernel-v1-fused", "captures and explicit batches rerun v1 and v2 kernels only")
     out = {}
@@ -113,5 +116,5 @@ def _kernels(args) -> dict:
             out[path] = "builtin"
             continue
         out[path] = load(spec, path, getattr(args, "kernel_abi", "auto") or "auto",
-                         shim_vllm=bool(getattr(args, "shim_vllm", False)), inspect=inspect_here)
+                         shim_vllm=bool(getattr(args, "shim_vllm", False)))
     return out

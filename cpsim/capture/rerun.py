@@ -3,6 +3,7 @@
 The kernel gets the captured tables, positions, ``query_start_loc`` and
 ``idx_mapping`` as they were, through its own ABI; outputs are poisoned first
 and handed back as int64 ``[groups, entries]`` per rank, for the coordinator.
+A user's kernel is imported and called only in a kernel worker (``run``).
 """
 
 from __future__ import annotations
@@ -101,32 +102,42 @@ def _v2_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np
 
 
 def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray]:
-    """Per-rank ``[groups, entries]`` slots of ``kernel`` (None: cpsim's built-in kernel of the step's path)."""
-    k = kernel if kernel is not None else _builtin(step.path)
-    if k.abi not in ("builtin", "ascend-v1", "ascend-v2", "vllm-v2"):
-        raise ConfigError(f"--kernel-{step.path}", f"{k.spec}: rerunning captured inputs supports the ascend-v1, "
-                                                   f"ascend-v2 and vllm-v2 ABIs, not {k.abi}")
-    if k.abi != "builtin":
-        from cpsim.paths._inputs import prepare_triton
-        prepare_triton(torch.device(device))
+    """Per-rank ``[groups, entries]`` slots of ``kernel`` (None: cpsim's built-in kernel of the step's path).
+
+    A user's kernel runs in a kernel worker, one rank at a time (``cpsim.run.isolation.call``): it is
+    imported and called there only, and each rank's slots come back as a plain array. Raises
+    ``KernelFailed`` naming the rank on which it raised, exited, crashed or hung."""
     own = [gi for rb in step.ranks for gi in range(len(step.groups)) if rb.own_tokens(gi) is not None]
     if own:
         raise ConfigError(f"--kernel-{step.path}", f"group {step.groups[own[0]].name} has its own positions "
                                                    f"(g{own[0]}/positions): no rerun ABI launches a group on its own "
                                                    f"tokens yet; give the slots it produced (r<R>/slots)")
-    dev = torch.device(device)
-    outs = []
-    for r, rb in enumerate(step.ranks):
-        T = rb.slots.shape[1] if rb.slots is not None else step.limits.slot_buffer_size
-        fn = _v1_rank if step.path == "v1" else _v2_rank
-        out = fn(k, step, r, rb, T, dev)
-        if rb.is_padding is not None and "is_padding" not in k.params:
-            # The runtime masks flagged tokens around a kernel that does not take the flags.
-            flagged = np.nonzero(rb.is_padding)[0]
-            out[:, flagged[flagged < T]] = PAD_SLOT_ID
-        _replay_pass(step, rb, out)
-        outs.append(out)
-    return outs
+    if kernel is None:
+        k = _builtin(step.path)
+        return [rank_slots(k, step, r, device) for r in range(len(step.ranks))]
+    if kernel.load_failure is None and kernel.abi not in ("ascend-v1", "ascend-v2", "vllm-v2"):
+        raise ConfigError(f"--kernel-{step.path}", f"{kernel.spec}: rerunning captured inputs supports the "
+                                                   f"ascend-v1, ascend-v2 and vllm-v2 ABIs, not {kernel.abi}")
+    from cpsim.run import isolation
+    return [isolation.call(rank_slots, step.path, kernel, step, r, device, rank=r, device=device)
+            for r in range(len(step.ranks))]
+
+
+def rank_slots(k, step: ExplicitStep, r: int, device: str = "cpu") -> np.ndarray:
+    """Rank ``r``'s ``[groups, entries]`` slots of the loaded kernel ``k`` (in a kernel worker for a user's)."""
+    if k.abi != "builtin":
+        from cpsim.paths._inputs import prepare_triton
+        prepare_triton(torch.device(device))
+    rb = step.ranks[r]
+    T = rb.slots.shape[1] if rb.slots is not None else step.limits.slot_buffer_size
+    fn = _v1_rank if step.path == "v1" else _v2_rank
+    out = fn(k, step, r, rb, T, torch.device(device))
+    if rb.is_padding is not None and "is_padding" not in k.params:
+        # The runtime masks flagged tokens around a kernel that does not take the flags.
+        flagged = np.nonzero(rb.is_padding)[0]
+        out[:, flagged[flagged < T]] = PAD_SLOT_ID
+    _replay_pass(step, rb, out)
+    return out
 
 
 def _replay_pass(step: ExplicitStep, rb: RankBatch, out: np.ndarray) -> None:
@@ -142,4 +153,3 @@ def _replay_pass(step: ExplicitStep, rb: RankBatch, out: np.ndarray) -> None:
     for gi, g in enumerate(step.groups):
         if g.pads_replay:
             out[gi, :n][replayed] = PAD_SLOT_ID
-

@@ -96,9 +96,10 @@ def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None =
         if budget[0] <= 0 or not groups:
             return None
         budget[0] -= 1
+        from cpsim.run.isolation import KernelFailed
         try:
             out = check_step(build(keep, groups, tail), None)
-        except ConfigError:
+        except (ConfigError, KernelFailed):  # a candidate the kernel does not complete on is not kept
             return None
         if not out.failed or (target and target not in out.invariants()):
             return None

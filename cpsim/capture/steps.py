@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -107,7 +107,13 @@ def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "c
         s, gath, verdicts = explicit.check(step, profile=profile)
         return Outcome(step, s, gath, verdicts)
     from cpsim.capture import rerun
-    slots = rerun.run(step, None if k in (None, "builtin") else k, device)
+    from cpsim.run.isolation import KernelFailed
+    try:
+        slots = rerun.run(step, None if k in (None, "builtin") else k, device)
+    except KernelFailed as e:  # the kernel's import or a rank's rerun did not complete: that is its verdict
+        s, gath, verdicts = explicit.check(step) if step.has_outputs else (explicit.scenario(step), {}, [])
+        return Outcome(step, s, gath, verdicts + coordinator.kernel_failed(f"rerun-{step.path}", e.failure,
+                                                                          len(step.ranks)))
     given = [rb.slots for rb in step.ranks]
     plain = dataclasses.replace(step, ranks=[dataclasses.replace(rb, slots=None) for rb in step.ranks])
     s, gath, verdicts = explicit.check(plain, {f"rerun-{step.path}": slots}, profile)

@@ -160,6 +160,8 @@ def main(args) -> int:
     kernels = kernels_from_args(args, str(dev.device), paths)
     ignore = list(args.ignore) + (fz.load_known(args.known) if args.known else [])
     out = fz.check_out_dir(args.out)
+    if not args.no_db:
+        fz.check_db_dir(args.db)
     cfg = fz.FuzzConfig(
         paths=paths, kernels=kernels, inject=args.inject,
         max_examples=args.max_examples if not args.minutes else 100, minutes=args.minutes, seed=args.seed,

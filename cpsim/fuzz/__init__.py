@@ -367,14 +367,31 @@ def load_known(path: str | Path) -> list[str]:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError("--known", f"cannot read {path}: {e}") from None
-    if path.suffix == ".json":
+    if path.suffix == ".json" or text.lstrip()[:1] in ("{", "["):  # JSON by name or by content: a summary
         try:
             data = json.loads(text)
             return [str(x["signature"]) for x in data["signatures"]]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise ConfigError("--known", f"{path} is not a fuzz summary (expected {{\"signatures\": "
                                          f"[{{\"signature\": ...}}]}}): {e}") from None
-    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1) if ln.strip() and not ln.lstrip().startswith("#")]
+    for n, line in lines:
+        if ":" not in line or "\x00" in line:  # every signature is path:kind:invariants:dimension
+            raise ConfigError("--known", f"{path} line {n} ({line[:40]!r}) is not a signature (path:kind:invariants:"
+                                         f"dimension, globs allowed) and the file is not a fuzz-summary.json")
+    return [line for _, line in lines]
+
+
+def check_db_dir(db: str | Path) -> Path:
+    """The example database's directory: absent (created later) or a directory, never a file."""
+    db = Path(db)
+    for p in (db, *db.parents):
+        if p.exists() and not p.is_dir():
+            raise ConfigError("--db", f"{db} is not a directory ({p} is a file); give a directory for the "
+                                      f"example database, or --no-db")
+        if p.exists():
+            break
+    return db
 
 
 # ---- the search ------------------------------------------------------------------

@@ -454,7 +454,7 @@ def _import(spec: str, where: str) -> Any:
             if _hint(e):  # vLLM not installed: a missing flag, not the kernel's failure
                 raise ConfigError(where, f"cannot import {module_part}: {e}{_hint(e)}") from None
             raise KernelImportError(_import_failure(f"module {module_part}", e)) from None
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - the module's own code failed: the kernel's failure
+        except BaseException as e:  # noqa: BLE001 - the module's own code failed (even KeyboardInterrupt): the kernel's
             raise KernelImportError(_import_failure(f"module {module_part}", e)) from None
     obj = module
     for part in attr.split("."):
@@ -496,7 +496,7 @@ def _load_file(file: Path, where: str):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:  # noqa: BLE001  (sys.exit at import must not end cpsim with its code)
+    except BaseException as e:  # noqa: BLE001  (sys.exit, KeyboardInterrupt at import: the kernel's failure, named)
         del sys.modules[name]
         if isinstance(e, ImportError) and _hint(e):  # vLLM not installed: a missing flag, not the kernel's failure
             raise ConfigError(where, f"cannot load {file}: {type(e).__name__}: {e}{_hint(e)}") from None
@@ -624,24 +624,33 @@ def _source_file(obj: Any) -> str | None:
 
 
 def where_raised(k: "KernelUnderTest | None", exc: BaseException) -> str:
-    """`` at FILE:LINE: source`` of the innermost frame of the user's kernel files in ``exc``'s traceback
-    (and in the exceptions it wraps: the Triton interpreter's InterpreterError holds the kernel's own);
+    """The traceback of ``exc`` shortened to the user's kernel files, on one line: `` at FILE:LINE: source``
+    of the innermost frame of those files, then ``; called from FILE:LINE in FUNC`` for each of their
+    frames above it, innermost first (cpsim's and the libraries' frames are left out). It looks into
+    the exceptions ``exc`` wraps too: the Triton interpreter's InterpreterError holds the kernel's own.
     "" when no frame is the kernel's."""
     files = {f for x in (k, getattr(k, "replay", None)) if x is not None and x.obj is not None
              for f in [_source_file(x.obj)] if f}
     if not files:
         return ""
     import traceback
-    found, seen = None, set()
+    found: list = []
+    seen: set = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        for fs in traceback.extract_tb(exc.__traceback__):
-            if os.path.realpath(fs.filename) in files:
-                found = fs
+        mine = [fs for fs in traceback.extract_tb(exc.__traceback__) if os.path.realpath(fs.filename) in files]
+        if mine:
+            found = mine
         exc = exc.__cause__ or exc.__context__
-    if found is None:
+    if not found:
         return ""
-    return f" at {found.filename}:{found.lineno}" + (f": {found.line.strip()}" if found.line else "")
+    last = found[-1]
+    out = f" at {last.filename}:{last.lineno}" + (f": {last.line.strip()}" if last.line else "")
+    callers = [f"{Path(fs.filename).name}:{fs.lineno} in {fs.name}" for fs in reversed(found[:-1])]
+    return out + "".join(f"; called from {c}" for c in callers[:MAX_CALLERS])
+
+
+MAX_CALLERS = 4  # frames of the kernel's own files named above the one that raised
 
 
 # ---- records: kernels in a repro file or handed to a worker process -----------------

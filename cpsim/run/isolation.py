@@ -221,6 +221,11 @@ def _fail(kind: str, text: str, path: str, rank: int, kernel, group: str = "*") 
     return KernelFailed(KernelFailure(path, rank, kind, f"kernel {text} {where} [{_label(path, kernel)}]", group))
 
 
+def raised_text(name: str, text: str) -> str:
+    """"raised NAME: message at FILE:LINE ..." (no colon before the place when the message is empty)."""
+    return f"raised {name}" + ("" if not text else f"{text}" if text.startswith(" at ") else f": {text}")
+
+
 def _exit_text(code: int | None) -> tuple[str, str]:
     if code is not None and code < 0:
         try:
@@ -371,10 +376,14 @@ class Worker:
             for note in reply[2]:
                 kernel.note(note)
             return unpack(reply[1])
+        if what == "value":  # a ``call``'s result
+            for note in reply[2]:
+                kernel.note(note)
+            return reply[1]
         if what == "config":
             raise ConfigError(reply[1], reply[2])
         if what == "raised":
-            raise _fail("raised", f"raised {reply[1]}" + (f": {reply[2]}" if reply[2] else ""), path, rank,
+            raise _fail("raised", raised_text(reply[1], reply[2]), path, rank,
                         kernel, reply[3])
         if what == "exit":
             raise _fail("exited", f"called sys.exit({reply[1]})", path, rank, kernel, reply[2])
@@ -411,7 +420,7 @@ def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kern
     except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
         from cpsim.kernels.under_test import where_raised
         text = (str(e).splitlines()[0] if str(e) else "") + where_raised(kernel, e)
-        raise _fail("raised", f"raised {type(e).__name__}" + (f": {text}" if text else ""), path, rank, kernel,
+        raise _fail("raised", raised_text(type(e).__name__, text), path, rank, kernel,
                     inputs.launching) from None
 
 
@@ -515,6 +524,42 @@ def probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
     _worker.stop()
     kind, text = _exit_text(code)
     return LoadFailure(kind, f"{text} while {what} was imported")
+
+
+def call(fn: Callable, path: str, kernel, *args, rank: int = 0, device: str = "cpu"):
+    """``fn(kernel, *args)`` run in a kernel worker that loads the user's ``kernel`` there, within
+    ``--kernel-timeout``: for rank runs that are not a scenario's (a capture's or an explicit
+    batch's steps rerun, ``cpsim.capture.rerun``). ``fn`` is a module-level function (it travels by
+    name) and returns plain data (numpy arrays): the worker's result is unpickled here, and nothing of
+    the kernel's runs in this process. Raises ``KernelFailed`` naming ``rank`` when the kernel's import
+    or the call raised, exited, crashed or hung. In-process where isolation is off."""
+    device = str(device)
+    failure = _unloaded(path, kernel, rank, 1)
+    if failure is not None:
+        raise KernelFailed(failure)
+    if not _config.process:
+        from cpsim.kernels.under_test import here, where_raised
+        k = here(kernel, device)
+        failure = _unloaded(path, k, rank, 1)
+        if failure is not None:
+            raise KernelFailed(failure)
+        try:
+            return fn(k, *args)
+        except ConfigError:
+            raise
+        except SystemExit as e:
+            raise _fail("exited", f"called sys.exit({e.code!r})", path, rank, kernel) from None
+        except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
+            text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
+            raise _fail("raised", raised_text(type(e).__name__, text), path, rank, kernel) from None
+    _settle()
+    if _worker.ensure(device):
+        _worker.ready()
+    timeout = _config.timeout_s
+    reply = _worker._ask(("call", fn, path, _record(kernel), device, args), timeout)
+    if reply[0] in ("timeout", "dead"):
+        raise _worker.lost(reply, path, rank, kernel, timeout)
+    return _worker.answer(reply, path, rank, kernel)
 
 
 DEPTH = 2  # scenarios whose rank runs may be in flight at once: one running, one queued behind it

@@ -70,7 +70,7 @@ def _probe(spec: str, path: str, shim_vllm: bool, device: str, where: str) -> tu
         return ("config", e.field, e.rule)
     except KernelImportError as e:
         return ("unloaded", e.failure.kind, e.failure.message)
-    except Exception as e:  # noqa: BLE001  (reading the kernel's signature raised: its failure, named)
+    except BaseException as e:  # noqa: BLE001  (reading the kernel's signature raised: its failure, named)
         return ("unloaded", "raised", f"raised {type(e).__name__} while its signature was read: {e}")
 
 
@@ -113,6 +113,8 @@ def serve(conn, parent_pid: int | None = None) -> None:
             conn.send(_probe(*msg[1:]))
         elif msg[0] == "run":
             conn.send(_run(kernels, *msg[1:]))
+        elif msg[0] == "call":
+            conn.send(_call(kernels, *msg[1:]))
         elif msg[0] == "load":
             loaded = msg[1:]
         elif msg[0] == "run_ranks":
@@ -188,8 +190,32 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
         return ("config", e.field, e.rule)
     except SystemExit as e:
         return ("exit", repr(e.code), inputs.launching)
-    except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
+    except BaseException as e:  # noqa: BLE001  (KeyboardInterrupt, GeneratorExit too: the kernel's, named)
         from cpsim.kernels.under_test import where_raised
         text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
         return ("raised", type(e).__name__, text, inputs.launching)
     return ("ok", pack(out) if packed else out, list(k.notes) if k is not None else [])
+
+
+def _call(kernels: dict, fn, path: str, record: dict, device: str, args: tuple) -> tuple:
+    """``fn(kernel, *args)`` with the user's kernel loaded here (``cpsim.run.isolation.call``): its
+    result, plain data the parent unpickles without running anything of the kernel's."""
+    from cpsim.kernels.under_test import KernelImportError, where_raised
+    try:
+        k = _kernel(kernels, path, record, device)
+    except ConfigError as e:
+        return ("config", e.field, e.rule)
+    except KernelImportError as e:
+        return ("unloaded", e.failure.kind, e.failure.message)
+    if k.load_failure is not None:
+        return ("unloaded", k.load_failure.kind, k.load_failure.message)
+    try:
+        value = fn(k, *args)
+    except ConfigError as e:
+        return ("config", e.field, e.rule)
+    except SystemExit as e:
+        return ("exit", repr(e.code), "*")
+    except BaseException as e:  # noqa: BLE001  (the kernel's exception, KeyboardInterrupt too, becomes a violation)
+        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
+        return ("raised", type(e).__name__, text, "*")
+    return ("value", value, list(k.notes))
