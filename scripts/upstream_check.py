@@ -48,7 +48,7 @@ BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 V1_KERNELS = ("vllm/v1/worker/block_table.py:ComputeSlotMappingKernel",
               "vllm/v1/worker/block_table.py:_compute_slot_mapping_kernel")
 V2_KERNEL = "vllm/v1/worker/gpu/block_table.py:_compute_slot_mappings_kernel"
-ASCEND_V2_KERNEL = "vllm_ascend/ops/triton/v2/block_table/compute_slot_mappings.py:_compute_slot_mappings_kernel"
+ASCEND_V2_KERNEL = "vllm_ascend/worker/v2/block_table.py:_compute_slot_mappings_kernel"
 
 
 # ---- rows and the verdict of the check (pure; tests/test_stack.py feeds them fake rows) ----------------
@@ -129,7 +129,15 @@ def host_scenarios() -> list[tuple[str, sc.Scenario]]:
 
 
 def save_repro(step, release: str, subject: str, scenario: str, path: str) -> str:
+    """The failing step, shrunk (cpsim.capture.shrink: fewer tokens, groups and tail while its first
+    failing invariant still fails), as an explicit batch under docs/upstream/."""
     from cpsim.capture.batch import save
+    from cpsim.capture.shrink import shrink
+    from cpsim.errors import ConfigError
+    try:
+        step, _ = shrink(step, max_checks=400)
+    except ConfigError:  # nothing fails under cpsim's own profile: keep the whole step
+        pass
     stem = "-".join(x.replace(" ", "_").replace("(", "").replace(")", "") for x in (release, subject, scenario, path))
     REPROS.mkdir(parents=True, exist_ok=True)
     return str(save(step, REPROS / f"{stem}.json").relative_to(ROOT))

@@ -127,7 +127,7 @@ VLLM_033_KNOWN = {("capacity", "v1"), ("capacity", "v2"), ("matches-reference", 
 
 
 @pytest.mark.skipif(not Path(VLLM_PYTHON).exists(), reason=f"no side venv with vLLM 0.33.0 at {VLLM_PYTHON} "
-                                                          f"(make upstream-venvs, or set {host.PYTHON_ENV})")
+                                                          f"(scripts/upstream_install.py, or set {host.PYTHON_ENV})")
 def test_installed_vllm_classes_hold_every_universal_invariant(tmp_path):
     code, rep = run(tmp_path, "--stack", "vllm", "--dcp", "4", "--stack-python", VLLM_PYTHON)
     assert rep["stack"]["release"] == "vllm 0.33.0"
