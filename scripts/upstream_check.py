@@ -20,10 +20,12 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from cpsim import scenario as sc  # noqa: E402
 
 VLLM = ("0.28.0", "0.31.0", "0.33.0")
+VLLM_KERNELS_ONLY = ("0.26.0",)  # releases whose kernels run (from the wheel, unpacked), host classes not driven
 ASCEND_KERNELS = ("0.18.0", "0.23.0.post1")
 # vllm-ascend host classes (release, the vLLM release it was built for): driven once
 # cpsim.stack.vllm_ascend loads the released classes (issue 29; --stack vllm-ascend).
@@ -220,9 +223,11 @@ def fuzz_row(release: str, subject: str, path: str, kernel: str, out: Path) -> d
 
 
 def released_kernel(site: Path, choices: tuple[str, ...]) -> str | None:
+    """The first choice whose file defines the name (0.29+ a class, before it a module function)."""
     for spec in choices:
-        if (site / spec.split(":")[0]).exists():
-            return f"{site / spec.split(':')[0]}:{spec.split(':')[1]}"
+        file, name = site / spec.split(":")[0], spec.split(":")[1]
+        if file.exists() and re.search(rf"^(class|def) {name}\b", file.read_text(), re.M):
+            return f"{file}:{name}"
     return None
 
 
@@ -236,6 +241,23 @@ def check_kernels(release: str, site: Path, out: Path) -> list[dict]:
         rows += sweep_rows(release, "kernel", path, k, out)
         rows.append(fuzz_row(release, "kernel", path, k, out))
     return rows
+
+
+def vllm_kernel_files(version: str, venvs: Path) -> Path:
+    """The release's two block-table files from its wheel (downloaded once, never installed)."""
+    top = venvs / "src" / f"vllm-{version}"
+    files = ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py")
+    if all((top / f).exists() for f in files):
+        return top
+    src = venvs / "src"
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                    "-d", str(src), f"vllm=={version}"], check=True, timeout=RUN_TIMEOUT)
+    (wheel,) = src.glob(f"vllm-{version}-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        for f in files:
+            z.extract(f, top)
+    wheel.unlink()
+    return top
 
 
 def ascend_source(version: str, venvs: Path) -> Path:
@@ -267,6 +289,8 @@ def main() -> int:
     ap.add_argument("--venvs", default=str(ROOT / ".venv-upstream"))
     ap.add_argument("--only", default="", help="comma-separated subjects: host,kernel,ascend (default all)")
     ap.add_argument("--vllm", default=",".join(VLLM), help=f"vLLM releases (default {','.join(VLLM)})")
+    ap.add_argument("--vllm-kernels", default=",".join(VLLM_KERNELS_ONLY),
+                    help=f"vLLM releases whose kernels only run (default {','.join(VLLM_KERNELS_ONLY)})")
     ap.add_argument("--ascend", default=",".join(ASCEND_KERNELS),
                     help=f"vllm-ascend releases whose kernels run (default {','.join(ASCEND_KERNELS)})")
     ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave docs/UPSTREAM.md alone")
@@ -296,6 +320,17 @@ def main() -> int:
             rows += check_kernels(f"vllm {version}", site, out)
         times.append(f"vllm {version}: install {installed:.0f} s, checks {time.time() - t - installed:.0f} s")
         print(times[-1], flush=True)
+    if "kernel" in only:
+        for version in filter(None, args.vllm_kernels.split(",")):
+            t = time.time()
+            try:
+                top = vllm_kernel_files(version, venvs)
+            except (subprocess.SubprocessError, OSError, ValueError) as e:
+                rows.append(row(f"vllm {version}", "kernel", "*", "*", "broken", detail=str(e)))
+                continue
+            rows += check_kernels(f"vllm {version}", top, out)
+            times.append(f"vllm {version}: kernels {time.time() - t:.0f} s")
+            print(times[-1], flush=True)
     if "ascend" in only:
         for version in filter(None, args.ascend.split(",")):
             t = time.time()
