@@ -294,11 +294,12 @@ def main() -> int:
     ap.add_argument("--ascend", default=",".join(ASCEND_KERNELS),
                     help=f"vllm-ascend releases whose kernels run (default {','.join(ASCEND_KERNELS)})")
     ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave docs/UPSTREAM.md alone")
+    ap.add_argument("--rows", default=str(ROOT / "build" / "upstream" / "rows.json"), help="where the rows go")
     ap.add_argument("--rejudge", metavar="ROWS", help="judge the rows a run saved (build/upstream/rows.json) "
-                                                      "against docs/upstream-known.json again, running nothing")
+                                                      "(comma-separated files) against docs/upstream-known.json again, running nothing")
     args = ap.parse_args()
     if args.rejudge:
-        return finish(json.loads(Path(args.rejudge).read_text()), args, time.time())
+        return finish([r for f in args.rejudge.split(",") for r in json.loads(Path(f).read_text())], args, time.time())
     venvs = Path(args.venvs).resolve()
     only = set(filter(None, args.only.split(","))) or {"host", "kernel", "ascend"}
     out = ROOT / "build" / "upstream"
@@ -344,7 +345,7 @@ def main() -> int:
             rows.append(fuzz_row(f"vllm-ascend {version}", "kernel", "v2", k, out))
             times.append(f"vllm-ascend {version}: kernels {time.time() - t:.0f} s")
             print(times[-1], flush=True)
-    (out / "rows.json").write_text(json.dumps(rows, indent=1) + "\n")
+    Path(args.rows).write_text(json.dumps(rows, indent=1) + "\n")
     print("; ".join(times), flush=True)
     return finish(rows, args, t0)
 
