@@ -94,7 +94,10 @@ def markdown(rows: list[dict], known: dict) -> str:
                 f": {k.get('reason', '')}"
         elif r["verdict"] == "broken":
             note = "**cpsim cannot load or judge it**"
-        repro = f"[{Path(r['repro']).name}]({Path(r['repro']).relative_to('docs')})" if r.get("repro") else ""
+        repro = ""
+        if r.get("repro"):
+            repro = (f"[{Path(r['repro']).name}]({Path(r['repro']).relative_to('docs')})"
+                     if r["repro"].startswith("docs/") else f"`{r['repro']}` (not shrunk, not kept)")
         detail = r["detail"].replace("|", "/")
         lines.append(f"| {r['release']} | {r['subject']} | {r['scenario']} | {r['path']} | {r['verdict']} | "
                      f"{detail} | {repro} | {note} |")
@@ -137,13 +140,14 @@ def save_repro(step, release: str, subject: str, scenario: str, path: str) -> st
     from cpsim.capture.batch import save
     from cpsim.capture.shrink import shrink
     from cpsim.errors import ConfigError
+    where = REPROS
     try:
         step, _ = shrink(step, max_checks=400)
-    except ConfigError:  # nothing fails under cpsim's own profile: keep the whole step
-        pass
+    except ConfigError:  # the shrinker's check does not see it fail: the whole step, kept out of docs/
+        where = ROOT / "build" / "upstream"
     stem = "-".join(x.replace(" ", "_").replace("(", "").replace(")", "") for x in (release, subject, scenario, path))
-    REPROS.mkdir(parents=True, exist_ok=True)
-    return str(save(step, REPROS / f"{stem}.json").relative_to(ROOT))
+    where.mkdir(parents=True, exist_ok=True)
+    return str(save(step, where / f"{stem}.json").relative_to(ROOT))
 
 
 def check_hosts(release: str, family: str, python: str) -> list[dict]:
