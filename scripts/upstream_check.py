@@ -90,8 +90,9 @@ def markdown(rows: list[dict], known: dict) -> str:
         note = ""
         if r["verdict"] == "fail":
             k = known_entry(known, r)
-            note = "**NEW**" if k is None else ("upstream defect" if k.get("upstream_defect") else "mismatch") + \
-                f": {k.get('reason', '')}"
+            kind = {True: "upstream defect", False: "mismatch", None: "unclassified"}[k.get("upstream_defect")] \
+                if k is not None else ""
+            note = "**NEW**" if k is None else f"{kind}: {k.get('reason', '')}"
         elif r["verdict"] == "broken":
             note = "**cpsim cannot load or judge it**"
         repro = ""
