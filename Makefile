@@ -53,7 +53,9 @@ $(ASCEND_VENV)/.cpsim-ready: Makefile
 ascend-check: $(STAMP) ascend-venv
 	$(PYTHON) -m cpsim ascend-check --ascend-python $(ASCEND_VENV)/bin/python $(ASCEND_ARGS)
 
-# Released vLLM host block tables, each in its own side venv under $(UPSTREAM_VENVS) (never $(VENV)).
+# Released vLLM host block tables and kernels, each release in its own side venv under $(UPSTREAM_VENVS)
+# (never $(VENV)), and vllm-ascend's released kernels from its sdists; writes docs/UPSTREAM.md's matrix.
+# Exit 1 on a release cpsim cannot load or judge, or a finding not in docs/upstream-known.json.
 UPSTREAM_VENVS ?= .venv-upstream
 UPSTREAM_ARGS ?=
 upstream-check: $(STAMP)

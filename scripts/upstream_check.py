@@ -1,110 +1,374 @@
-"""``make upstream-check``: cpsim against the host block-table classes of released vLLM versions.
+"""``make upstream-check``: cpsim against what released vLLM / vllm-ascend ship.
 
-For each release: a side venv (scripts/upstream_install.py, once), then one stack driver child
-for all scenarios (every preset, and a short sweep of the default preset over DCP and
-interleave), judged here. Prints the release x scenario x path matrix, writes it into
-docs/UPSTREAM.md, saves each failing step as an explicit batch under build/upstream/.
-Exit 1 when a release cannot be loaded or judged, or a finding is not in docs/upstream-known.json
-(``--record`` rewrites that file from this run).
+For each vLLM release (a side venv, scripts/upstream_install.py, once): its host block-table
+classes through the stack driver (``cpsim.stack``; the release is imported once, every
+(scenario, path) job then runs in a forked child of its own with a timeout), judged here by the
+release's profile (``cpsim.check.profiles``, chosen by the installed version); then its
+released kernels (``--kernel-v1`` / ``--kernel-v2`` by path into the installed release,
+``--shim-vllm``) on a few presets and a short fuzz. For vllm-ascend releases: their released
+MRV2 kernel from the sdist (``ascend-v2-0.18``); their host classes are the ``ASCEND_HOSTS``
+hook (empty until cpsim.stack.vllm_ascend drives the released classes).
+
+Writes the release x subject x scenario x path matrix into docs/UPSTREAM.md and each failing
+step as an explicit batch under docs/upstream/. Exit 1 when a release cannot be loaded or
+judged, or a failure is not in docs/upstream-known.json; known findings keep it at 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
+import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cpsim import scenario as sc  # noqa: E402
-from cpsim.capture.batch import save  # noqa: E402
-from cpsim.stack import host  # noqa: E402
 
-RELEASES = ("vllm==0.28.0", "vllm==0.31.0", "vllm==0.33.0")
+VLLM = ("0.28.0", "0.31.0", "0.33.0")
+VLLM_KERNELS_ONLY = ("0.26.0",)  # releases whose kernels run (from the wheel, unpacked), host classes not driven
+ASCEND_KERNELS = ("0.18.0", "0.23.0.post1")
+# vllm-ascend host classes (release, the vLLM release it was built for): driven once
+# cpsim.stack.vllm_ascend loads the released classes (issue 29; --stack vllm-ascend).
+ASCEND_HOSTS: tuple[tuple[str, str], ...] = ()
+KERNEL_PRESETS = ("default", "mtp", "hybrid-mamba", "decode-heavy")
+FUZZ_EXAMPLES = 8
+JOB_TIMEOUT = 300
+RUN_TIMEOUT = 900
 KNOWN = ROOT / "docs" / "upstream-known.json"
 DOC = ROOT / "docs" / "UPSTREAM.md"
+REPROS = ROOT / "docs" / "upstream"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
+# The released kernels, first that exists in the release (docs/UPSTREAM_ABIS.md).
+V1_KERNELS = ("vllm/v1/worker/block_table.py:ComputeSlotMappingKernel",
+              "vllm/v1/worker/block_table.py:_compute_slot_mapping_kernel")
+V2_KERNEL = "vllm/v1/worker/gpu/block_table.py:_compute_slot_mappings_kernel"
+ASCEND_V2_KERNEL = "vllm_ascend/worker/v2/block_table.py:_compute_slot_mappings_kernel"
 
 
-def scenarios() -> list[tuple[str, sc.Scenario]]:
-    out = [(name, sc.preset(name)) for name in sc.PRESETS]
-    for dcp in (2, 4, 8):
-        for inter in (1, 16):
-            out.append((f"default dcp{dcp} I{inter}", sc.preset("default", dcp=dcp, interleave=inter, seed=dcp)))
-    return out
+# ---- rows and the verdict of the check (pure; tests/test_stack.py feeds them fake rows) ----------------
+
+def row(release: str, subject: str, scenario: str, path: str, verdict: str, fails=(), detail: str = "",
+        repro: str = "") -> dict:
+    """One matrix cell. verdict: pass | fail | not expressible | broken (cpsim could not load or judge it).
+    ``fails``: the failing "invariant:group" names; the key a known finding is recorded under."""
+    fails = sorted(fails)
+    return {"release": release, "subject": subject, "scenario": scenario, "path": path, "verdict": verdict,
+            "fails": fails, "detail": detail or ", ".join(fails), "repro": repro,
+            "key": f"{subject}|{scenario}|{path}|{','.join(fails)}"}
 
 
-def check_release(release: str, venvs: Path) -> tuple[list[dict], float]:
-    venv = venvs / release.replace("==", "-")
-    t0 = time.time()
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "upstream_install.py"), str(venv), release], check=True)
-    installed = time.time() - t0
-    named = scenarios()
-    label, patches, jobs = host.drive_many([s for _, s in named], "vllm", ["v1", "v2"], str(venv / "bin" / "python"),
-                                           timeout=1800)
-    rows = []
-    for (name, _), job in zip(named, jobs):
-        if job.unsupported:
-            rows.append({"release": label, "scenario": name, "path": "v1,v2", "verdict": "not expressible",
-                         "detail": f"{job.unsupported[0]}: {job.unsupported[1]}", "key": f"{name}|*|unsupported"})
-            continue
-        for path, step in job.steps.items():
-            _, verdicts = host.judge_steps({path: step})
-            fails = sorted({f"{v.invariant}:{w.group}" for v in verdicts if v.status == "fail" for w in v.violations})
-            repro = ""
-            if fails:
-                out = ROOT / "build" / "upstream" / f"{label.replace(' ', '-')}-{name.replace(' ', '_')}-{path}.json"
-                out.parent.mkdir(parents=True, exist_ok=True)
-                repro = str(save(step, out).relative_to(ROOT))
-            rows.append({"release": label, "scenario": name, "path": path, "verdict": "fail" if fails else "pass",
-                         "detail": ", ".join(fails), "repro": repro, "key": f"{name}|{path}|{','.join(fails)}"})
-    return rows, installed
+def known_entry(known: dict, r: dict) -> dict | None:
+    return known.get(r["release"], {}).get(r["key"])
+
+
+def classify(rows: list[dict], known: dict) -> tuple[list[dict], list[dict]]:
+    """(new findings, broken rows): a failure not recorded for its release is new; a row cpsim could
+    not load or judge is broken whatever the known file says. Either fails the check."""
+    new = [r for r in rows if r["verdict"] == "fail" and known_entry(known, r) is None]
+    broken = [r for r in rows if r["verdict"] == "broken"]
+    return new, broken
+
+
+def exit_code(rows: list[dict], known: dict) -> int:
+    new, broken = classify(rows, known)
+    return 1 if new or broken or not rows else 0
 
 
 def markdown(rows: list[dict], known: dict) -> str:
-    lines = ["| release | scenario | path | verdict | failing invariant:group | known as |", "|---|---|---|---|---|---|"]
+    lines = ["| release | subject | scenario | path | verdict | failing invariant:group | repro | known as |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        note = known.get(r["release"], {}).get(r["key"], "NEW") if r["verdict"] != "pass" else ""
-        lines.append(f"| {r['release']} | {r['scenario']} | {r['path']} | {r['verdict']} | {r['detail']} | {note} |")
+        note = ""
+        if r["verdict"] == "fail":
+            k = known_entry(known, r)
+            kind = {True: "upstream defect", False: "mismatch", None: "unclassified"}[k.get("upstream_defect")] \
+                if k is not None else ""
+            note = "**NEW**" if k is None else f"{kind}: {k.get('reason', '')}"
+        elif r["verdict"] == "broken":
+            note = "**cpsim cannot load or judge it**"
+        repro = ""
+        if r.get("repro"):
+            repro = (f"[{Path(r['repro']).name}]({Path(r['repro']).relative_to('docs')})"
+                     if r["repro"].startswith("docs/") else f"`{r['repro']}` (not shrunk, not kept)")
+        detail = r["detail"].replace("|", "/")
+        lines.append(f"| {r['release']} | {r['subject']} | {r['scenario']} | {r['path']} | {r['verdict']} | "
+                     f"{detail} | {repro} | {note} |")
     return "\n".join(lines)
 
+
+def write_matrix(doc: Path, table: str) -> None:
+    text = doc.read_text()
+    doc.write_text(text[: text.index(BEGIN) + len(BEGIN)] + "\n" + table + "\n" + text[text.index(END):])
+
+
+# ---- host classes (cpsim.stack) ---------------------------------------------------------------------
+
+def within_budget(s: sc.Scenario) -> sc.Scenario:
+    """The scenario as vLLM's scheduler would hand it: max_num_batched_tokens covers every scheduled and
+    padded token (drafts are counted inside that budget; vllm/v1/core/sched/scheduler.py)."""
+    need = max(s.batch.num_tokens, s.batch.num_tokens_padded)
+    if need <= s.limits.max_num_batched_tokens:
+        return s
+    lim = dataclasses.replace(s.limits, max_num_batched_tokens=need)
+    return dataclasses.replace(s, limits=lim, name=f"{s.name} (budget {need})")
+
+
+def host_scenarios() -> list[tuple[str, sc.Scenario]]:
+    out = []
+    for name in sc.PRESETS:
+        s = sc.preset(name)
+        out.append((name, s))
+        fitted = within_budget(s)
+        if fitted is not s:
+            out.append((fitted.name, fitted))
+    for dcp, inter in ((2, 1), (8, 16)):
+        out.append((f"default dcp{dcp} I{inter}", sc.preset("default", dcp=dcp, interleave=inter, seed=dcp)))
+    return out
+
+
+def save_repro(step, release: str, subject: str, scenario: str, path: str) -> str:
+    """The failing step, shrunk (cpsim.capture.shrink: fewer tokens, groups and tail while its first
+    failing invariant still fails), as an explicit batch under docs/upstream/."""
+    from cpsim.capture.batch import save
+    from cpsim.capture.shrink import shrink
+    from cpsim.errors import ConfigError
+    where = REPROS
+    try:
+        step, _ = shrink(step, max_checks=400)
+    except ConfigError:  # the shrinker's check does not see it fail: the whole step, kept out of docs/
+        where = ROOT / "build" / "upstream"
+    stem = "-".join(x.replace(" ", "_").replace("(", "").replace(")", "") for x in (release, subject, scenario, path))
+    where.mkdir(parents=True, exist_ok=True)
+    return str(save(step, where / f"{stem}.json").relative_to(ROOT))
+
+
+def check_hosts(release: str, family: str, python: str) -> list[dict]:
+    from cpsim.stack import host
+    named = host_scenarios()
+    try:
+        label, _, jobs = host.drive_many([s for _, s in named], family, ["v1", "v2"], python,
+                                         timeout=RUN_TIMEOUT * 2, job_timeout=JOB_TIMEOUT)
+    except Exception as e:  # cpsim could not load or drive the release: broken, named
+        return [row(release, "host", "*", "*", "broken", detail=f"{type(e).__name__}: {e}")]
+    rows = []
+    for (name, _), job in zip(named, jobs):
+        if job.unsupported:
+            rows.append(row(label, "host", name, "v1,v2", "not expressible",
+                            detail=f"{job.unsupported[0]}: {job.unsupported[1]}"))
+            continue
+        for path in ("v1", "v2"):
+            step = job.steps.get(path)
+            failure = job.failures.get(path)
+            _, verdicts = host.judge_steps({path: step} if step else {}, job.profile,
+                                           {path: failure} if failure else {})
+            fails = {f"{v.invariant}:{w.group}" for v in verdicts if v.status == "fail" for w in v.violations}
+            repro = save_repro(step, label, "host", name, path) if fails and step is not None else ""
+            rows.append(row(label, f"host ({job.profile})", name, path, "fail" if fails else "pass", fails,
+                            repro=repro))
+    return rows
+
+
+# ---- released kernels (cpsim run / fuzz with the kernel by path) -------------------------------------
+
+def cpsim(*argv: str, timeout: float = RUN_TIMEOUT) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    try:
+        p = subprocess.run([sys.executable, "-m", "cpsim", *argv], capture_output=True, text=True, env=env,
+                           cwd=ROOT, stdin=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124, f"ran past {timeout:.0f} s"
+    return p.returncode, (p.stdout + p.stderr).strip()
+
+
+def sweep_rows(release: str, subject: str, path: str, kernel: str, out: Path) -> list[dict]:
+    """The kernel on KERNEL_PRESETS (one sweep process; the kernel is imported only in its workers)."""
+    js = out / f"{release}-{subject}-{path}.json".replace(" ", "_")
+    code, text = cpsim("sweep", "--presets", ",".join(KERNEL_PRESETS), "--paths", path,
+                       f"--kernel-{path}", kernel, "--shim-vllm", "--quiet", "--json", str(js))
+    if code not in (0, 1) or not js.exists():
+        return [row(release, subject, ",".join(KERNEL_PRESETS), path, "broken",
+                    detail=f"cpsim sweep exit {code}: {text.splitlines()[-1] if text else ''}")]
+    got = json.loads(js.read_text())
+    rows = [row(release, subject, label, path, "not expressible", detail=why) for label, why in got["skipped"].items()]
+    for cell in got["groups"]:
+        fails = {f"{v['invariant']}:{w['group']}" for v in cell["verdicts"] if v["status"] == "fail"
+                 for w in v["violations"]}
+        rows.append(row(release, subject, cell["label"], path, "fail" if fails else "pass", fails))
+    return rows
+
+
+def fuzz_row(release: str, subject: str, path: str, kernel: str, out: Path) -> dict:
+    where = out / f"fuzz-{release}-{path}".replace(" ", "_")
+    code, text = cpsim("fuzz", "--paths", path, f"--kernel-{path}", kernel, "--shim-vllm", "--max-examples",
+                       str(FUZZ_EXAMPLES), "--out", str(where))
+    summary = where / "fuzz-summary.json"
+    if code not in (0, 1) or not summary.exists():
+        return row(release, subject, f"fuzz {FUZZ_EXAMPLES}", path, "broken",
+                   detail=f"cpsim fuzz exit {code}: {text.splitlines()[-1] if text else ''}")
+    got = json.loads(summary.read_text())
+    found = [s for s in got["signatures"] if not s["ignored"]]
+    repro = ""
+    if found and found[0]["repro"]:
+        REPROS.mkdir(parents=True, exist_ok=True)
+        dest = REPROS / f"{release}-{subject}-fuzz-{path}.json".replace(" ", "_")
+        dest.write_text(Path(found[0]["repro"]).read_text())
+        repro = str(dest.relative_to(ROOT))
+    sigs = [s["signature"] for s in found]
+    return row(release, subject, f"fuzz {FUZZ_EXAMPLES}", path, "fail" if code == 1 else "pass", sigs,
+               detail=", ".join(sigs) if sigs else ("" if code == 0 else "fuzz exit 1, no signature"), repro=repro)
+
+
+def released_kernel(site: Path, choices: tuple[str, ...]) -> str | None:
+    """The first choice whose file defines the name (0.29+ a class, before it a module function)."""
+    for spec in choices:
+        file, name = site / spec.split(":")[0], spec.split(":")[1]
+        if file.exists() and re.search(rf"^(class|def) {name}\b", file.read_text(), re.M):
+            return f"{file}:{name}"
+    return None
+
+
+def check_kernels(release: str, site: Path, out: Path) -> list[dict]:
+    rows = []
+    for path, choices in (("v1", V1_KERNELS), ("v2", (V2_KERNEL,))):
+        k = released_kernel(site, choices)
+        if k is None:
+            rows.append(row(release, "kernel", "*", path, "broken", detail=f"no released kernel at {choices}"))
+            continue
+        rows += sweep_rows(release, "kernel", path, k, out)
+        rows.append(fuzz_row(release, "kernel", path, k, out))
+    return rows
+
+
+def vllm_kernel_files(version: str, venvs: Path) -> Path:
+    """The release's two block-table files from its wheel (downloaded once, never installed)."""
+    top = venvs / "src" / f"vllm-{version}"
+    files = ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py")
+    if all((top / f).exists() for f in files):
+        return top
+    src = venvs / "src"
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+                    "-d", str(src), f"vllm=={version}"], check=True, timeout=RUN_TIMEOUT)
+    (wheel,) = src.glob(f"vllm-{version}-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        for f in files:
+            z.extract(f, top)
+    wheel.unlink()
+    return top
+
+
+def ascend_source(version: str, venvs: Path) -> Path:
+    """The unpacked vllm-ascend sdist (downloaded once, never installed). pip prepares an sdist's
+    metadata before it keeps the file: without build isolation, in a small venv of setuptools, and
+    with the release's setup.py told not to compile its NPU kernels (SOC_VERSION, COMPILE_CUSTOM_KERNELS)."""
+    src = venvs / "src"
+    top = src / f"vllm_ascend-{version}"
+    if top.exists():
+        return top
+    dl = venvs / "sdist-download"
+    if not (dl / "bin" / "python").exists():
+        subprocess.run(["python3.11", "-m", "venv", str(dl)], check=True)
+        subprocess.run([str(dl / "bin" / "python"), "-m", "pip", "install", "-q", "setuptools", "setuptools_scm",
+                        "wheel", "packaging"], check=True)
+    env = dict(os.environ, SOC_VERSION="ascend910b1", COMPILE_CUSTOM_KERNELS="0")
+    subprocess.run([str(dl / "bin" / "python"), "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                    "--no-build-isolation", "-d", str(src), f"vllm-ascend=={version}"], check=True, env=env,
+                   timeout=RUN_TIMEOUT)
+    with tarfile.open(src / f"vllm_ascend-{version}.tar.gz") as tar:
+        tar.extractall(src, filter="data")
+    return top
+
+
+# ---- main -------------------------------------------------------------------------------------------
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--venvs", default=str(ROOT / ".venv-upstream"))
-    ap.add_argument("--record", action="store_true", help="rewrite docs/upstream-known.json from this run")
+    ap.add_argument("--only", default="", help="comma-separated subjects: host,kernel,ascend (default all)")
+    ap.add_argument("--vllm", default=",".join(VLLM), help=f"vLLM releases (default {','.join(VLLM)})")
+    ap.add_argument("--vllm-kernels", default=",".join(VLLM_KERNELS_ONLY),
+                    help=f"vLLM releases whose kernels only run (default {','.join(VLLM_KERNELS_ONLY)})")
+    ap.add_argument("--ascend", default=",".join(ASCEND_KERNELS),
+                    help=f"vllm-ascend releases whose kernels run (default {','.join(ASCEND_KERNELS)})")
+    ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave docs/UPSTREAM.md alone")
+    ap.add_argument("--rows", default=str(ROOT / "build" / "upstream" / "rows.json"), help="where the rows go")
+    ap.add_argument("--rejudge", metavar="ROWS", help="judge the rows a run saved (build/upstream/rows.json) "
+                                                      "(comma-separated files) against docs/upstream-known.json again, running nothing")
     args = ap.parse_args()
+    if args.rejudge:
+        return finish([r for f in args.rejudge.split(",") for r in json.loads(Path(f).read_text())], args, time.time())
+    venvs = Path(args.venvs).resolve()
+    only = set(filter(None, args.only.split(","))) or {"host", "kernel", "ascend"}
+    out = ROOT / "build" / "upstream"
+    out.mkdir(parents=True, exist_ok=True)
+    t0, rows, times = time.time(), [], []
+    for version in filter(None, args.vllm.split(",")):
+        t = time.time()
+        venv = venvs / f"vllm-{version}"
+        inst = subprocess.run([sys.executable, str(ROOT / "scripts" / "upstream_install.py"), str(venv),
+                               f"vllm=={version}"])
+        if inst.returncode:
+            rows.append(row(f"vllm {version}", "install", "*", "*", "broken", detail="upstream_install.py failed"))
+            continue
+        installed = time.time() - t
+        if "host" in only:
+            rows += check_hosts(f"vllm {version}", "vllm", str(venv / "bin" / "python"))
+        if "kernel" in only:
+            site = next((venv / "lib").glob("python3*/site-packages"))
+            rows += check_kernels(f"vllm {version}", site, out)
+        times.append(f"vllm {version}: install {installed:.0f} s, checks {time.time() - t - installed:.0f} s")
+        print(times[-1], flush=True)
+    if "kernel" in only:
+        for version in filter(None, args.vllm_kernels.split(",")):
+            t = time.time()
+            try:
+                top = vllm_kernel_files(version, venvs)
+            except (subprocess.SubprocessError, OSError, ValueError) as e:
+                rows.append(row(f"vllm {version}", "kernel", "*", "*", "broken", detail=str(e)))
+                continue
+            rows += check_kernels(f"vllm {version}", top, out)
+            times.append(f"vllm {version}: kernels {time.time() - t:.0f} s")
+            print(times[-1], flush=True)
+    if "ascend" in only:
+        for version in filter(None, args.ascend.split(",")):
+            t = time.time()
+            try:
+                src = ascend_source(version, venvs)
+            except (subprocess.SubprocessError, OSError) as e:
+                rows.append(row(f"vllm-ascend {version}", "kernel", "*", "v2", "broken", detail=str(e)))
+                continue
+            k = f"{src / ASCEND_V2_KERNEL.split(':')[0]}:{ASCEND_V2_KERNEL.split(':')[1]}"
+            rows += sweep_rows(f"vllm-ascend {version}", "kernel", "v2", k, out)
+            rows.append(fuzz_row(f"vllm-ascend {version}", "kernel", "v2", k, out))
+            times.append(f"vllm-ascend {version}: kernels {time.time() - t:.0f} s")
+            print(times[-1], flush=True)
+    Path(args.rows).write_text(json.dumps(rows, indent=1) + "\n")
+    print("; ".join(times), flush=True)
+    return finish(rows, args, t0)
+
+
+def finish(rows: list[dict], args, t0: float) -> int:
     known = json.loads(KNOWN.read_text()) if KNOWN.exists() else {}
-    t0, rows, broken = time.time(), [], []
-    for release in RELEASES:
-        try:
-            got, took = check_release(release, Path(args.venvs))
-            rows += got
-            print(f"{release}: install {took:.0f} s", flush=True)
-        except Exception as e:  # a release cpsim cannot load or judge fails the check, named
-            broken.append(f"{release}: {type(e).__name__}: {e}")
-    if args.record:
-        rec: dict = {}
-        for r in rows:
-            if r["verdict"] != "pass":
-                rec.setdefault(r["release"], {})[r["key"]] = known.get(r["release"], {}).get(r["key"], "to classify")
-        KNOWN.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
-        known = rec
     table = markdown(rows, known)
     print(table)
-    doc = DOC.read_text()
-    DOC.write_text(doc[: doc.index(BEGIN) + len(BEGIN)] + "\n" + table + "\n" + doc[doc.index(END):])
-    new = [r for r in rows if r["verdict"] != "pass" and r["key"] not in known.get(r["release"], {})]
-    for b in broken:
-        print(f"cannot load or judge {b}")
+    if not args.no_doc:
+        write_matrix(DOC, table)
+    new, broken = classify(rows, known)
+    for r in broken:
+        print(f"cannot load or judge {r['release']} {r['subject']} {r['scenario']} {r['path']}: {r['detail']}")
     for r in new:
-        print(f"NEW finding: {r['release']} {r['scenario']} {r['path']}: {r['detail']} ({r.get('repro', '')})")
+        print(f"NEW finding: {r['release']} {r['subject']} {r['scenario']} {r['path']}: {r['detail']} "
+              f"(key {r['key']!r}; {r['repro']})")
     print(f"upstream-check: {len(rows)} rows, {len(new)} new, {len(broken)} broken, {time.time() - t0:.0f} s")
-    return 1 if new or broken else 0
+    return exit_code(rows, known)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ $CPSIM_ASCEND_SOURCE_023 / $CPSIM_ASCEND_SOURCE_018 (the vllm-ascend sdists' top
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -68,15 +69,44 @@ def test_a_scenario_the_release_cannot_express_is_exit_2(tmp_path, capsys):
     assert "groups.swa.kind" in capsys.readouterr().err
 
 
-def test_host_code_that_exits_early_is_never_a_pass(tmp_path, capsys):
-    bad = tmp_path / "quits.py"
+def hostile(tmp_path, deed: str, on_rank: int = 0) -> Path:
+    """Our ascend-shape classes whose compute_slot_mapping does ``deed`` on CP rank ``on_rank``."""
+    bad = tmp_path / "hostile.py"
     bad.write_text(f"import sys\nsys.path.insert(0, {str(HOSTS)!r})\nfrom ascend_shape import *\n"
-                   "import os, ascend_shape\n"
-                   "ascend_shape.BlockTable.compute_slot_mapping = lambda *a: os._exit(0)\n")
-    code = cli.main(["run", "--quiet", "--stack", "vllm-ascend", "--paths", "v1", "--stack-python", sys.executable,
-                     "--stack-classes", str(bad)])
+                   "import os, signal, time, ascend_shape\n"
+                   "good = ascend_shape.BlockTable.compute_slot_mapping\n"
+                   "def deed(self, *a):\n"
+                   f"    if self.dcp_rank == {on_rank}:\n"
+                   f"        {deed}\n"
+                   "    return good(self, *a)\n"
+                   "ascend_shape.BlockTable.compute_slot_mapping = deed\n")
+    return bad
+
+
+@pytest.mark.parametrize("deed, kind", [
+    ("os._exit(0)", "exited 0 before answering"),
+    ("os.kill(os.getpid(), signal.SIGSEGV)", "died of SIGSEGV"),
+    ("raise ValueError('boom')", "ValueError: boom"),
+])
+def test_host_code_that_dies_is_kernel_completes_failed_on_its_rank(tmp_path, deed, kind):
+    code, rep = run(tmp_path, "--stack", "vllm-ascend", "--paths", "v1", "--stack-python", sys.executable,
+                    "--stack-classes", str(hostile(tmp_path, deed, on_rank=1)))
     assert code == 1
-    assert "exited 0" in capsys.readouterr().out
+    (kc,) = [v for v in rep["verdicts"] if v["invariant"] == "kernel-completes"]
+    assert kc["status"] == "fail" and kc["violations"][0]["ranks"] == [1]
+    assert kind in kc["violations"][0]["message"] and "rank 1" in kc["violations"][0]["message"]
+
+
+def test_a_hung_job_is_killed_and_the_next_job_still_judged(tmp_path):
+    from cpsim import scenario as sc
+    mark = tmp_path / "hung-once"  # the first job to get here hangs, every later one runs
+    hang = hostile(tmp_path, f"time.sleep(3600) if not os.path.exists({str(mark)!r}) and not "
+                             f"open({str(mark)!r}, 'w').close() else None")
+    _, _, (j0, j1) = host.drive_many([sc.preset("default"), sc.preset("default")], "vllm-ascend", ["v1"],
+                                     sys.executable, classes=str(hang), job_timeout=5)
+    assert j0.failures["v1"].kind == "timeout" and not j0.steps
+    _, verdicts = host.judge_steps(j1.steps, None, j1.failures)
+    assert not j1.failures and not [v for v in verdicts if v.status == "fail"]
 
 
 def test_kv_manager_blocks_are_shared_by_ranks_and_never_the_null_block():
@@ -97,7 +127,7 @@ VLLM_033_KNOWN = {("capacity", "v1"), ("capacity", "v2"), ("matches-reference", 
 
 
 @pytest.mark.skipif(not Path(VLLM_PYTHON).exists(), reason=f"no side venv with vLLM 0.33.0 at {VLLM_PYTHON} "
-                                                          f"(make upstream-venvs, or set {host.PYTHON_ENV})")
+                                                          f"(scripts/upstream_install.py, or set {host.PYTHON_ENV})")
 def test_installed_vllm_classes_hold_every_universal_invariant(tmp_path):
     code, rep = run(tmp_path, "--stack", "vllm", "--dcp", "4", "--stack-python", VLLM_PYTHON)
     assert rep["stack"]["release"] == "vllm 0.33.0"
@@ -291,3 +321,64 @@ def test_vllm_ascend_018_ships_the_two_host_bugs_023_fixed(tmp_path, capsys):
     assert code == 1 and "could not broadcast input array from shape (110,) into shape (104,)" in capsys.readouterr().out
     code, fails = _ascend_run(tmp_path, "0.23.0.post1", "mtp")
     assert not fails & set(host.UNIVERSAL) and fails <= TAIL
+
+def test_vllm_adapter_refuses_a_batch_past_max_num_batched_tokens():
+    """vLLM's buffers hold max_num_batched_tokens; a larger batch (cpsim's mtp preset, drafts beyond
+    the budget) would be written past them, so it is not expressible, not run."""
+    from cpsim import scenario as sc
+    from cpsim.stack import vllm
+    from cpsim.stack.exchange import Unsupported
+    meta, _ = host.plain_input(sc.preset("mtp"), ["v1", "v2"])
+    assert meta["num_tokens"] > meta["limits"]["max_num_batched_tokens"]
+    for path in ("v1", "v2"):
+        with pytest.raises(Unsupported, match="max_num_batched_tokens"):
+            vllm.check_supported(meta, path)
+    meta["limits"]["max_num_batched_tokens"] = meta["num_tokens_padded"]
+    vllm.check_supported(meta, "v1")
+    vllm.check_supported(meta, "v2")
+
+
+def upstream_check():
+    spec = importlib.util.spec_from_file_location("upstream_check", HOSTS.parent.parent / "scripts" / "upstream_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_upstream_check_fails_on_a_new_finding_or_a_broken_release_and_passes_known_ones(tmp_path):
+    uc = upstream_check()
+    ok = uc.row("vllm 0.33.0", "host (vllm-0.33)", "default", "v1", "pass")
+    finding = uc.row("vllm 0.33.0", "host (vllm-0.33)", "default", "v2", "fail", ["capacity:*"])
+    odd = uc.row("vllm 0.33.0", "host (vllm-0.33)", "mtp", "v1", "not expressible", detail="limits: too big")
+    broken = uc.row("vllm 0.31.0", "host", "*", "*", "broken", detail="ImportError: no vllm")
+    known = {"vllm 0.33.0": {finding["key"]: {"invariant": "capacity", "reason": "no draft reserve",
+                                              "upstream_defect": False}}}
+    assert uc.exit_code([ok, odd], {}) == 0
+    assert uc.exit_code([ok, finding], {}) == 1                      # new
+    assert uc.classify([ok, finding], {}) == ([finding], [])
+    assert uc.exit_code([ok, finding, odd], known) == 0              # known
+    assert uc.exit_code([finding], {"vllm 0.31.0": known["vllm 0.33.0"]}) == 1   # known for another release only
+    other = uc.row("vllm 0.33.0", "host (vllm-0.33)", "default", "v2", "fail", ["capacity:*", "padding:attn"])
+    assert uc.exit_code([other], known) == 1                         # a further invariant is a new finding
+    assert uc.exit_code([ok, broken], {"vllm 0.31.0": {broken["key"]: {}}}) == 1   # a load failure never passes
+    assert uc.exit_code([], {}) == 1                                 # nothing judged is no pass
+    table = uc.markdown([ok, finding, broken], known)
+    assert "mismatch: no draft reserve" in table and "cannot load or judge" in table
+    assert "**NEW**" in uc.markdown([finding], {})
+    doc = tmp_path / "UPSTREAM.md"
+    doc.write_text(f"head\n{uc.BEGIN}\nold\n{uc.END}\ntail\n")
+    uc.write_matrix(doc, table)
+    text = doc.read_text()
+    assert "old" not in text and table in text and text.startswith("head") and text.endswith("tail\n")
+
+
+def test_within_budget_raises_the_token_budget_only_when_the_batch_needs_it():
+    uc = upstream_check()
+    from cpsim import scenario as sc
+    s = sc.preset("mtp")
+    fitted = uc.within_budget(s)
+    assert fitted.limits.max_num_batched_tokens == max(s.batch.num_tokens, s.batch.num_tokens_padded)
+    assert fitted.batch == s.batch and fitted.name != s.name
+    d = sc.preset("default")
+    assert max(d.batch.num_tokens, d.batch.num_tokens_padded) <= d.limits.max_num_batched_tokens
+    assert uc.within_budget(d) is d

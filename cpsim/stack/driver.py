@@ -2,9 +2,11 @@
 
 ``python -m cpsim.stack.driver FOLDER``: reads ``FOLDER/in.json`` + ``in.npz`` (one or more
 jobs: a scenario each, arrays prefixed ``j{K}/``), writes ``FOLDER/out.json`` + ``out.npz``.
-The release is imported and patched once for all jobs. A job the adapter cannot express for
-the installed release is answered ``{"unsupported": {field, rule}}``; exit 3 when the release
-itself cannot be loaded. Anything else (a crash, an exception from the release's code) is a
+The release is imported and patched once for all jobs; each path of each job then runs in a
+forked child of its own, bounded by a timeout, so a release that crashes (writes past a
+buffer, hangs) on one job fails that job only, as a kernel-completes failure on its rank.
+A job the adapter cannot express for the installed release is answered
+``{"unsupported": {field, rule}}``; exit 3 when the release itself cannot be loaded. Anything else (a crash, an exception from the release's code) is a
 failure the parent reports; it never reads as success.
 """
 
@@ -12,11 +14,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import signal
 import sys
+import time
+import traceback
 from pathlib import Path
 
 from cpsim.stack import FAMILIES
 from cpsim.stack.exchange import Unsupported, read, write
+
+JOB_TIMEOUT = 300.0  # seconds for one path of one job (every rank), in its own child
 
 
 def load_classes_file(path: str):
@@ -34,21 +42,82 @@ def job_arrays(arrays: dict, k: int) -> dict:
     return {name[len(pre):]: a for name, a in arrays.items() if name.startswith(pre)}
 
 
-def run_job(adapter, module, meta: dict, arrays: dict, out: dict, k: int) -> dict:
+def drive_path(adapter, module, meta: dict, arrays: dict, path: str, k: int, at_rank) -> dict:
+    """Every rank of one path of one job; ``at_rank(r)`` is told each rank before it runs (crash reports)."""
+    out = {}
+    for rank in range(meta["cp"]["dcp"] * meta["cp"]["pcp"]):
+        at_rank(rank)
+        tables, slots = adapter.drive(module, meta, arrays, path, rank)
+        out[f"j{k}/{path}_r{rank}_slots"] = slots
+        for gi, t in enumerate(tables):
+            if t is not None:
+                out[f"j{k}/{path}_r{rank}_g{gi}_table"] = t
+    return out
+
+
+def _where_raised(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    return f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
+
+
+def isolated(folder: Path, name: str, work, timeout: float) -> tuple[dict, dict | None]:
+    """``work(at_rank)`` in a forked child (the release is imported once, in this process, before):
+    (arrays, None) when it answered, else ({}, {"rank", "kind", "message"}). A crash, a hang past
+    ``timeout``, an exception or an exit before answering is a failure of that job only."""
+    rank_file, err_file = folder / f"{name}.rank", folder / f"{name}.err"
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the driver's loop
+        code = 1
+        try:
+            arrays = work(lambda r: rank_file.write_text(str(r)))
+            write(folder, name, {"answered": True}, arrays)
+            code = 0
+        except BaseException as e:  # the release's exception is the job's failure, reported, not raised
+            err_file.write_text(f"{type(e).__name__}: {e}{_where_raised(e)}")
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    status = None
+    while status is None:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        elif time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            break
+        else:
+            time.sleep(0.02)
+    rank = int(rank_file.read_text()) if rank_file.exists() else 0
+    if status is None:
+        return {}, {"rank": rank, "kind": "timeout", "message": f"rank {rank}: ran past {timeout:.0f} s, killed"}
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status)).name
+        return {}, {"rank": rank, "kind": "crashed", "message": f"rank {rank}: the release's code died of {sig}"}
+    code = os.WEXITSTATUS(status)
+    if code == 0 and (folder / f"{name}.json").exists():
+        return read(folder, name)[1], None
+    if err_file.exists():
+        return {}, {"rank": rank, "kind": "raised", "message": f"rank {rank}: {err_file.read_text()}"}
+    return {}, {"rank": rank, "kind": "exited", "message": f"rank {rank}: the process exited {code} before answering"}
+
+
+def run_job(adapter, module, meta: dict, arrays: dict, out: dict, k: int, folder: Path, timeout: float) -> dict:
+    """One job; each of its paths in a child of its own (:func:`isolated`)."""
     meta["release_version"] = getattr(module, "version", None)  # rules that differ by release
     try:
         for path in meta["paths"]:
             adapter.check_supported(meta, path)
     except Unsupported as e:
         return {"unsupported": {"field": e.field, "rule": e.rule}}
+    failed = {}
     for path in meta["paths"]:
-        for rank in range(meta["cp"]["dcp"] * meta["cp"]["pcp"]):
-            tables, slots = adapter.drive(module, meta, arrays, path, rank)
-            out[f"j{k}/{path}_r{rank}_slots"] = slots
-            for gi, t in enumerate(tables):
-                if t is not None:
-                    out[f"j{k}/{path}_r{rank}_g{gi}_table"] = t
-    answer = {"entry_sizes": adapter.entry_sizes(meta)}
+        got, failure = isolated(folder, f"j{k}_{path}",
+                                lambda at: drive_path(adapter, module, meta, arrays, path, k, at), timeout)
+        out.update(got)
+        if failure:
+            failed[path] = failure
+    answer = {"entry_sizes": adapter.entry_sizes(meta), "failed": failed}
     if hasattr(adapter, "profile"):
         answer["profile"] = adapter.profile(meta)
     return answer
@@ -67,7 +136,9 @@ def main(folder: str) -> int:
         write(where, "out", {"unsupported": {"field": e.field, "rule": e.rule}}, {})
         return 3
     out: dict = {}
-    jobs = [run_job(adapter, module, meta, job_arrays(arrays, k), out, k) for k, meta in enumerate(top["jobs"])]
+    timeout = float(top.get("job_timeout") or JOB_TIMEOUT)
+    jobs = [run_job(adapter, module, meta, job_arrays(arrays, k), out, k, where, timeout)
+            for k, meta in enumerate(top["jobs"])]
     applied = adapter.patches() if hasattr(adapter, "patches") else list(adapter.PATCHES)
     write(where, "out", {"release": release, "patches": applied, "jobs": jobs}, out)
     return 0

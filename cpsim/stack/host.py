@@ -22,6 +22,7 @@ from cpsim import layout
 from cpsim.check.batch import ExplicitStep, RankBatch
 from cpsim.check import coordinator, explicit
 from cpsim.errors import ConfigError
+from cpsim.paths import KernelFailure
 from cpsim.scenario import Scenario
 from cpsim.stack import FAMILIES
 from cpsim.stack.exchange import read, write
@@ -43,6 +44,7 @@ class StackResult:
     verdicts: list[coordinator.Verdict] = field(default_factory=list)
     scenario: Scenario | None = None
     profile: str | None = None       # the release profile it is judged by (None: cpsim's model)
+    failures: dict[str, KernelFailure] = field(default_factory=dict)  # path -> the release's code did not complete
 
 
 def kv_manager_blocks(s: Scenario, gi: int) -> list[np.ndarray]:
@@ -74,7 +76,7 @@ def plain_input(s: Scenario, paths: list[str]) -> tuple[dict, dict]:
                    "num_speculative_tokens": s.limits.num_speculative_tokens},
         "groups": [{"name": g.name, "kind": g.kind, "block_size": g.block_size, "kernel_block_size": g.b,
                     "world": g.world(s.cp)} for g in s.groups],
-        "num_tokens_padded": n_pad,
+        "num_tokens": b.num_tokens, "num_tokens_padded": n_pad,
         "has_padding_flags": bool(b.padding_mask().any()),
         "has_replay": bool(s.replay_mask().any()),
     }
@@ -104,6 +106,7 @@ class Job:
     verdicts: list[coordinator.Verdict] = field(default_factory=list)
     judged: Scenario | None = None
     profile: str | None = None
+    failures: dict[str, KernelFailure] = field(default_factory=dict)
 
 
 def stack_source(given: str | None) -> list[str]:
@@ -117,16 +120,18 @@ def stack_source(given: str | None) -> list[str]:
 
 
 def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python: str | None = None,
-               classes: str | None = None, timeout: float = DEFAULT_TIMEOUT, source: str | None = None
-               ) -> tuple[str, list[str], list[Job]]:
-    """All scenarios through one child (the release is imported once): (release, patches, jobs).
+               classes: str | None = None, timeout: float = DEFAULT_TIMEOUT, source: str | None = None,
+               job_timeout: float | None = None) -> tuple[str, list[str], list[Job]]:
+    """All scenarios through one child (the release is imported once; each path of each job then runs
+    in a forked child of its own, ``job_timeout`` seconds at most): (release, patches, jobs).
 
-    A release that cannot be loaded is a ConfigError (exit 2); a dead or hung child a RuntimeError."""
+    A release that cannot be loaded is a ConfigError (exit 2); a dead or hung driver a RuntimeError;
+    a job whose release code crashed, raised or hung carries it in ``Job.failures`` (kernel-completes)."""
     if family not in FAMILIES:
         raise ConfigError("--stack", f"must be one of {', '.join(FAMILIES)}, got {family!r}")
     py = stack_python(python)
     top = {"family": family, "classes": str(Path(classes).resolve()) if classes else None, "jobs": [],
-           "source": stack_source(source)}
+           "source": stack_source(source), "job_timeout": job_timeout}
     arrays: dict = {}
     inputs = []
     for k, s in enumerate(scenarios):
@@ -159,8 +164,11 @@ def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python:
             jobs.append(Job(s, unsupported=(answer["unsupported"]["field"], answer["unsupported"]["rule"])))
             continue
         mine = {n[len(f"j{k}/"):]: a for n, a in got.items() if n.startswith(f"j{k}/")}
-        jobs.append(Job(s, {p: _step(s, meta, arr, mine, answer["entry_sizes"], p, family) for p in paths},
-                        profile=answer.get("profile")))
+        failed = {p: KernelFailure(p, f["rank"], f["kind"], f"{family} host classes, {p}, {f['message']}",
+                                   not_run=list(range(f["rank"] + 1, s.cp.world)))
+                  for p, f in answer.get("failed", {}).items()}
+        steps = {p: _step(s, meta, arr, mine, answer["entry_sizes"], p, family) for p in paths if p not in failed}
+        jobs.append(Job(s, steps, profile=answer.get("profile"), failures=failed))
     return out["release"], out["patches"], jobs
 
 
@@ -170,7 +178,7 @@ def drive(s: Scenario, family: str, paths: list[str], python: str | None = None,
     release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout, source)
     if job.unsupported:
         raise ConfigError(*job.unsupported)
-    return StackResult(release, patches, job.steps, profile=job.profile)
+    return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures)
 
 
 def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,
@@ -187,23 +195,29 @@ def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[in
                                  {"name": f"{s.name}@{family}"}))
 
 
-def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None
+def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None,
+                failures: dict[str, KernelFailure] | None = None
                 ) -> tuple[Scenario | None, list[coordinator.Verdict]]:
     """Every invariant on every path's step (the coordinator's checks, unchanged), by the release's
-    profile when the adapter names one (else cpsim's model)."""
+    profile when the adapter names one (else cpsim's model); a path whose release code did not
+    complete is kernel-completes failed on its rank, the rest of that path not run."""
     from cpsim.check import profiles
     prof = profiles.get(profile) if profile else None
     judged, out = None, []
     for step in steps.values():
         judged, _, verdicts = explicit.check(step, profile=prof)
         out += verdicts
+    for path, failure in (failures or {}).items():
+        world = judged.cp.world if judged is not None else failure.rank + 1 + len(failure.not_run)
+        out += coordinator.kernel_failed(path, failure, world)
     return judged, out
 
 
 def judge(result: StackResult, profile: str | None = None) -> StackResult:
     """``profile``: an override (``--profile``); default the one the adapter named for the release."""
     result.profile = profile or result.profile
-    result.scenario, result.verdicts = judge_steps(result.steps, result.profile)
+    judged, result.verdicts = judge_steps(result.steps, result.profile, result.failures)
+    result.scenario = judged or result.scenario
     return result
 
 

@@ -36,10 +36,11 @@ from cpsim.stack.exchange import Unsupported, request_blocks
 #   max_num_blocks_per_req then get_block_table_width(token_alignment=spec's) (0.31, 0.33);
 #   "runner-0.28" = cdiv(max_len, B x DCP) for every group, a mamba group's then
 #   (+ num_speculative_blocks, no alignment) (0.28).
+# profile: the release profile (cpsim.check.profiles) whose release range holds it.
 RELEASE_RULES = {
-    "0.28.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.28"},
-    "0.31.0": {"kernel_blocks": True, "v2_flags": True, "v2_widths": "spec"},
-    "0.33.0": {"kernel_blocks": False, "v2_flags": True, "v2_widths": "spec"},
+    "0.28.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.28", "profile": "vllm-0.31"},
+    "0.31.0": {"kernel_blocks": True, "v2_flags": True, "v2_widths": "spec", "profile": "vllm-0.31"},
+    "0.33.0": {"kernel_blocks": False, "v2_flags": True, "v2_widths": "spec", "profile": "vllm-0.33"},
 }
 RELEASES = tuple(RELEASE_RULES)
 PATCHES = (
@@ -78,6 +79,15 @@ def check_supported(meta: dict, path: str) -> None:
             raise Unsupported(f"{where}.cp_sharded", "vLLM 0.33.0's v1 BlockTable applies one DCP size to every "
                                                      "group; a replicated attention group exists on MRV2 "
                                                      "(dcp_sharded, 0.31 on; use --paths v2)")
+    budget = meta["limits"]["max_num_batched_tokens"]
+    scheduled = meta["num_tokens"] if path == "v1" else meta["num_tokens_padded"]
+    if scheduled > budget:
+        # The release's buffers hold max_num_batched_tokens entries; its kernels write every scheduled
+        # (v1) or padded (MRV2) token there, so a larger batch writes past them (on a CPU: heap corruption).
+        raise Unsupported("limits.max_num_batched_tokens",
+                          f"vLLM's scheduler schedules at most max_num_batched_tokens tokens, drafts included "
+                          f"(vllm/v1/core/sched/scheduler.py: token_budget); this batch hands {path} {scheduled} "
+                          f"tokens{' (padded)' if path == 'v2' else ''} > {budget}")
     if meta["has_padding_flags"]:
         raise Unsupported("batch.is_padding", "vLLM 0.33.0's block tables take no per-token padding flags")
     if meta["has_replay"]:
@@ -87,6 +97,11 @@ def check_supported(meta: dict, path: str) -> None:
 def _rules(meta: dict) -> dict:
     """The installed release's rules (the driver puts its version into ``meta``; before load: 0.33's)."""
     return RELEASE_RULES[meta.get("release_version") or "0.33.0"]
+
+
+def profile(meta: dict) -> str:
+    """The release profile the installed release is judged by (its version's range)."""
+    return _rules(meta)["profile"]
 
 
 def entry_sizes(meta: dict) -> list[int]:
