@@ -263,7 +263,8 @@ def test_sweep_accepts_and_shows_the_profile(tmp_path, capsys):
     assert code == 0 and f"profile: {VLLM}" in text and "skipped" in text
     report = json.loads(out.read_text())
     assert report["profile"] == "vllm-0.33"
-    assert any("partial replica" in str(entry) and "vllm-0.33" in str(entry) for entry in report["skipped"])
+    reason = report["skipped"]["partial-replica"]
+    assert "partial replica" in reason and "not expressible under profile vllm-0.33" in reason
 
 
 def test_bugs_reproduce_accepts_and_shows_the_profile(tmp_path, capsys):
