@@ -333,3 +333,20 @@ def test_torchrun_run_accepts_and_shows_the_profile():
                           timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"profile: {VLLM}" in proc.stdout and "PCP does not shard KV" in proc.stdout
+
+
+def test_a_pool_too_small_for_vllms_dcp_only_layout_is_not_expressible():
+    """Found by `make upstream-check`'s fuzz of vLLM 0.31.0: under cpsim's layout the group is sharded over
+    PCP 2 and each rank needs 1 block of the 2 (block 0 reserved); vLLM shards over DCP 1 only, so each
+    rank needs 2 - the allocator's draw failed with a ValueError. It is exit 2 naming the pool."""
+    from cpsim import scenario as sc
+    s = sc.validate(sc.Scenario(
+        "tiny", CPConfig(dcp=1, pcp=2), (KVGroup("attn", "attention", 1, num_blocks=2),),
+        Limits(max_model_len=2, max_num_reqs=1, max_num_batched_tokens=2),
+        sc.Batch((sc.Request(context_len=0, num_tokens=2, kind="prefill"),))))
+    assert profiles.scenario_for(s, profiles.get("cpsim")) is s
+    with pytest.raises(ConfigError) as e:
+        profiles.scenario_for(s, profiles.get("vllm-0.31"))
+    assert e.value.field == "groups[0](attn).num_blocks" and "too small under profile vllm-0.31" in e.value.rule
+    roomy = s.replace(groups=(KVGroup("attn", "attention", 1, num_blocks=3),))
+    assert profiles.scenario_for(roomy, profiles.get("vllm-0.31")).groups[0].world(roomy.cp) == 1

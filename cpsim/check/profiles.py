@@ -15,6 +15,7 @@ from math import gcd
 
 from cpsim.errors import ConfigError
 from cpsim.layout import cdiv
+from cpsim.scenario import max_blocks_needed
 
 ALIGN_TOKENS = 128  # vLLM >= 0.27 `get_block_table_width`: widths rounded up to a 128-token multiple
 
@@ -170,7 +171,16 @@ def scenario_for(s, p: Profile):
         if lay == "sharded" and g.world(s.cp) != kv:
             g = dataclasses.replace(g, cp_size=kv if kv > 1 else 1)
         groups.append(g)
-    return s if tuple(groups) == tuple(s.groups) else s.replace(groups=tuple(groups))
+    if tuple(groups) == tuple(s.groups):
+        return s
+    laid_out = s.replace(groups=tuple(groups))
+    for i, (before, g) in enumerate(zip(s.groups, groups)):
+        need = max_blocks_needed(laid_out, g)
+        if before != g and need > g.num_blocks - 1:  # fewer ranks share the group: each holds more blocks
+            raise ConfigError(f"groups[{i}]({g.name}).num_blocks",
+                              f"{g.num_blocks} too small under profile {p.name}: sharded over DCP {kv} only, a rank "
+                              f"needs {need} blocks and block 0 is reserved")
+    return laid_out
 
 
 def not_judged(p: Profile, path: str, g) -> str:
