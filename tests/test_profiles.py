@@ -350,3 +350,24 @@ def test_a_pool_too_small_for_vllms_dcp_only_layout_is_not_expressible():
     assert e.value.field == "groups[0](attn).num_blocks" and "too small under profile vllm-0.31" in e.value.rule
     roomy = s.replace(groups=(KVGroup("attn", "attention", 1, num_blocks=3),))
     assert profiles.scenario_for(roomy, profiles.get("vllm-0.31")).groups[0].world(roomy.cp) == 1
+
+
+@pytest.mark.parametrize("width_rule_profile", ["vllm-0.31", "vllm-0.33"])
+def test_a_position_indexed_mamba_table_is_wide_enough_under_vllm_profiles(tmp_path, capsys, width_rule_profile):
+    """Found by `make upstream-check`'s fuzz of vLLM 0.26.0's v1 kernel: max_model_len 1, B 1, one
+    speculative token. cpsim's position-indexed mamba row has cdiv(1, 1) = 1 entry, which every position
+    reads; the state-indexed rule 1 + speculative = 2 called it too narrow (a false block-sizing)."""
+    scen = {"name": "tiny-mamba", "cp": {"dcp": 1, "pcp": 1, "interleave": 1},
+            "groups": [{"name": "m", "kind": "mamba", "block_size": 1, "cp_sharded": False, "num_blocks": 2}],
+            "limits": {"max_model_len": 1, "max_num_reqs": 1, "max_num_batched_tokens": 1,
+                       "num_speculative_tokens": 1},
+            "batch": {"requests": [{"context_len": 0, "num_tokens": 1, "kind": "chunked"}]}}
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(scen))
+    out = tmp_path / "r.json"
+    code = cli.main(["run", "--scenario", str(path), "--paths", "v2", "--profile", width_rule_profile,
+                     "--json", str(out)])
+    capsys.readouterr()
+    sizing = [v for v in json.loads(out.read_text())["verdicts"] if v["invariant"] == "block-sizing"]
+    assert sizing and all(v["status"] == "pass" for v in sizing), sizing
+    assert code in (0, 1)

@@ -17,7 +17,7 @@ import numpy as np
 from cpsim import layout
 from cpsim.check import profiles, reference
 from cpsim.allocator import Allocation
-from cpsim.layout import GUARD, PAD_SLOT_ID, POISON
+from cpsim.layout import GUARD, PAD_SLOT_ID, POISON, cdiv
 from cpsim.scenario import Scenario
 
 INVARIANTS = (
@@ -473,7 +473,11 @@ def block_sizing(ctx, path, g, widths: list[int], entry_sizes: list[int]) -> lis
         if g.circular:
             need, exact = 1, None
         elif not g.slot_mapped and prof.state_width == "spec":
-            need = profiles.state_entries(prof, mml, g.block_size, s.limits.num_speculative_tokens) * (g.block_size // e)
+            # vLLM's MambaSpec has two widths: 1 + speculative blocks (state-indexed rows), or one entry per
+            # block of max_model_len in align mode (position-indexed rows, what cpsim allocates); either is
+            # a table that release builds, so the narrower of the two is the need.
+            spec = profiles.state_entries(prof, mml, g.block_size, s.limits.num_speculative_tokens)
+            need = min(spec, cdiv(mml, g.block_size)) * (g.block_size // e)
             exact = None
         elif prof.width_rule != "exact":
             need = layout.max_table_index(mml, g.block_size, e, world, s.cp.interleave) + 1
