@@ -825,7 +825,13 @@ def merge(results: list[FuzzResult]) -> list[Finding]:
 
 
 class JobFailed(RuntimeError):
-    """A fuzz job process raised (a bug in cpsim) or died before it reported its result."""
+    """A fuzz job process raised (a bug in cpsim) or died before it reported its result.
+
+    ``job``: its index; ``cause``: one line; ``trace``: the job's own traceback ("" when it died)."""
+
+    def __init__(self, job: int, cause: str, trace: str = ""):
+        super().__init__(f"fuzz job {job} failed: {cause}")
+        self.job, self.cause, self.trace = job, cause, trace
 
 
 class _Jobs:
@@ -864,7 +870,8 @@ class _Jobs:
             self.done[job] = body
         elif kind == "failed":
             self.stop()
-            raise JobFailed(f"fuzz job {job} failed:\n{body}")
+            lines = [ln for ln in body.strip().splitlines() if ln.strip()]
+            raise JobFailed(job, lines[-1].strip() if lines else "it raised", body)
         return True
 
     def wait(self) -> None:
@@ -875,7 +882,7 @@ class _Jobs:
             for job, p in self.procs.items():
                 if job not in self.done and not p.is_alive() and not self.take(0.5):
                     self.stop()
-                    raise JobFailed(f"fuzz job {job} ended (exit code {p.exitcode}) before it reported its result")
+                    raise JobFailed(job, f"its process ended (exit code {p.exitcode}) before it reported its result")
         for p in self.procs.values():
             p.join()
 
