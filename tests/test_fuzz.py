@@ -574,3 +574,17 @@ def test_a_failed_fuzz_job_is_one_line_and_exit_3(how, cause, tmp_path):
         assert "broken on purpose in the job" in traces[0].read_text()
     else:
         assert traces == []
+
+
+def test_fuzz_counts_the_draws_its_profile_cannot_express(tmp_path):
+    """Under vLLM 0.33's profile a partial replica (and PCP sharding KV) cannot be laid out: those draws
+    are left out, and the summary and the last line count them (seed 3 draws two of them)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "1000"}
+    proc = subprocess.run([sys.executable, "-m", "cpsim", "fuzz", "--no-db", "--quiet", "--paths", "v1",
+                           "--profile", "vllm-0.33", "--max-examples", "60", "--seed", "3", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "fuzz-summary.json").read_text())
+    n = summary["not_expressible"]
+    assert 0 < n <= summary["examples"], summary
+    assert f"{n} not expressible under profile vllm-0.33" in proc.stdout, proc.stdout

@@ -271,7 +271,8 @@ def _report(args, cfg: fz.FuzzConfig, console, kernels: dict, result: fz.FuzzRes
         describe_kernels(console, kernels)
     rate = result.examples / max(result.elapsed_s, 1e-9)
     head = (f"{where}{result.examples} examples in {result.elapsed_s:.1f} s ({rate:.1f}/s"
-            + (f", {cfg.jobs} jobs" if cfg.jobs > 1 else "") + f"), space {cfg.space}")
+            + (f", {cfg.jobs} jobs" if cfg.jobs > 1 else "") + f"), space {cfg.space}, "
+            f"{result.not_expressible} not expressible under profile {cfg.judged_by().name} (left out)")
     ignored = [f for f in result.findings if f.ignored]
     if ignored:
         console.print(f"{where}ignored {len(ignored)} known signature(s): "
