@@ -1,6 +1,7 @@
 """Command line: `cpsim <command> ...` (also `python -m cpsim`).
 
-Exit codes: 0 every invariant holds, 1 a violation was found, 2 bad input.
+Exit codes: 0 every invariant holds, 1 a violation was found, 2 bad input, 3 an internal error
+(a fuzz job process raised or died), 130 / 143 interrupted.
 """
 
 from __future__ import annotations

@@ -537,3 +537,54 @@ def test_an_interrupted_fuzz_with_two_jobs_keeps_every_jobs_findings_so_far(tmp_
     assert {p.name for p in out.glob("repro-*.json")} == repros
     data = json.loads((out / sorted(repros)[0]).read_text())
     assert data["inject"] == "stale-tail" and data["fuzz"]["signature"] in {s["signature"] for s in sigs}
+
+
+# Loaded by every spawned process (a fuzz job is one: `--multiprocessing-fork` in its argv) through
+# PYTHONPATH: the job's search raises, or its process dies, while the parent's code stays as shipped.
+_JOB_BREAKER = '''
+import os, sys
+if "--multiprocessing-fork" in sys.argv and os.environ.get("BREAK_JOB"):
+    import cpsim.fuzz as fz
+    def search(*a, **k):
+        if os.environ["BREAK_JOB"] == "die":
+            os._exit(7)
+        raise RuntimeError("broken on purpose in the job")
+    fz.search = search
+'''
+
+
+@pytest.mark.parametrize("how, cause", [("raise", "RuntimeError: broken on purpose in the job"),
+                                        ("die", "exit code 7")])
+def test_a_failed_fuzz_job_is_one_line_and_exit_3(how, cause, tmp_path):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(_JOB_BREAKER)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "COLUMNS": "1000", "BREAK_JOB": how}
+    proc = subprocess.run([sys.executable, "-m", "cpsim", "fuzz", "--no-db", "--quiet", "--paths", "v1",
+                           "--max-examples", "4", "--seed", "0", "--jobs", "2", "--out", str(out)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "fuzz job " in lines[0] and cause in lines[0], proc.stderr
+    traces = list(out.glob("fuzz-job-*-traceback.txt"))
+    if how == "raise":
+        assert len(traces) == 1 and str(traces[0]) in lines[0]
+        assert "broken on purpose in the job" in traces[0].read_text()
+    else:
+        assert traces == []
+
+
+def test_fuzz_counts_the_draws_its_profile_cannot_express(tmp_path):
+    """Under vLLM 0.33's profile a partial replica (and PCP sharding KV) cannot be laid out: those draws
+    are left out, and the summary and the last line count them (seed 3 draws two of them)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "1000"}
+    proc = subprocess.run([sys.executable, "-m", "cpsim", "fuzz", "--no-db", "--quiet", "--paths", "v1",
+                           "--profile", "vllm-0.33", "--max-examples", "60", "--seed", "3", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "fuzz-summary.json").read_text())
+    n = summary["not_expressible"]
+    assert 0 < n <= summary["examples"], summary
+    assert f"{n} not expressible under profile vllm-0.33" in proc.stdout, proc.stdout

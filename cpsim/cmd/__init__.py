@@ -193,6 +193,7 @@ def add_profile_arg(p: argparse.ArgumentParser, strict_sizing: bool = True) -> N
                         f"loaded kernel's release (a repro's recorded one), else the --sizing release, builtin = "
                         f"cpsim; docs/SPEC.md §4.1)")
     if not strict_sizing:
+        p.add_argument("--sizing", metavar="SPEC", action=_SizingOnRunOnly, help=argparse.SUPPRESS)
         return
     p.add_argument("--strict-sizing", action="store_true",
                    help="also note tables wider and slot buffers larger than the profile's rule (waste; exit 0)")
@@ -200,6 +201,16 @@ def add_profile_arg(p: argparse.ArgumentParser, strict_sizing: bool = True) -> N
                    help="host sizing under test: table widths and slot-buffer length from a built-in release "
                         "(cpsim, vllm-0.33, vllm-ascend-0.23) or your function, path/to/file.py:fn or "
                         "package.module:fn (run in a child process; docs/TESTING_YOUR_KERNEL.md §Host sizing)")
+
+
+class _SizingOnRunOnly(argparse.Action):
+    """``--sizing`` given to a command that does not plug host sizing in yet: exit 2, one line saying so
+    (instead of argparse's bare "unrecognized arguments")."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"--sizing is applied by `cpsim run` only in this cpsim (its sizing is not carried "
+                     f"into {parser.prog.split(' ', 1)[-1]}); check the host sizing with "
+                     f"`cpsim run --scenario ... --sizing {values}`")
 
 
 def profile_from_args(args, kernels: dict, recorded: str = ""):

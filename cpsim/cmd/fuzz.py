@@ -186,6 +186,8 @@ def main(args) -> int:
     except (KeyboardInterrupt, Interrupted) as e:
         e.wrote = _keep_partial(cfg, e, early, started)
         raise
+    except fz.JobFailed as e:
+        return _job_failed(cfg, e)
     problems = fz.write_findings(cfg, result)  # repros first, then the summary; never lost
     _drop_superseded(early, result)
     return _report(args, cfg, console, kernels, result, problems, where)
@@ -214,6 +216,27 @@ def _search(cfg: fz.FuzzConfig, live: bool, console, started: float, early: set[
             return (fz.search(cfg, show, found) if cfg.jobs == 1 else
                     fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st, cfg.max_examples)), found))
     return fz.search(cfg, on_found=found) if cfg.jobs == 1 else fz.search_jobs(cfg, on_found=found)
+
+
+INTERNAL_ERROR = 3  # docs/RUNNING.md's exit-code table: cpsim itself failed
+
+
+def _job_failed(cfg: fz.FuzzConfig, e: "fz.JobFailed") -> int:
+    """A job process raised or died (a bug in cpsim, not a finding): one line naming the job and the
+    cause, the job's traceback in a file under ``--out`` (named in the line), exit 3."""
+    from rich.markup import escape
+    where = ""
+    if e.trace:
+        path = Path(cfg.out) / f"fuzz-job-{e.job}-traceback.txt"
+        try:
+            path.write_text(e.trace)
+            where = f"; its traceback is in {path}"
+        except OSError as err:
+            where = f"; its traceback could not be written to {path} ({err.strerror or err})"
+    terminal.console(stderr=True).print(
+        f"[bold red]internal error:[/bold red] {escape(f'fuzz job {e.job} failed: {e.cause}{where}')}",
+        highlight=False, soft_wrap=True)
+    return INTERNAL_ERROR
 
 
 def _drop_superseded(early: set[Path], result: fz.FuzzResult) -> None:
@@ -248,7 +271,8 @@ def _report(args, cfg: fz.FuzzConfig, console, kernels: dict, result: fz.FuzzRes
         describe_kernels(console, kernels)
     rate = result.examples / max(result.elapsed_s, 1e-9)
     head = (f"{where}{result.examples} examples in {result.elapsed_s:.1f} s ({rate:.1f}/s"
-            + (f", {cfg.jobs} jobs" if cfg.jobs > 1 else "") + f"), space {cfg.space}")
+            + (f", {cfg.jobs} jobs" if cfg.jobs > 1 else "") + f"), space {cfg.space}, "
+            f"{result.not_expressible} not expressible under profile {cfg.judged_by().name} (left out)")
     ignored = [f for f in result.findings if f.ignored]
     if ignored:
         console.print(f"{where}ignored {len(ignored)} known signature(s): "

@@ -459,6 +459,7 @@ class Progress:
     phase: str = "search"
     signatures: int = 0
     job: int = 0
+    not_expressible: int = 0    # scenarios the profile's release cannot express: left out, not judged
 
     @property
     def rate(self) -> float:
@@ -496,6 +497,7 @@ class FuzzResult:
     space: str = ""
     jobs: int = 1
     classify_runs: int = 0
+    not_expressible: int = 0   # draws left out: the profile's release cannot express them
 
     @property
     def reported(self) -> list[Finding]:
@@ -597,6 +599,7 @@ class _Searcher:
                 return None
             self.prog.examples += 1
             out = self.run(s, meanwhile)
+            self.prog.not_expressible += bool(out.not_expressible)
             sigs = self.classify(s, out) if out.failed else {}
             self.seen[fp] = sigs
             if sigs:
@@ -697,7 +700,8 @@ def finish(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
         shown = [f for f in findings if not f.ignored]
         first = ([f for f in shown if f.shrunk] or shown)[:1]
         findings = first + [f for f in findings if f.ignored]
-    return FuzzResult(me.prog.examples, elapsed, findings, cfg.space, 1, me.classify_runs)
+    return FuzzResult(me.prog.examples, elapsed, findings, cfg.space, 1, me.classify_runs,
+                      me.prog.not_expressible)
 
 
 def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None,
@@ -799,6 +803,7 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
         r = search(cfg, tell, found)
         queue.put(("progress", job, (r.examples, len(r.reported), "done")))
         queue.put(("done", job, {"examples": r.examples, "classify_runs": r.classify_runs,
+                                 "not_expressible": r.not_expressible,
                                  "findings": [_finding_record(f) for f in r.findings]}))
     except SystemExit:
         raise
@@ -825,7 +830,13 @@ def merge(results: list[FuzzResult]) -> list[Finding]:
 
 
 class JobFailed(RuntimeError):
-    """A fuzz job process raised (a bug in cpsim) or died before it reported its result."""
+    """A fuzz job process raised (a bug in cpsim) or died before it reported its result.
+
+    ``job``: its index; ``cause``: one line; ``trace``: the job's own traceback ("" when it died)."""
+
+    def __init__(self, job: int, cause: str, trace: str = ""):
+        super().__init__(f"fuzz job {job} failed: {cause}")
+        self.job, self.cause, self.trace = job, cause, trace
 
 
 class _Jobs:
@@ -864,7 +875,8 @@ class _Jobs:
             self.done[job] = body
         elif kind == "failed":
             self.stop()
-            raise JobFailed(f"fuzz job {job} failed:\n{body}")
+            lines = [ln for ln in body.strip().splitlines() if ln.strip()]
+            raise JobFailed(job, lines[-1].strip() if lines else "it raised", body)
         return True
 
     def wait(self) -> None:
@@ -875,7 +887,7 @@ class _Jobs:
             for job, p in self.procs.items():
                 if job not in self.done and not p.is_alive() and not self.take(0.5):
                     self.stop()
-                    raise JobFailed(f"fuzz job {job} ended (exit code {p.exitcode}) before it reported its result")
+                    raise JobFailed(job, f"its process ended (exit code {p.exitcode}) before it reported its result")
         for p in self.procs.values():
             p.join()
 
@@ -931,9 +943,9 @@ def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = No
         raise
     jobs.queue.close()
     results = [FuzzResult(d["examples"], 0.0, [_finding_from(x) for x in d["findings"]], cfg.space, 1,
-                          d["classify_runs"]) for _, d in sorted(jobs.done.items())]
+                          d["classify_runs"], d["not_expressible"]) for _, d in sorted(jobs.done.items())]
     return FuzzResult(sum(r.examples for r in results), time.monotonic() - started, merge(results), cfg.space,
-                      cfg.jobs, sum(r.classify_runs for r in results))
+                      cfg.jobs, sum(r.classify_runs for r in results), sum(r.not_expressible for r in results))
 
 
 # ---- writing the findings -------------------------------------------------------------
@@ -979,7 +991,7 @@ def write_findings(cfg: FuzzConfig, result: FuzzResult, interrupted: str | None 
             f.repro_error = f"could not write to {cfg.out} ({e.strerror or e}); written to {f.repro}"
             problems.append(f.repro_error)
     summary = {"schema": "cpsim-fuzz-summary/1", "space": cfg.describe_space(), "examples": result.examples,
-               "elapsed_s": round(result.elapsed_s, 3), "jobs": result.jobs, "seed": cfg.seed,
+               "not_expressible": result.not_expressible, "elapsed_s": round(result.elapsed_s, 3), "jobs": result.jobs, "seed": cfg.seed,
                "paths": cfg.paths, "inject": cfg.inject, "signatures": [f.to_dict() for f in result.findings],
                **({"interrupted": interrupted} if interrupted else {})}
     try:
