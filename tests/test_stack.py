@@ -382,3 +382,15 @@ def test_within_budget_raises_the_token_budget_only_when_the_batch_needs_it():
     d = sc.preset("default")
     assert max(d.batch.num_tokens, d.batch.num_tokens_padded) <= d.limits.max_num_batched_tokens
     assert uc.within_budget(d) is d
+
+
+def test_ascend_host_rows_pair_releases_cpsim_drives_and_a_bad_source_is_a_broken_row(tmp_path):
+    uc = upstream_check()
+    from cpsim.stack import vllm_ascend
+    for version, vllm_version in uc.ASCEND_HOSTS:
+        assert version in vllm_ascend.RELEASE_RULES and version in uc.ASCEND_KERNELS and vllm_version in uc.VLLM
+    named = [(n, uc.sc.preset(n)) for n in uc.ASCEND_HOST_PRESETS[:1]]
+    (got,) = uc.check_hosts("vllm-ascend 9.9", "vllm-ascend", sys.executable, named, ("v1",),
+                            str(tmp_path / "no-such-sdist"))
+    assert got["verdict"] == "broken" and "--stack-source" in got["detail"]
+    assert uc.exit_code([got], {}) == 1
