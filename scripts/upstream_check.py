@@ -6,8 +6,9 @@ classes through the stack driver (``cpsim.stack``; the release is imported once,
 release's profile (``cpsim.check.profiles``, chosen by the installed version); then its
 released kernels (``--kernel-v1`` / ``--kernel-v2`` by path into the installed release,
 ``--shim-vllm``) on a few presets and a short fuzz. For vllm-ascend releases: their released
-MRV2 kernel from the sdist (``ascend-v2-0.18``); their host classes are the ``ASCEND_HOSTS``
-hook (empty until cpsim.stack.vllm_ascend drives the released classes).
+MRV2 kernel from the sdist (``ascend-v2-0.18``), and their v1 host classes (``ASCEND_HOSTS``:
+the unpacked sdist on the child's sys.path, ``--stack-source``, beside a vLLM venv made above) on
+``ASCEND_HOST_PRESETS``.
 
 Writes the release x subject x scenario x path matrix into docs/UPSTREAM.md and each failing
 step as an explicit batch under docs/upstream/. Exit 1 when a release cannot be loaded or
@@ -36,9 +37,11 @@ from cpsim import scenario as sc  # noqa: E402
 VLLM = ("0.28.0", "0.31.0", "0.33.0")
 VLLM_KERNELS_ONLY = ("0.26.0",)  # releases whose kernels run (from the wheel, unpacked), host classes not driven
 ASCEND_KERNELS = ("0.18.0", "0.23.0.post1")
-# vllm-ascend host classes (release, the vLLM release it was built for): driven once
-# cpsim.stack.vllm_ascend loads the released classes (issue 29; --stack vllm-ascend).
-ASCEND_HOSTS: tuple[tuple[str, str], ...] = ()
+# vllm-ascend host classes (release, the vLLM release whose venv drives it): beside vLLM 0.33.0 with the
+# two stand-ins cpsim.stack.vllm_ascend lists (docs/UPSTREAM.md), so no venv is made for them alone.
+ASCEND_HOSTS: tuple[tuple[str, str], ...] = (("0.18.0", "0.33.0"), ("0.23.0.post1", "0.33.0"))
+# default plus the presets that show a finding on 0.18.0 / 0.23.0.post1 (docs/UPSTREAM.md results).
+ASCEND_HOST_PRESETS = ("default", "mtp", "hybrid-interleave", "huge-cache")
 KERNEL_PRESETS = ("default", "mtp", "hybrid-mamba", "decode-heavy")
 FUZZ_EXAMPLES = 8
 JOB_TIMEOUT = 300
@@ -151,21 +154,22 @@ def save_repro(step, release: str, subject: str, scenario: str, path: str) -> st
     return str(save(step, where / f"{stem}.json").relative_to(ROOT))
 
 
-def check_hosts(release: str, family: str, python: str) -> list[dict]:
+def check_hosts(release: str, family: str, python: str, named=None, paths=("v1", "v2"),
+                source: str | None = None) -> list[dict]:
     from cpsim.stack import host
-    named = host_scenarios()
+    named = named if named is not None else host_scenarios()
     try:
-        label, _, jobs = host.drive_many([s for _, s in named], family, ["v1", "v2"], python,
-                                         timeout=RUN_TIMEOUT * 2, job_timeout=JOB_TIMEOUT)
+        label, _, jobs = host.drive_many([s for _, s in named], family, list(paths), python,
+                                         timeout=RUN_TIMEOUT * 2, source=source, job_timeout=JOB_TIMEOUT)
     except Exception as e:  # cpsim could not load or drive the release: broken, named
         return [row(release, "host", "*", "*", "broken", detail=f"{type(e).__name__}: {e}")]
     rows = []
     for (name, _), job in zip(named, jobs):
         if job.unsupported:
-            rows.append(row(label, "host", name, "v1,v2", "not expressible",
+            rows.append(row(label, "host", name, ",".join(paths), "not expressible",
                             detail=f"{job.unsupported[0]}: {job.unsupported[1]}"))
             continue
-        for path in ("v1", "v2"):
+        for path in paths:
             step = job.steps.get(path)
             failure = job.failures.get(path)
             _, verdicts = host.judge_steps({path: step} if step else {}, job.profile,
@@ -292,7 +296,7 @@ def ascend_source(version: str, venvs: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--venvs", default=str(ROOT / ".venv-upstream"))
-    ap.add_argument("--only", default="", help="comma-separated subjects: host,kernel,ascend (default all)")
+    ap.add_argument("--only", default="", help="comma-separated subjects: host,kernel,ascend,ascend-host (default all)")
     ap.add_argument("--vllm", default=",".join(VLLM), help=f"vLLM releases (default {','.join(VLLM)})")
     ap.add_argument("--vllm-kernels", default=",".join(VLLM_KERNELS_ONLY),
                     help=f"vLLM releases whose kernels only run (default {','.join(VLLM_KERNELS_ONLY)})")
@@ -306,7 +310,7 @@ def main() -> int:
     if args.rejudge:
         return finish([r for f in args.rejudge.split(",") for r in json.loads(Path(f).read_text())], args, time.time())
     venvs = Path(args.venvs).resolve()
-    only = set(filter(None, args.only.split(","))) or {"host", "kernel", "ascend"}
+    only = set(filter(None, args.only.split(","))) or {"host", "kernel", "ascend", "ascend-host"}
     out = ROOT / "build" / "upstream"
     out.mkdir(parents=True, exist_ok=True)
     t0, rows, times = time.time(), [], []
@@ -350,9 +354,38 @@ def main() -> int:
             rows.append(fuzz_row(f"vllm-ascend {version}", "kernel", "v2", k, out))
             times.append(f"vllm-ascend {version}: kernels {time.time() - t:.0f} s")
             print(times[-1], flush=True)
+    if "ascend-host" in only:
+        rows += check_ascend_hosts(args, venvs, times)
     Path(args.rows).write_text(json.dumps(rows, indent=1) + "\n")
     print("; ".join(times), flush=True)
     return finish(rows, args, t0)
+
+
+def check_ascend_hosts(args, venvs: Path, times: list[str]) -> list[dict]:
+    """vllm-ascend's v1 host classes of each ASCEND_HOSTS release named in --ascend, in the venv of the
+    vLLM release paired with it (made by upstream_install.py if the vLLM loop above did not)."""
+    rows = []
+    named = [(n, sc.preset(n)) for n in ASCEND_HOST_PRESETS]
+    for version, vllm_version in ASCEND_HOSTS:
+        if version not in args.ascend.split(","):
+            continue
+        t = time.time()
+        venv = venvs / f"vllm-{vllm_version}"
+        inst = subprocess.run([sys.executable, str(ROOT / "scripts" / "upstream_install.py"), str(venv),
+                               f"vllm=={vllm_version}"])
+        try:
+            src, detail = ascend_source(version, venvs), ""
+        except (subprocess.SubprocessError, OSError) as e:
+            src, detail = None, str(e)
+        if inst.returncode or src is None:
+            rows.append(row(f"vllm-ascend {version}", "host", "*", "v1", "broken",
+                            detail="upstream_install.py failed" if inst.returncode else detail))
+            continue
+        rows += check_hosts(f"vllm-ascend {version}", "vllm-ascend", str(venv / "bin" / "python"), named,
+                            ("v1",), str(src))
+        times.append(f"vllm-ascend {version} host (beside vllm {vllm_version}): {time.time() - t:.0f} s")
+        print(times[-1], flush=True)
+    return rows
 
 
 def finish(rows: list[dict], args, t0: float) -> int:
