@@ -70,7 +70,22 @@ def row(release: str, subject: str, scenario: str, path: str, verdict: str, fail
 
 
 def known_entry(known: dict, r: dict) -> dict | None:
-    return known.get(r["release"], {}).get(r["key"])
+    """The recorded finding(s) that cover row ``r``: every failing name of the row is recorded for the same
+    release, subject, scenario and path (an entry's key lists the names it covers). A name no entry of
+    that cell lists is new; a recorded name that no longer fails is not an error (the release or cpsim's
+    oracle moved on; `--rejudge` shows it)."""
+    cell = known.get(r["release"], {})
+    if r["key"] in cell:
+        return cell[r["key"]]
+    prefix = f"{r['subject']}|{r['scenario']}|{r['path']}|"
+    entries = {k: v for k, v in cell.items() if k.startswith(prefix)}
+    covered = {name for k in entries for name in k[len(prefix):].split(",") if name}
+    if not r["fails"] or not set(r["fails"]) <= covered:
+        return None
+    used = [v for k, v in entries.items() if set(k[len(prefix):].split(",")) & set(r["fails"])]
+    defect = [v.get("upstream_defect") for v in used]
+    return {"reason": " | ".join(v.get("reason", "") for v in used),
+            "upstream_defect": True if True in defect else (None if None in defect else False)}
 
 
 def classify(rows: list[dict], known: dict) -> tuple[list[dict], list[dict]]:

@@ -359,6 +359,12 @@ def test_upstream_check_fails_on_a_new_finding_or_a_broken_release_and_passes_kn
     assert uc.exit_code([finding], {"vllm 0.31.0": known["vllm 0.33.0"]}) == 1   # known for another release only
     other = uc.row("vllm 0.33.0", "host (vllm-0.33)", "default", "v2", "fail", ["capacity:*", "padding:attn"])
     assert uc.exit_code([other], known) == 1                         # a further invariant is a new finding
+    two = {"vllm 0.33.0": {other["key"]: {"reason": "both", "upstream_defect": True}}}
+    fewer = uc.row("vllm 0.33.0", "host (vllm-0.33)", "default", "v2", "fail", ["padding:attn"])
+    assert uc.exit_code([fewer], two) == 0                           # a recorded finding that went away is no new one
+    elsewhere = uc.row("vllm 0.33.0", "host (vllm-0.33)", "mtp", "v2", "fail", ["padding:attn"])
+    assert uc.exit_code([elsewhere], two) == 1                       # ... but only in the cell it was recorded for
+    assert "upstream defect: both" in uc.markdown([fewer], two)
     assert uc.exit_code([ok, broken], {"vllm 0.31.0": {broken["key"]: {}}}) == 1   # a load failure never passes
     assert uc.exit_code([], {}) == 1                                 # nothing judged is no pass
     table = uc.markdown([ok, finding, broken], known)
