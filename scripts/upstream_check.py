@@ -69,6 +69,32 @@ def row(release: str, subject: str, scenario: str, path: str, verdict: str, fail
             "key": f"{subject}|{scenario}|{path}|{','.join(fails)}"}
 
 
+def _same(name: str, recorded: str) -> bool:
+    """Whether failing ``name`` is the finding ``recorded``. Host rows name ``invariant:group`` and must match
+    exactly. Fuzz rows name signatures ``path:group:inv[+inv]:class``; the class and the combination of
+    invariants depend on which draw the search met first, so a signature is the recorded one when path and
+    group agree and each of its invariants is among the recorded signature's. A ``*`` group is one cpsim could
+    not name (the kernel crashed before a launch said which): any group."""
+    a, b = name.split(":"), recorded.split(":")
+    if len(a) != len(b):
+        return False
+    if len(a) != 4:
+        return a == b
+    return a[0] == b[0] and a[1] in (b[1], "*") and set(a[2].split("+")) <= set(b[2].split("+"))
+
+
+def _covered(name: str, recorded) -> bool:
+    """A fuzz signature's invariants may be spread over several recorded signatures of the same path and group."""
+    if any(_same(name, c) for c in recorded):
+        return True
+    a = name.split(":")
+    if len(a) != 4:
+        return False
+    same_place = [c.split(":") for c in recorded if len(c.split(":")) == 4]
+    seen = {inv for b in same_place if b[0] == a[0] and a[1] in (b[1], "*") for inv in b[2].split("+")}
+    return set(a[2].split("+")) <= seen
+
+
 def known_entry(known: dict, r: dict) -> dict | None:
     """The recorded finding(s) that cover row ``r``: every failing name of the row is recorded for the same
     release, subject, scenario and path (an entry's key lists the names it covers). A name no entry of
@@ -80,9 +106,9 @@ def known_entry(known: dict, r: dict) -> dict | None:
     prefix = f"{r['subject']}|{r['scenario']}|{r['path']}|"
     entries = {k: v for k, v in cell.items() if k.startswith(prefix)}
     covered = {name for k in entries for name in k[len(prefix):].split(",") if name}
-    if not r["fails"] or not set(r["fails"]) <= covered:
+    if not r["fails"] or not all(_covered(name, covered) for name in r["fails"]):
         return None
-    used = [v for k, v in entries.items() if set(k[len(prefix):].split(",")) & set(r["fails"])]
+    used = [v for k, v in entries.items() if any(_covered(n, k[len(prefix):].split(",")) for n in r["fails"])]
     defect = [v.get("upstream_defect") for v in used]
     return {"reason": " | ".join(v.get("reason", "") for v in used),
             "upstream_defect": True if True in defect else (None if None in defect else False)}

@@ -365,6 +365,19 @@ def test_upstream_check_fails_on_a_new_finding_or_a_broken_release_and_passes_kn
     elsewhere = uc.row("vllm 0.33.0", "host (vllm-0.33)", "mtp", "v2", "fail", ["padding:attn"])
     assert uc.exit_code([elsewhere], two) == 1                       # ... but only in the cell it was recorded for
     assert "upstream defect: both" in uc.markdown([fewer], two)
+    crash = {"vllm 0.33.0": {uc.row("vllm 0.33.0", "kernel", "fuzz 8", "v2", "fail",
+                                    ["v2:attention:kernel-completes:any"])["key"]: {"reason": "r"}}}
+    unnamed = uc.row("vllm 0.33.0", "kernel", "fuzz 8", "v2", "fail", ["v2:*:kernel-completes:any"])
+    assert uc.exit_code([unnamed], crash) == 0                       # a group cpsim could not name matches any
+    other_inv = uc.row("vllm 0.33.0", "kernel", "fuzz 8", "v2", "fail", ["v2:*:padding:any"])
+    assert uc.exit_code([other_inv], crash) == 1                     # ... of the same invariant only
+    two_sigs = {"vllm 0.33.0": {uc.row("vllm 0.33.0", "kernel", "fuzz 8", "v2", "fail",
+                                       ["v2:attention:dense-local:any", "v2:attention:no-collision:any"])["key"]:
+                                {"reason": "r"}}}
+    combined = uc.row("vllm 0.33.0", "kernel", "fuzz 8", "v2", "fail", ["v2:attention:dense-local+no-collision:block-id>2^24"])
+    assert uc.exit_code([combined], two_sigs) == 0                   # recorded invariants, met in another draw
+    host_like = uc.row("vllm 0.33.0", "kernel", "fuzz 8", "v1", "fail", ["v1:attention:dense-local:any"])
+    assert uc.exit_code([host_like], two_sigs) == 1                  # another path is another finding
     assert uc.exit_code([ok, broken], {"vllm 0.31.0": {broken["key"]: {}}}) == 1   # a load failure never passes
     assert uc.exit_code([], {}) == 1                                 # nothing judged is no pass
     table = uc.markdown([ok, finding, broken], known)
