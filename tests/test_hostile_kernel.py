@@ -26,33 +26,11 @@ from test_coordinator import world  # noqa: F401  (a fixture)
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1"]
 
-# A correct callable (the slot rule written out in torch); rows wrap it to misbehave around it.
-CORRECT = '''
-import torch
-
-
-def slots(positions, req_indices, idx_mapping, block_table, block_size, kv_block_size,
-          cp_world_size, cp_rank, cp_interleave, is_circular, pad_id):
-    n, inter = cp_world_size, cp_interleave
-    span = kv_block_size * n
-    vo = positions % span
-    mine = (vo // inter) % n == cp_rank
-    local = (vo // (n * inter)) * inter + vo % inter
-    idx = (positions // span) * (kv_block_size // block_size) + local // block_size
-    off = local % block_size
-    if is_circular:
-        idx, off, mine = torch.zeros_like(positions), positions % block_size, positions >= 0
-    rows = idx_mapping.to(torch.int64)[req_indices]
-    width = block_table.shape[1]
-    ok = mine & (rows >= 0) & (idx < width)
-    flat = block_table.reshape(-1).to(torch.int64)
-    blk = flat[(rows.clamp(min=0) * width + idx.clamp(max=width - 1)) * ok]
-    return torch.where(ok, blk * block_size + off, torch.full_like(positions, pad_id))
-
-
-ARGS = ("positions, req_indices, idx_mapping, block_table, block_size, kv_block_size, "
-        "cp_world_size, cp_rank, cp_interleave, is_circular, pad_id")
-'''
+# A correct callable (tests/kernels/callable_abi.py, the slot rule written out in torch); rows wrap it to
+# misbehave around it. Each row's module is written out whole, so it carries that source as text.
+CORRECT = ((ROOT / "tests" / "kernels" / "callable_abi.py").read_text() + "\n\nslots = slot_mapping\n"
+           "ARGS = ('positions, req_indices, idx_mapping, block_table, block_size, kv_block_size, '\n"
+           "        'cp_world_size, cp_rank, cp_interleave, is_circular, pad_id')\n")
 
 
 def callable_kernel(body: str, top: str = "") -> str:
