@@ -196,3 +196,24 @@ def test_check_kernel_takes_a_sizing_spec():
         check_kernel(kernel, scenarios=["hybrid-mamba"], sizing=MAMBA)
     with pytest.raises(AssertionError, match="host sizing on scenario .*raised RuntimeError"):
         check_kernel(kernel, scenarios=["hybrid-mamba"], sizing=HOSTILE["raises"])
+
+
+# ---- torchrun ----------------------------------------------------------------------------------------
+
+@pytest.mark.dist
+def test_sweep_under_torchrun_sizes_every_rank(tmp_path):
+    """Each rank asks its own sizing child; rank 0's report fails the cell on block-sizing (exit 1)."""
+    import subprocess
+    import sys
+    out = tmp_path / "sweep.json"
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PY=sys.executable, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               TORCHRUN_ARGS=f"--log-dir {tmp_path / 'logs'}")
+    proc = subprocess.run([str(ROOT / "launch" / "cpu-sim.sh"), "2", "sweep", "--presets", "hybrid-mamba", "--cp",
+                           "2", "--paths", "v1-torch", "--sizing", MAMBA, "--quiet", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rep = json.loads(out.read_text())
+    assert rep["mode"] == "sweep-torchrun" and rep["sizing"] == MAMBA
+    assert {g["label"]: _failed(g["verdicts"]) for g in rep["groups"]} == {"hybrid-mamba cp2": {"block-sizing"}}
