@@ -242,11 +242,16 @@ def knobs_with_sizing(args, knobs, s, paths: list[str], sizer=None):
     """``knobs`` carrying what the sizing under test (``sizer``, else ``--sizing``'s) gives each host of
     ``s`` (unchanged without one). The user's function runs in a child process (``cpsim.run.sizing``);
     its failure is a ``SizingFailure`` (exit 1)."""
+    own = sizer is None
     sizer = sizer or sizer_from_args(args)
     if sizer is None:
         return knobs
     import dataclasses
-    return dataclasses.replace(knobs, host_sizing=sizer.answer(s, paths))
+    try:
+        return dataclasses.replace(knobs, host_sizing=sizer.answer(s, paths))
+    finally:
+        if own:
+            sizer.close()
 
 
 def sizing_failed(console, e: Exception, where: str = "") -> int:

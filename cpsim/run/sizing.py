@@ -90,12 +90,6 @@ class Sizer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __getstate__(self) -> dict:  # a job process or a worker builds its own child
-        return {"spec": self.spec, "where": self.where, "target": self.target, "timeout": self.timeout}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _proc=None, _log=None, _memo=collections.OrderedDict(), _unloadable=None)
-
     @property
     def builtin(self) -> bool:
         return self.target in sizing.BUILTIN
