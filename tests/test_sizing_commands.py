@@ -95,6 +95,27 @@ def test_fuzz_passes_the_correct_sizing(tmp_path):
     assert rc == 0 and summary["signatures"] == [] and repros == [] and summary["examples"] == 60
 
 
+def test_fuzz_asks_one_child_for_every_scenario_never_its_own_process(tmp_path, monkeypatch):
+    import os
+    log = tmp_path / "calls.txt"
+    monkeypatch.setenv("CPSIM_TEST_SIZING_LOG", str(log))
+    rc, summary, _ = _fuzz(tmp_path, f"{HERE}/pid_logging.py:sizing", 0, 30)
+    pids = log.read_text().split()
+    assert rc == 0 and summary["examples"] == 30
+    assert len(set(pids)) == 1 and pids[0] != str(os.getpid())  # one child, not this process
+    # v1-torch is one host: at most one call per scenario (a host input seen before is answered from
+    # the memo, so fewer), and many calls to that one child.
+    assert 10 < len(pids) <= 30
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_bad_sizing_timeout_is_exit_2_naming_it(tmp_path, capsys, value):
+    assert cli.main(["fuzz", "--sizing", GOOD, "--sizing-timeout", value, "--max-examples", "1", "--no-db",
+                     "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sizing-timeout" in err[0] and "> 0" in err[0]
+
+
 @pytest.mark.parametrize("how", ["raises", "hangs", "exits", "patches cpsim"])
 def test_fuzz_with_a_hostile_sizing_function_fails(tmp_path, how):
     bound = BOUND if how == "hangs" else []
