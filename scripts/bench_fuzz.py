@@ -19,6 +19,8 @@ shrink and repro files).
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --issue15-device cuda --examples 300 --passes 3 [--profile F]
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --draws --examples 1000   # drawing alone, both explorers
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find [FAULT ...] [--seeds 0,1,2] [--jobs 2]
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find --sizing tests/sizing/no_draft_reserve.py:sizing
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --sizing-cost tests/sizing/ascend_shape.py:sizing --examples 1000
 """
 
 from __future__ import annotations
@@ -166,10 +168,12 @@ TIME_TO_FIND = ("virtual-block-uses-kernel-block", "fixed-table-window", "fp32-b
                 "mtp-draft-capacity", "mamba-sized-per-cp")
 
 
-def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: float, space: str) -> list[dict]:
+def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: float, space: str,
+                       sizing: bool = False) -> list[dict]:
     """Seconds from the start of ``cpsim fuzz --inject X`` (default paths v1,v2; ``jobs`` workers, worker
     start-up included) until the first job reports a signature; then the search stops (``stop_after_first``,
-    5 s of shrinking). ``None``: not found within ``minutes``."""
+    5 s of shrinking). ``None``: not found within ``minutes``. ``sizing``: each X is a ``--sizing SPEC``
+    (a buggy host sizing twin) instead, with no fault injected; its child start-up is included."""
     import tempfile
     from pathlib import Path
 
@@ -187,16 +191,47 @@ def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: 
                 if first[0] is None and prog.signatures:
                     first[0] = time.monotonic() - started
 
-            cfg = fz.FuzzConfig(inject=name, minutes=minutes, max_examples=10**9, seed=s, database=None, jobs=jobs,
+            how = {"sizing": name} if sizing else {"inject": name}
+            cfg = fz.FuzzConfig(**how, minutes=minutes, max_examples=10**9, seed=s, database=None, jobs=jobs,
                                 stop_after_first=True, shrink_seconds=5, space=space, out=Path(tempfile.mkdtemp()))
             r = fz.search_jobs(cfg, seen) if jobs > 1 else fz.search(cfg, seen1)
             sig = r.reported[0].signature if r.found else None
-            rows.append({"fault": name, "seed": s, "jobs": jobs, "space": space, "seconds_to_find": first[0],
+            rows.append({"sizing" if sizing else "fault": name, "seed": s, "jobs": jobs, "space": space, "seconds_to_find": first[0],
                          "examples_total": r.examples, "signature": sig})
             print(f"{name:34s} seed {s}: " + (f"found after {first[0]:.1f} s ({sig})" if first[0] is not None
                                                else f"not found in {minutes:g} min ({r.examples} examples)"),
                   flush=True)
     return rows
+
+
+def bench_sizing_cost(spec: str, n: int) -> list[dict]:
+    """What `cpsim fuzz --sizing SPEC` pays per scenario for the sizing child's answer: ``n`` default-space
+    draws, each asked once (every host input new, so no answer comes from the memo), after the child
+    started; then the same ``n`` again (every answer from the memo). Child start-up timed on its own."""
+    import random
+
+    from cpsim.fuzz import space
+    from cpsim.run.sizing import Sizer
+
+    rng = random.Random(0)
+    drawn = [space.build(space.RandomDraw(rng)) for _ in range(n)]
+    with Sizer(spec) as z:
+        w = time.perf_counter()
+        z.check()
+        start = time.perf_counter() - w
+        w = time.perf_counter()
+        for s in drawn:
+            z.answer(s, ["v1", "v2"])
+        cold = (time.perf_counter() - w) / n
+        asked = len(z._memo)
+        w = time.perf_counter()
+        for s in drawn:
+            z.answer(s, ["v1", "v2"])
+        warm = (time.perf_counter() - w) / n
+    print(f"sizing child start-up {start:.2f} s; per scenario {cold * 1e3:.3f} ms asked ({asked} distinct inputs), "
+          f"{warm * 1e3:.3f} ms from the memo", flush=True)
+    return [{"workload": f"--sizing {spec}, paths v1,v2, {n} default-space scenarios", "child_start_s": start,
+             "ms_per_scenario_asked": cold * 1e3, "distinct_inputs": asked, "ms_per_scenario_memo": warm * 1e3}]
 
 
 def kernel_variants() -> int | None:
@@ -277,16 +312,25 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="with --time-to-find: fuzz jobs (1: what `cpsim fuzz` runs)")
     ap.add_argument("--minutes", type=float, default=2.0, help="with --time-to-find: give up after this long")
     ap.add_argument("--space", default="default", choices=tuple(fz.SPACES), help="with --time-to-find")
+    ap.add_argument("--sizing-cost", metavar="SPEC", help="only the sizing child's cost per scenario (--examples)")
+    ap.add_argument("--sizing", metavar="SPEC,...", help="with --time-to-find: time `cpsim fuzz --sizing SPEC` for "
+                                                       "each SPEC (buggy host sizing twins) instead of faults")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
                       f"torch {torch.__version__}",
            "load_avg_start": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M"), "results": []}
     if args.time_to_find is not None:
-        out["results"] = bench_time_to_find(args.time_to_find or list(TIME_TO_FIND),
-                                            [int(x) for x in args.seeds.split(",")], args.jobs, args.minutes,
-                                            args.space)
+        what = args.sizing.split(",") if args.sizing else (args.time_to_find or list(TIME_TO_FIND))
+        out["results"] = bench_time_to_find(what, [int(x) for x in args.seeds.split(",")], args.jobs, args.minutes,
+                                            args.space, sizing=bool(args.sizing))
         out["load_avg_end"] = os.getloadavg()
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return
+    if args.sizing_cost:
+        out["results"] = bench_sizing_cost(args.sizing_cost, args.examples)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=2)

@@ -456,7 +456,8 @@ def symlink_loop(tmp: Path, suffix: str = "") -> Path:
 PATH_FLAGS = [
     ("run", "--scenario"), ("run", "--json"), ("run", "--html"), ("run", "--junit"), ("run", "--kernel-v1"),
     ("run", "--kernel-v2"), ("run", "--kernel-v1-fused"), ("run", "--kernel-replay"), ("run", "--stack-python"),
-    ("run", "--stack-classes"), ("run", "--stack-source"), ("run", "--sizing"),
+    ("run", "--stack-classes"), ("run", "--stack-source"), ("run", "--sizing"), ("sweep", "--sizing"),
+    ("fuzz", "--sizing"), ("bugs reproduce stale-tail", "--sizing"),
     ("sweep", "--config"), ("sweep", "--presets"), ("sweep", "--json"), ("sweep", "--html"), ("sweep", "--junit"),
     ("bugs matrix", "--json"), ("bugs show stale-tail", "--dump"), ("bugs reproduce stale-tail", "--json"),
     ("bugs reproduce stale-tail", "--html"), ("doctor", "--json"), ("draw", "--out"), ("draw --out x.png", "--repro"),

@@ -156,12 +156,3 @@ def test_builtin_vllm_sizing_is_judged_by_vllm_033_and_still_must_hold_the_batch
     rc, rep = _run(tmp_path, "mtp", "vllm-0.33")
     (v,) = [v for v in rep["verdicts"] if v["invariant"] == "capacity"]
     assert rc == 1 and "holds 80 entries; needs 110" in v["violations"][0]["message"]
-
-
-@pytest.mark.parametrize("argv", [["sweep"], ["fuzz"], ["replay", "r.json"], ["bugs", "reproduce", "x"], ["draw"]])
-def test_sizing_on_a_command_that_does_not_apply_it_is_exit_2_saying_why(argv, capsys):
-    """Only `cpsim run` plugs host sizing in so far: elsewhere --sizing is one line naming `cpsim run`, exit 2."""
-    from cpsim import cli
-    assert cli.main([*argv, "--sizing", "vllm-0.33"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--sizing is applied by `cpsim run` only" in err[0], err

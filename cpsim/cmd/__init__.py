@@ -186,31 +186,34 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
 
 
 def add_profile_arg(p: argparse.ArgumentParser, strict_sizing: bool = True) -> None:
-    """``--profile NAME`` (every command that judges); ``--strict-sizing`` and ``--sizing`` (``run``)."""
+    """``--profile NAME``, ``--sizing SPEC`` and ``--sizing-timeout`` (every command that judges);
+    ``--strict-sizing`` (``run``)."""
     from cpsim.check import profiles
+    from cpsim.run.sizing import TIMEOUT_S
     p.add_argument("--profile", metavar="NAME",
                    help=f"the runtime contract the oracle judges by ({', '.join(profiles.PROFILES)}; default: the "
                         f"loaded kernel's release (a repro's recorded one), else the --sizing release, builtin = "
                         f"cpsim; docs/SPEC.md §4.1)")
-    if not strict_sizing:
-        p.add_argument("--sizing", metavar="SPEC", action=_SizingOnRunOnly, help=argparse.SUPPRESS)
-        return
-    p.add_argument("--strict-sizing", action="store_true",
-                   help="also note tables wider and slot buffers larger than the profile's rule (waste; exit 0)")
+    if strict_sizing:
+        p.add_argument("--strict-sizing", action="store_true",
+                       help="also note tables wider and slot buffers larger than the profile's rule (waste; exit 0)")
     p.add_argument("--sizing", metavar="SPEC",
                    help="host sizing under test: table widths and slot-buffer length from a built-in release "
                         "(cpsim, vllm-0.33, vllm-ascend-0.23) or your function, path/to/file.py:fn or "
-                        "package.module:fn (run in a child process; docs/TESTING_YOUR_KERNEL.md §Host sizing)")
+                        "package.module:fn, asked for every scenario (run in a child process; a repro's recorded "
+                        "one unless this replaces it; docs/TESTING_YOUR_KERNEL.md §Host sizing)")
+    p.add_argument("--sizing-timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+                   help=f"bound on the sizing function's answer for one scenario (default {TIMEOUT_S:g})")
 
 
-class _SizingOnRunOnly(argparse.Action):
-    """``--sizing`` given to a command that does not plug host sizing in yet: exit 2, one line saying so
-    (instead of argparse's bare "unrecognized arguments")."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"--sizing is applied by `cpsim run` only in this cpsim (its sizing is not carried "
-                     f"into {parser.prog.split(' ', 1)[-1]}); check the host sizing with "
-                     f"`cpsim run --scenario ... --sizing {values}`")
+def sizer_from_args(args, recorded: str = ""):
+    """The ``cpsim.run.sizing.Sizer`` of ``--sizing`` (else of ``recorded``, a repro's ``sizing``), or None
+    (cpsim's own sizing). A malformed SPEC or a file that is gone is exit 2 naming the field it came from."""
+    from cpsim.run.sizing import TIMEOUT_S, Sizer
+    spec, where = (getattr(args, "sizing", None), "--sizing") if getattr(args, "sizing", None) else (recorded, "repro.sizing")
+    if not spec:
+        return None
+    return Sizer(spec, getattr(args, "sizing_timeout", TIMEOUT_S), where)
 
 
 def profile_from_args(args, kernels: dict, recorded: str = ""):
@@ -235,15 +238,26 @@ def show_profile(console, prof, s=None, paths=()) -> None:
         console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
 
 
-def knobs_with_sizing(args, knobs, s, paths: list[str]):
-    """``knobs`` carrying what ``--sizing`` gives each host (unchanged without it). The user's function
-    runs in a child process (``cpsim.run.sizing``); its failure is a ``SizingFailure`` (exit 1)."""
-    spec = getattr(args, "sizing", None)
-    if not spec:
+def knobs_with_sizing(args, knobs, s, paths: list[str], sizer=None):
+    """``knobs`` carrying what the sizing under test (``sizer``, else ``--sizing``'s) gives each host of
+    ``s`` (unchanged without one). The user's function runs in a child process (``cpsim.run.sizing``);
+    its failure is a ``SizingFailure`` (exit 1)."""
+    own = sizer is None
+    sizer = sizer or sizer_from_args(args)
+    if sizer is None:
         return knobs
     import dataclasses
-    from cpsim.run import sizing
-    return dataclasses.replace(knobs, host_sizing=sizing.resolve(spec, s, paths))
+    try:
+        return dataclasses.replace(knobs, host_sizing=sizer.answer(s, paths))
+    finally:
+        if own:
+            sizer.close()
+
+
+def sizing_failed(console, e: Exception, where: str = "") -> int:
+    """The one line a command prints when the sizing under test failed (exit 1: a failure, not a pass)."""
+    console.print(f"FAIL (--sizing){' ' + where if where else ''}: {e}", highlight=False, soft_wrap=True, markup=False)
+    return 1
 
 
 def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:

@@ -16,7 +16,7 @@ from cpsim import faults
 from cpsim.report import report
 from cpsim.cmd import (DefaultPaths, add_kernel_args, add_report_args, check_paths_apply, describe_kernels,
                        execute_torchrun, kernels_from_args, parse_paths, subjects_for, torchrun_world,
-                       add_profile_arg, profile_from_args, show_profile)
+                       add_profile_arg, knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
 from cpsim.check import profiles
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
@@ -204,7 +204,13 @@ def main_reproduce(args) -> int:
         c.print(f"[bold]{f.name}[/bold]: {mode}{where}; references {'; '.join(f.references)}", highlight=False)
     if launched_by_torchrun():
         return _reproduce_torchrun(args, f, s, paths, kernels, prof)
-    r = detect.reproduce(f, args.fixed, paths, args.inject_on_rank, dev.device, kernels, prof)
+    from cpsim.run.sizing import SizingFailure
+    try:  # the host sizing under test, over the fault's knobs (its widths and buffer stand in for the fault's)
+        raw = f.trigger()  # detect.run lays it out by the profile, as detect.reproduce does; sized as laid out
+        knobs = knobs_with_sizing(args, detect.knobs(f, raw, args.fixed), s, paths)
+    except SizingFailure as e:
+        return sizing_failed(c, e)
+    r = detect.run(raw, knobs, paths, args.inject_on_rank, dev.device, kernels, prof)
     subjects = subjects_for(kernels, paths, prof.name)
     report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]", examples=args.examples,
                         subjects=subjects, gathered=r.gathered)
@@ -214,8 +220,10 @@ def main_reproduce(args) -> int:
     for p in skipped:
         c.print(f"[dim]{p}: not applicable at CP world size {s.cp.world}[/dim]")
     own = detect.ownership(r)
+    if knobs.host_sizing:
+        c.print(f"host sizing under test: {args.sizing}", highlight=False, markup=False, soft_wrap=True)
     extra = {"fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
-             "knobs": dataclasses.asdict(detect.knobs(f, s, args.fixed)), "paths_skipped": skipped,
+             "knobs": dataclasses.asdict(knobs), "paths_skipped": skipped,
              "profile": prof.name, "profile_notes": profiles.notes(s, prof, paths)}
 
     def html() -> None:
@@ -236,7 +244,11 @@ def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict, p
     from cpsim.faults import detect
 
     torchrun_world(s.cp.world, f"{f.name}'s trigger scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "name")
-    knobs = detect.knobs(f, s, args.fixed)
+    from cpsim.run.sizing import SizingFailure
+    try:
+        knobs = knobs_with_sizing(args, detect.knobs(f, s, args.fixed), s, paths)
+    except SizingFailure as e:
+        return sizing_failed(terminal.console(), e)
     entry = Entry(f.name, lambda replica: s, s.cp.world, paths, knobs=knobs, inject_rank=args.inject_on_rank,
                   kernels=kernels, profile=prof)
 

@@ -15,8 +15,8 @@ from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim import scenario as sc
 from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, apply_overrides, check_paths_apply,
-                       KERNEL_FLAGS, add_profile_arg, kernels_from_args, kernels_with_record, parse_paths,
-                       profile_from_args, scenario_from_args,
+                       KERNEL_FLAGS, add_profile_arg, kernels_from_args, kernels_with_record, knobs_with_sizing,
+                       parse_paths, profile_from_args, scenario_from_args, sizer_from_args, sizing_failed,
                        subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
@@ -46,7 +46,7 @@ def register(sub) -> None:
     p.add_argument("--title", default="", help="figure title (default: scenario summary)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     add_kernel_args(p)  # the same kernels as `run`; a repro's recorded kernels unless these replace them
-    add_profile_arg(p, strict_sizing=False)  # a repro's recorded profile unless this replaces it
+    add_profile_arg(p, strict_sizing=False)  # a repro's recorded profile and sizing unless these replace them
     p.set_defaults(func=main)
 
 
@@ -119,8 +119,20 @@ def main(args) -> int:
     kernels = _kernels(args, paths)
     if kernels:
         check_paths_apply([s], paths, args, explicit=False)
-    recorded = (_repro_data(args.repro).get("profile") or "") if args.repro else ""
-    prof = profile_from_args(args, kernels, recorded)
+    data = _repro_data(args.repro) if args.repro else {}
+    prof = profile_from_args(args, kernels, data.get("profile") or "")
+    recorded = data.get("sizing") or ""
+    if not isinstance(recorded, str):
+        raise ConfigError("repro.sizing", f"{args.repro}: must be a SPEC string, got {recorded!r}")
+    sizer = sizer_from_args(args, recorded)
+    if sizer is not None:
+        from cpsim.check import profiles
+        from cpsim.run.sizing import SizingFailure
+        try:
+            with sizer:  # asked for the scenario as the profile lays it out, as simulate runs it
+                knobs = knobs_with_sizing(args, knobs, profiles.scenario_for(s, prof), paths, sizer)
+        except SizingFailure as e:
+            return sizing_failed(terminal.console(), e)
     pic = simulate(s, paths, knobs, rank, kernels, prof)
     fig = draw.render(pic, args.title, subjects=subjects_for(kernels, paths, prof.name))
     draw.save(fig, out)

@@ -23,7 +23,7 @@ from rich.text import Text
 from cpsim import fuzz as fz
 from cpsim.errors import ConfigError, Interrupted
 from cpsim.cmd import (add_kernel_args, add_path_args, add_profile_arg, describe_kernels, kernels_from_args,
-                       parse_paths, profile_from_args, show_profile)
+                       parse_paths, profile_from_args, show_profile, sizer_from_args, sizing_failed)
 
 
 def register(sub) -> None:
@@ -41,7 +41,7 @@ def register(sub) -> None:
     p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim fuzz --list-faults`)")
     p.add_argument("--list-faults", action="store_true", help="print the fault names --inject accepts and exit")
     add_kernel_args(p)  # recorded in the repro file, so `cpsim replay` loads the same kernels
-    add_profile_arg(p, strict_sizing=False)  # recorded in the repro file too; replay judges by it
+    add_profile_arg(p, strict_sizing=False)  # profile and --sizing recorded in the repro file too; replay uses them
     p.add_argument("--allow-invalid", action="store_true",
                    help="also draw CP layouts that break the global owner rule (interleave not dividing B)")
     p.add_argument("--extreme", action="store_true",
@@ -159,6 +159,14 @@ def main(args) -> int:
                         int(os.environ.get("LOCAL_WORLD_SIZE", 1)), oversubscribe=True)
     kernels = kernels_from_args(args, str(dev.device), paths)
     ignore = list(args.ignore) + (fz.load_known(args.known) if args.known else [])
+    sizer = sizer_from_args(args)
+    if sizer is not None:  # a SPEC that does not load is exit 2 (exit 1 if its import fails) before any search
+        from cpsim.run.sizing import SizingFailure
+        try:
+            with sizer:
+                sizer.check()
+        except SizingFailure as e:
+            return sizing_failed(console, e)
     out = fz.check_out_dir(args.out)
     if not args.no_db:
         fz.check_db_dir(args.db)
@@ -171,6 +179,7 @@ def main(args) -> int:
         ignore=ignore, jobs=args.jobs, seed_stream=stream, explore=args.explore,
         summary_name=f"fuzz-summary-rank{stream}.json" if stream else "fuzz-summary.json",
         profile=profile_from_args(args, kernels).name,
+        sizing=args.sizing or "", sizing_timeout=args.sizing_timeout,
     )
     where = f"rank {stream}: " if stream else ""
     if not args.quiet:
@@ -178,6 +187,9 @@ def main(args) -> int:
                       f"scenarios drawn by {cfg.explorer()}"
                       + (f"; {cfg.jobs} jobs" if cfg.jobs > 1 else ""), highlight=False)
         show_profile(console, cfg.judged_by())
+        if cfg.sizing:
+            console.print(f"{where}host sizing under test: {cfg.sizing} (asked for every scenario)", highlight=False,
+                          soft_wrap=True, markup=False)
     live = not args.quiet and console.is_terminal
     started = time.monotonic()
     early: set[Path] = set()  # repros written as their signature was first seen

@@ -5,7 +5,8 @@ under CPSIM_CAPTURE) or an explicit batch (.npz/.json). For a capture or a batch
 first step, rank, group and token that break an invariant are reported; `--shrink OUT`
 writes the smallest explicit batch that still fails. For a repro, the kernels it
 recorded (built-in, or the user's kernel fuzz ran with) are loaded again;
-`--kernel-v1/--kernel-v2 SPEC` replaces one (`builtin` = cpsim's own). Without a
+`--kernel-v1/--kernel-v2 SPEC` replaces one (`builtin` = cpsim's own), and the host
+sizing it recorded (`--sizing`) is asked again (`--sizing SPEC` replaces it; `cpsim` = cpsim's own). Without a
 launcher the CP ranks run in turn in one process; under torchrun
 (`launch/local.sh 8 replay FILE`) each process is one rank and every CP group of the
 world reruns the repro's scenario. Exit 1 while the violation shows.
@@ -29,8 +30,8 @@ from cpsim import schema
 from cpsim.report import report
 from cpsim.check import profiles
 from cpsim.cmd import (add_kernel_args, add_profile_arg, add_report_args, describe_kernels, execute_torchrun,
-                       kernels_with_record, profile_from_args, show_profile,
-                       subjects_for, torchrun_world)
+                       kernels_with_record, knobs_with_sizing, profile_from_args, show_profile, sizer_from_args,
+                       sizing_failed, subjects_for, torchrun_world)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import to_record
@@ -87,14 +88,25 @@ def main(args) -> int:
     dev = select_device(args.device)
     kernels = kernels_with_record(args, r.kernels, dev.device, r.paths)
     prof = profile_from_args(args, kernels, r.profile)
-    r = dataclasses.replace(r, profile=prof.name)
+    sizer = sizer_from_args(args, r.sizing)
+    r = dataclasses.replace(r, profile=prof.name, sizing=sizer.spec if sizer else "")
     console = terminal.console()
-    out = fz.replay(r, dev.device, kernels)
+    if sizer is not None:
+        from cpsim.run.sizing import SizingFailure
+        try:
+            sizer.check()  # a module or function that is not there: exit 2 before the run
+        except SizingFailure as e:
+            return sizing_failed(console, e)
+    out = fz.replay(r, dev.device, kernels, sizer)
+    if sizer is not None:
+        sizer.close()
     recorded = r.violation.get("invariants", [])
     subjects = subjects_for(kernels, r.paths, prof.name)
     if not args.quiet:
         if r.inject:
             console.print(f"injected fault: {r.inject}")
+        if r.sizing:
+            console.print(f"host sizing under test: {r.sizing}", highlight=False, markup=False, soft_wrap=True)
         if out.error:
             console.print(f"[red]error:[/red] {out.error}", highlight=False)
         else:
@@ -105,7 +117,7 @@ def main(args) -> int:
         if out.not_expressible:
             console.print(f"[yellow]not judged:[/yellow] {out.not_expressible}", highlight=False, soft_wrap=True)
     extra = {"inject": r.inject, "violation": out.summary(), "recorded_violation": r.violation,
-             "kernels": to_record(kernels, r.paths), "profile": prof.name}
+             "kernels": to_record(kernels, r.paths), "profile": prof.name, "sizing": r.sizing or None}
 
     def html() -> None:
         from cpsim.report.html import write_checked
@@ -127,7 +139,12 @@ def main_torchrun(args, r: fz.Repro) -> int:
     kernels = kernels_with_record(args, r.kernels, select_device(args.device).device, r.paths)
     prof = profile_from_args(args, kernels, r.profile)
     s = profiles.scenario_for(s, prof)
-    entry = Entry(f"replay {s.fingerprint()}", lambda replica: s, s.cp.world, r.paths, knobs=r.knobs,
+    from cpsim.run.sizing import SizingFailure
+    try:
+        knobs = knobs_with_sizing(args, r.knobs, s, r.paths, sizer_from_args(args, r.sizing))
+    except SizingFailure as e:
+        return sizing_failed(terminal.console(), e)
+    entry = Entry(f"replay {s.fingerprint()}", lambda replica: s, s.cp.world, r.paths, knobs=knobs,
                   kernels=kernels, profile=prof)
     recorded = r.violation.get("invariants", [])
 
@@ -165,4 +182,4 @@ def load_repro(path: str | Path, accept_edited: bool = False):
             raise ConfigError("repro.profile", f"unknown profile {m.profile!r}; known: {', '.join(profiles.PROFILES)} "
                                                f"(in {path})") from None
     return fz.Repro(s, list(m.paths or fz.DEFAULT_PATHS), Knobs(**m.knobs.model_dump()), m.inject,
-                    m.violation.model_dump(), kernels, profile=m.profile or "")
+                    m.violation.model_dump(), kernels, profile=m.profile or "", sizing=m.sizing or "")

@@ -34,10 +34,10 @@ from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.cmd import (add_kernel_args, add_profile_arg, check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
-                       scenario_from_args)
+                       scenario_from_args, sizer_from_args, sizing_failed)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
-from cpsim.paths import PATHS
+from cpsim.paths import PATHS, Knobs
 from cpsim.validate import load_scenario, load_sweep_config, write_outputs
 
 KEYS = ("presets", "cp", "interleaves", "paths", "seed")
@@ -164,10 +164,12 @@ def _builder(cell: Cell, seed: int, allow_large: bool = False):
     return build
 
 
-def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=None):
+def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=None, sizer=None):
     """(entries, skipped): the runnable cells and, for the others, why not. Deterministic on every rank.
     ``profile``: the release profile judging; each cell is laid out as its release does, and a cell it
-    cannot express is skipped with the reason."""
+    cannot express is skipped with the reason. ``sizer``: the host sizing under test
+    (``cpsim.run.sizing.Sizer``), asked for each cell's laid-out scenario; its ``SizingFailure`` names
+    the cell (the sweep fails)."""
     from cpsim.check import profiles
     from cpsim.run.distrun import Entry
 
@@ -192,7 +194,14 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=N
         if world is not None and n > world:
             skipped[cell.label] = f"needs {n} ranks, the job has {world}"
             continue
-        entries.append(Entry(cell.label, build, n, matrix["paths"], kernels=kernels or {}, profile=prof))
+        knobs = Knobs()
+        if sizer is not None:
+            from cpsim.run.sizing import SizingFailure
+            try:
+                knobs = Knobs(host_sizing=sizer.answer(s, matrix["paths"]))
+            except SizingFailure as e:
+                raise SizingFailure(f"cell {cell.label}: {e}") from None
+        entries.append(Entry(cell.label, build, n, matrix["paths"], knobs=knobs, kernels=kernels or {}, profile=prof))
     if not entries:
         raise ConfigError("sweep", "every cell was skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     return entries, skipped
@@ -204,7 +213,15 @@ def main(args) -> int:
     from cpsim.run.dist import select_device
     kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
     prof = profile_from_args(args, kernels)
-    entries, skipped = plan(matrix, world, kernels, prof)
+    from cpsim.run.sizing import SizingFailure
+    sizer = sizer_from_args(args)
+    try:
+        entries, skipped = plan(matrix, world, kernels, prof, sizer)
+    except SizingFailure as e:
+        return sizing_failed(terminal.console(), e)
+    finally:
+        if sizer is not None:
+            sizer.close()
     check_paths_apply([e.build(0) for e in entries], matrix["paths"], args, explicit=matrix["paths_given"])
     console = terminal.console()
     progress = _progress(console, args.quiet, len(entries))
@@ -255,7 +272,7 @@ def run_virtual_sweep(args, entries, progress):
     results = []
     for i, e in enumerate(entries):
         s = e.build(0)
-        gathered = run_virtual(s, e.paths, device=dev.device, kernels=e.kernels)
+        gathered = run_virtual(s, e.paths, e.knobs, device=dev.device, kernels=e.kernels)
         verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, e.profile)
         verdicts += [v for p in e.paths if p not in gathered
                      for v in coordinator.not_run(p, f"not applicable at CP world size {s.cp.world}")]
@@ -299,6 +316,9 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     if prof is not None and not args.quiet:
         from cpsim.cmd import show_profile
         show_profile(console, prof)
+    if getattr(args, "sizing", None) and not args.quiet:
+        console.print(f"host sizing under test: {args.sizing} (asked for every cell)", highlight=False,
+                      markup=False, soft_wrap=True)
     console.print("[bold green]every scenario passes[/bold green]" if ok else
                   f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
 
@@ -306,7 +326,7 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
         from cpsim.report.torchrun import to_dict
         report.write_json(args.json, to_dict(results, infos or [], {
             "mode": "sweep" if world is None else "sweep-torchrun", "skipped": skipped,
-            "profile": prof.name if prof else "cpsim"}, subjects))
+            "profile": prof.name if prof else "cpsim", "sizing": getattr(args, "sizing", None)}, subjects))
 
     def junit() -> None:
         from cpsim.report.junit import write_junit

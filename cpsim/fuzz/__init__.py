@@ -76,6 +76,15 @@ def knobs_for_scenario(knobs, s: sc.Scenario) -> Knobs:
     return knobs(s) if callable(knobs) else knobs
 
 
+def sized(knobs, sizer, paths: list[str]):
+    """``knobs`` (or a fault's ``knobs_for``) with what the sizing function under test (a
+    ``cpsim.run.sizing.Sizer``; None: cpsim's own sizing) gives each host of the scenario. Its
+    failure (``SizingFailure``) is raised where the knobs are asked for: ``evaluate``'s outcome."""
+    if sizer is None:
+        return knobs
+    return lambda s: dataclasses.replace(knobs_for_scenario(knobs, s), host_sizing=sizer.answer(s, paths))
+
+
 # ---- how big a scenario is (the strategy itself: cpsim.fuzz.rounds) ----------
 
 def size(s: sc.Scenario) -> dict[str, int]:
@@ -150,8 +159,8 @@ def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: s
             meanwhile()
         return Outcome([], not_expressible=why)
     s = t
-    knobs = knobs_for_scenario(knobs, s)
     try:
+        knobs = knobs_for_scenario(knobs, s)  # a sizing function under test that fails: this scenario's failure
         allocs = allocs if allocs is not None else allocate_world(s)
     except ConfigError:
         raise
@@ -187,6 +196,7 @@ class Repro:
     kernels: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     profile: str = ""  # the release profile that judged it ("" = the one the kernels imply)
+    sizing: str = ""   # the --sizing SPEC it was found with ("" = cpsim's own sizing)
 
 
 def write_repro(out_dir: str | Path, r: Repro) -> Path:
@@ -201,6 +211,7 @@ def write_repro(out_dir: str | Path, r: Repro) -> Path:
         "paths": list(r.paths),
         "kernels": r.kernels or to_record({}, r.paths),
         "profile": r.profile,
+        **({"sizing": r.sizing} if r.sizing else {}),
         "inject": r.inject,
         "knobs": dataclasses.asdict(r.knobs),
         "violation": r.violation,
@@ -232,8 +243,9 @@ def load_repro(path: str | Path) -> Repro:
     profile = data.get("profile") or ""
     if profile:
         profiles.get(profile)  # a name this cpsim does not know is exit 2 here, not at the check
+    sizing = data.get("sizing") or ""  # checked where it is run (``cpsim.run.sizing.Sizer``, field repro.sizing)
     return Repro(s, list(data.get("paths") or DEFAULT_PATHS), knobs, data.get("inject"),
-                 data.get("violation", {}), kernels, profile=profile)
+                 data.get("violation", {}), kernels, profile=profile, sizing=sizing)
 
 
 # ---- signatures: which distinct bug a failure is ------------------------------------
@@ -422,6 +434,8 @@ class FuzzConfig:
     summary_name: str = "fuzz-summary.json"  # per rank under torchrun, so ranks sharing --out do not clash
     explore: str = "random"              # "random": plain random draws, Hypothesis shrinks (cpsim.fuzz.explore); "hypothesis"
     profile: str = ""                    # release profile judging ("" = the one the kernels imply)
+    sizing: str = ""                     # --sizing SPEC under test ("" = cpsim's own host sizing)
+    sizing_timeout: float = 60.0         # bound on one scenario's answer from the sizing function
 
     def judged_by(self):
         """The ``profiles.Profile`` the oracle judges by: the named one, else the kernels' release."""
@@ -435,7 +449,8 @@ class FuzzConfig:
                 "knobs": dataclasses.asdict(knobs) if knobs else None, "space": self.space,
                 "allow_invalid": self.allow_invalid, "max_programs": self.max_programs,
                 "profile": self.judged_by().name,
-                "max_tokens_per_request": self.max_tokens_per_request}
+                "max_tokens_per_request": self.max_tokens_per_request,
+                **({"sizing": self.sizing} if self.sizing else {})}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def explorer(self) -> str:
@@ -525,6 +540,11 @@ class _Searcher:
         self.cfg = cfg
         self.on_found = on_found  # (finding, examples so far) at a signature's first sighting
         self.knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
+        self.sizer = None
+        if cfg.sizing:
+            from cpsim.run.sizing import Sizer
+            self.sizer = Sizer(cfg.sizing, cfg.sizing_timeout)  # one child for the whole search
+        self.sized = sized(self.knobs, self.sizer, cfg.paths)  # what the scenarios run with
         self.on_progress = on_progress
         self.prog = Progress(job=cfg.seed_stream)
         self.seen: dict[str, dict[str, str]] = {}   # fingerprint -> {signature: dimension}
@@ -539,7 +559,7 @@ class _Searcher:
         if meanwhile is not None and id(s) not in self._ahead:
             self.ahead(s)  # its own kernels first: what ``meanwhile`` starts queues behind them
         allocs = self._ahead.pop(id(s))[1] if id(s) in self._ahead else None
-        return evaluate(s, self.cfg.paths, self.knobs, self.cfg.device, self.cfg.kernels, allocs, meanwhile,
+        return evaluate(s, self.cfg.paths, self.sized, self.cfg.device, self.cfg.kernels, allocs, meanwhile,
                         self.cfg.judged_by())
 
     def ahead(self, s: sc.Scenario) -> None:
@@ -550,7 +570,7 @@ class _Searcher:
         if profiled(s, self.cfg.judged_by())[0] is not s:
             return  # the profile lays it out anew (or cannot run it): its visit runs it then
         try:
-            knobs = knobs_for_scenario(self.knobs, s)
+            knobs = knobs_for_scenario(self.sized, s)
             allocs = allocate_world(s)
         except Exception:  # noqa: BLE001  (its visit meets the same error and records it)
             return
@@ -724,6 +744,9 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
     except (KeyboardInterrupt, Interrupted) as e:
         e.partial = finish(cfg, me)
         raise
+    finally:
+        if me.sizer is not None:
+            me.sizer.close()
 
 
 def _search(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
@@ -968,7 +991,7 @@ def repro_of(cfg: FuzzConfig, f: Finding, examples: int) -> Repro:
     """The repro file's content for finding ``f`` after ``examples`` scenarios."""
     knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
     return Repro(f.scenario, cfg.paths, knobs_for_scenario(knobs, f.scenario), cfg.inject, f.summary,
-                 to_record(cfg.kernels, cfg.paths), profile=cfg.judged_by().name,
+                 to_record(cfg.kernels, cfg.paths), profile=cfg.judged_by().name, sizing=cfg.sizing,
                  extra={"fuzz": {"seed": cfg.seed, "job": f.job, "space": cfg.space, "signature": f.signature,
                                  "first_seen": f.first_seen, "examples": examples,
                                  "allow_invalid": cfg.allow_invalid}})
@@ -992,7 +1015,8 @@ def write_findings(cfg: FuzzConfig, result: FuzzResult, interrupted: str | None 
             problems.append(f.repro_error)
     summary = {"schema": "cpsim-fuzz-summary/1", "space": cfg.describe_space(), "examples": result.examples,
                "not_expressible": result.not_expressible, "elapsed_s": round(result.elapsed_s, 3), "jobs": result.jobs, "seed": cfg.seed,
-               "paths": cfg.paths, "inject": cfg.inject, "signatures": [f.to_dict() for f in result.findings],
+               "paths": cfg.paths, "inject": cfg.inject, **({"sizing": cfg.sizing} if cfg.sizing else {}),
+               "signatures": [f.to_dict() for f in result.findings],
                **({"interrupted": interrupted} if interrupted else {})}
     try:
         (Path(cfg.out) / cfg.summary_name).write_text(json.dumps(summary, indent=2) + "\n")
@@ -1010,10 +1034,12 @@ def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None)
     return result
 
 
-def replay(r: Repro, device: str = "cpu", kernels: dict | None = None) -> Outcome:
+def replay(r: Repro, device: str = "cpu", kernels: dict | None = None, sizer=None) -> Outcome:
     """Rerun a repro in the virtual world with the knobs it recorded.
 
     ``kernels``: the loaded kernels under test (``cpsim replay`` loads the recorded ones,
-    ``kernel_under_test.from_record(r.kernels)``, with command-line overrides)."""
+    ``kernel_under_test.from_record(r.kernels)``, with command-line overrides); ``sizer``: the host
+    sizing under test (``cpsim.run.sizing.Sizer``; ``cpsim replay`` builds it from ``r.sizing`` or
+    ``--sizing``), asked for the scenario as the profile lays it out."""
     prof = profiles.get(r.profile) if r.profile else profiles.for_abis([k.abi for k in (kernels or {}).values()])
-    return evaluate(r.scenario, r.paths, r.knobs, device, kernels, profile=prof)
+    return evaluate(r.scenario, r.paths, sized(r.knobs, sizer, r.paths), device, kernels, profile=prof)

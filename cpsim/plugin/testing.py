@@ -10,6 +10,7 @@ environment, cpsim's own included.
 
 from __future__ import annotations
 
+import contextlib
 import io
 from pathlib import Path
 from typing import Any, Iterable
@@ -69,15 +70,25 @@ def report_text(s, verdicts, kernel=None, profile=None) -> str:
     return buf.getvalue()
 
 
-def run_one(kernel, path: str, s, device: str = "cpu", profile=None):
+def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None):
     """Verdicts of one scenario for a loaded kernel on one path, judged by ``profile`` (a
-    ``cpsim.check.profiles.Profile``; default: the kernel's release), which lays the scenario out too."""
+    ``cpsim.check.profiles.Profile``; default: the kernel's release), which lays the scenario out too.
+    ``sizer``: the host sizing under test (``cpsim.run.sizing.Sizer``; its function runs in a child
+    process); a function that fails is an AssertionError naming it."""
     from cpsim.check import coordinator, profiles
     from cpsim.allocator import allocate_world
+    from cpsim.paths import Knobs
     from cpsim.run.world import run_virtual
     prof = profile or judged_by(kernel)
     s = profiles.scenario_for(_for_path(s, path), prof)
-    gathered = run_virtual(s, [path], device=device, kernels={path: kernel})
+    knobs = Knobs()
+    if sizer is not None:
+        from cpsim.run.sizing import SizingFailure
+        try:
+            knobs = Knobs(host_sizing=sizer.answer(s, [path]))
+        except SizingFailure as e:
+            raise AssertionError(f"host sizing on scenario {s.name}: {e}") from None
+    gathered = run_virtual(s, [path], knobs, device=device, kernels={path: kernel})
     return s, coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, prof)
 
 
@@ -105,13 +116,14 @@ def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim
 
 def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
                  scenarios: Iterable[Any] | None = None, *, shim_vllm: bool = False, device: str = "cpu",
-                 v2_launch: str = "split", profile: str | None = None) -> dict:
+                 v2_launch: str = "split", profile: str | None = None, sizing: str | None = None) -> dict:
     """Run every invariant on ``kernel``; AssertionError with the report if any fails.
 
     ``path`` defaults to the path the ABI stands in for (v1 for a callable; a replay-padding kernel
     runs after cpsim's slot mapping on v1 and v2, or on ``path``);
     ``scenarios`` are presets, .json/.toml files, ``random:SEED`` or Scenario
-    objects; ``profile`` names the release profile judging (default: the kernel's release).
+    objects; ``profile`` names the release profile judging (default: the kernel's release);
+    ``sizing`` a host sizing SPEC (as ``--sizing``) whose widths and buffer the tables get.
     Returns {scenario name: verdicts} when everything holds.
     """
     from cpsim.check import coordinator
@@ -123,11 +135,13 @@ def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
     path = path or next(p for p in ("v1", "v1-fused", "v2") if p in _paths_of(k.abi))
     prof = judged_by(k, profile)
     results, failures = {}, []
-    for spec in (DEFAULT_SCENARIOS if scenarios is None else scenarios):
-        s, verdicts = run_one(k, path, scenario(spec), device, prof)
-        results[s.name] = verdicts
-        if not coordinator.passed(verdicts):
-            failures.append(report_text(s, verdicts, k, prof))
+    from cpsim.run.sizing import Sizer
+    with (Sizer(sizing) if sizing else contextlib.nullcontext()) as sizer:
+        for spec in (DEFAULT_SCENARIOS if scenarios is None else scenarios):
+            s, verdicts = run_one(k, path, scenario(spec), device, prof, sizer)
+            results[s.name] = verdicts
+            if not coordinator.passed(verdicts):
+                failures.append(report_text(s, verdicts, k, prof))
     if failures:
         raise AssertionError(f"{k.describe()} on the {path} path violates cpsim invariants in "
                              f"{len(failures)} scenario(s):\n\n" + "\n".join(failures))
@@ -181,6 +195,8 @@ def pytest_addoption(parser) -> None:
     g.addoption("--cpsim-shim-vllm", action="store_true", help="provide vllm.triton_utils/_load_ptr from Triton")
     g.addoption("--cpsim-profile", metavar="NAME",
                 help="release profile the oracle judges by (default: the kernel's release; docs/SPEC.md §4.1)")
+    g.addoption("--cpsim-sizing", metavar="SPEC",
+                help="host sizing under test, as cpsim --sizing (a built-in release or file.py:fn; run in a child process)")
     g.addoption("--cpsim-v2-launch", default="split", choices=("split", "single"),
                 help="v2 ABIs: launch unsharded groups with CP_SIZE=1 (split) or all groups at once (single)")
 
@@ -201,13 +217,24 @@ class CpsimKernelItem(pytest.Item):
                 device=opt("cpsim_device"), v2_launch=opt("cpsim_v2_launch"))
         return cache[self.kernel_path]
 
+    def _sizer(self):
+        """One sizing child for every generated item (ended when cpsim's process exits)."""
+        spec = self.config.getoption("cpsim_sizing")
+        if not spec:
+            return None
+        cache = self.config.stash.setdefault(_KERNELS, {})
+        if ("sizing", spec) not in cache:
+            from cpsim.run.sizing import Sizer
+            cache[("sizing", spec)] = Sizer(spec)
+        return cache[("sizing", spec)]
+
     def runtest(self) -> None:
         from cpsim.check import coordinator
         k = self._kernel()
         prof = judged_by(k, self.config.getoption("cpsim_profile"))
         self.user_properties.append(("cpsim_profile", prof.name))
         s, verdicts = run_one(k, self.kernel_path, scenario(self.scenario_spec), self.config.getoption("cpsim_device"),
-                              prof)
+                              prof, self._sizer())
         if not coordinator.passed(verdicts):
             raise AssertionError(report_text(s, verdicts, k, prof))
         if not exercised(verdicts):
