@@ -127,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted(args, signal.SIGINT, started, err, getattr(e, "wrote", None))
     except Interrupted as e:
         return _interrupted(args, e.signum, started, err, getattr(e, "wrote", None))
+    finally:
+        isolation = sys.modules.get("cpsim.run.isolation")
+        if isolation is not None:  # what a dead worker's kernel left, found by its marker (cpsim.run.reaper)
+            isolation.sweep_escaped()
 
 
 if __name__ == "__main__":

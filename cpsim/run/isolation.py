@@ -122,14 +122,25 @@ def _end_group(pgid: int) -> None:
 
 @atexit.register
 def _end_groups() -> None:
-    """Whatever the workers and the kernels they ran left behind ends with cpsim: the workers' process
-    groups, and, as a subreaper (the CLI), every process still descending from this one, wherever
-    its session."""
+    """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
+    tree and process group, every process still carrying this process's worker marker
+    (``cpsim.run.reaper``), and, as a subreaper (the CLI), every process still descending from this
+    one, wherever its session."""
+    reaper.end_trees(list(_groups))
     for pgid in list(_groups):
         _end_group(pgid)
     _groups.clear()
+    reaper.sweep()
     if reaper.is_subreaper():
         reaper.end_descendants()
+
+
+def sweep_escaped() -> list[int]:
+    """End the processes a dead worker's kernel left (found by the worker marker), sparing the live
+    workers and what is below them (their kernels' children end when the worker is stopped); the
+    marked pids found. Run when a check is over: nothing of a kernel is meant to run then."""
+    live = [w.proc.pid for w in _pool if w.alive()]
+    return reaper.sweep(spare=reaper.tree(live))
 
 
 class KernelFailed(DistError):
@@ -174,8 +185,10 @@ class Worker:
     The child is a fresh interpreter (``kernel_worker.main``) in a session and process group of its
     own: it imports cpsim from the directory this process imported it from (never the current
     directory, which may hold another ``cpsim/`` folder), needs no ``__main__`` guard in the user's
-    script (nothing of ``__main__`` is imported there), and ``stop`` ends the whole group, so a
-    process the kernel forked does not outlive cpsim. A terminal's Ctrl-C reaches this process only.
+    script (nothing of ``__main__`` is imported there), and ``stop`` ends its whole tree and group,
+    so a process the kernel forked does not outlive cpsim, even one in a session of its own (the
+    child is the subreaper of its subtree; ``cpsim.run.reaper``). A terminal's Ctrl-C reaches this
+    process only.
     """
 
     def __init__(self) -> None:
@@ -199,7 +212,7 @@ class Worker:
         authkey = multiprocessing.current_process().authkey.hex()  # torch's shared tensors travel under it
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
-            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=reaper.worker_env())
         _groups.add(self.proc.pid)
         there.close()
         self.conn, self.device = Connection(here.detach()), device
@@ -240,7 +253,8 @@ class Worker:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _end_group(self.proc.pid)  # the child and whatever it forked
+            reaper.end_trees([self.proc.pid])  # the child and whatever it forked, in any session
+            _end_group(self.proc.pid)
             _groups.discard(self.proc.pid)
             try:
                 self.proc.wait(5)
