@@ -194,6 +194,7 @@ class Worker:
     def __init__(self) -> None:
         self.proc = None
         self.conn = None
+        self.pidfd: int | None = None  # readable once the child has ended (``_readable``)
         self.device: str | None = None
         self.loaded: int | None = None  # the scenario the child holds (``run_paths`` sends it once per scenario)
         self.generation = 0             # children started so far: a run sent to an earlier one must be sent again
@@ -214,6 +215,7 @@ class Worker:
             [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
             pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=reaper.worker_env())
         _groups.add(self.proc.pid)
+        self.pidfd = _pidfd(self.proc.pid)
         there.close()
         self.conn, self.device = Connection(here.detach()), device
         self.loaded = None
@@ -262,11 +264,17 @@ class Worker:
                 pass
         if self.conn is not None:
             self.conn.close()
-        self.proc = self.conn = None
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        self.proc = self.conn = self.pidfd = None
 
     def _read(self):
-        """The next reply, known to be there (``_readable``); ("dead",) when the child is gone."""
+        """The next reply, known to be there or the child ended (``_readable``); ("dead",) when the
+        child is gone. Woken by its end with nothing to read, the pipe may still be open: a process
+        the kernel forked holds the child's end of it."""
         try:
+            if not self.conn.poll(0):
+                return ("dead",)
             return self.conn.recv()
         except (EOFError, OSError):
             return ("dead",)
@@ -274,11 +282,11 @@ class Worker:
     def _recv(self, timeout: float):
         """The next reply; ("timeout",) when the child did not answer in time, ("dead",) when it died."""
         try:
-            if not self.conn.poll(timeout):
+            if not _readable([self], timeout):
                 return ("timeout",)
-            return self.conn.recv()
-        except (EOFError, OSError):
+        except OSError:
             return ("dead",)
+        return self._read()
 
     def _ask(self, msg, timeout: float):
         try:
@@ -760,12 +768,12 @@ def _due(run: _Run, w: Worker) -> None:
 def _collect(run: _Run, live: set) -> None:
     import time
     timeout = max(0.0, min(run.deadline[w] for w in live) - time.monotonic())
-    ready = _readable([w.conn for w in live], timeout)
+    ready = _readable(list(live), timeout)
     for w in list(live):
         queue = run.queues[w]
         path, ranks, batched = queue[0]
         kernel = run.kernels.get(path)
-        if w.conn in ready:
+        if w in ready:
             reply = w._read()
         elif time.monotonic() >= run.deadline[w]:
             reply = ("timeout",)
@@ -800,18 +808,31 @@ def _collect(run: _Run, live: set) -> None:
             live.discard(w)
 
 
-def _readable(conns: list, timeout: float) -> list:
-    """The connections with a message (or an end) to read, waiting at most ``timeout`` seconds:
-    ``multiprocessing.connection.wait`` without its selector set up and torn down on every call."""
+def _readable(workers: list, timeout: float) -> list:
+    """The workers with a message (or an end) to read or whose child has ended, waiting at most
+    ``timeout`` seconds: ``multiprocessing.connection.wait`` without its selector set up and torn
+    down on every call. The child's end is watched through its pidfd as well as its pipe, which a
+    process the kernel forked may hold open after the child died (without pidfds: the pipe only)."""
     if not hasattr(select, "poll"):
         from multiprocessing.connection import wait
-        return wait(conns, timeout)
+        got = wait([w.conn for w in workers], timeout)
+        return [w for w in workers if w.conn in got]
     poller = select.poll()
     by_fd = {}
-    for c in conns:
-        by_fd[c.fileno()] = c
-        poller.register(c.fileno(), select.POLLIN)
-    return [by_fd[fd] for fd, _ in poller.poll(math.ceil(timeout * 1000))]
+    for w in workers:
+        for fd in (w.conn.fileno(), w.pidfd):
+            if fd is not None:
+                by_fd[fd] = w
+                poller.register(fd, select.POLLIN)
+    return list(dict.fromkeys(by_fd[fd] for fd, _ in poller.poll(math.ceil(timeout * 1000))))
+
+
+def _pidfd(pid: int) -> int | None:
+    """A file descriptor that becomes readable when ``pid`` ends (Linux 5.3+), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _answered(run: _Run, w: Worker, path: str, ranks: list, kernel, reply) -> bool:
