@@ -12,8 +12,8 @@ ending the group is not enough. Three layers, each for the escape the one before
    tree when it stops it (timeout, crash, shutdown, exit), so a setsid() grandchild no longer
    survives a SIGKILLed worker.
 3. *A sweep by marker* (``sweep``): a worker killed before layer 2 ran (the kernel SIGKILLs its
-   own worker after a setsid fork) orphans its subtree to init, out of the parent's reach by
-   ancestry. Every worker's environment holds ``CPSIM_WORKER_SESSION=<token of the process that
+   own worker after a setsid fork) orphans its subtree to init (unless the parent is a subreaper,
+   as the CLI is), out of the parent's reach by ancestry. Every worker's environment holds ``CPSIM_WORKER_SESSION=<token of the process that
    started it>``, which what it starts inherits; the sweep ends every process of this uid whose
    environment holds this process's token. The pytest plugin sweeps after each check and at the
    session's end, the CLI at the end of each command; everyone at exit (``isolation``).
