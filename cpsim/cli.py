@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from cpsim.validate import check_args
         check_args(args)  # option bounds and output paths, before any work
-        from cpsim.run import isolation
+        from cpsim.run import isolation, reaper
         isolation.configure_from_args(args)
-        isolation.become_subreaper()  # a kernel's setsid() child still ends with cpsim
+        reaper.become_subreaper()  # a kernel's setsid() child still ends with cpsim
         return int(args.func(args) or 0)
     except ConfigError as e:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: every rank ends together, one line
@@ -127,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted(args, signal.SIGINT, started, err, getattr(e, "wrote", None))
     except Interrupted as e:
         return _interrupted(args, e.signum, started, err, getattr(e, "wrote", None))
+    finally:
+        isolation = sys.modules.get("cpsim.run.isolation")
+        if isolation is not None:  # what a dead worker's kernel left, found by its marker (cpsim.run.reaper)
+            isolation.sweep_escaped()
 
 
 if __name__ == "__main__":

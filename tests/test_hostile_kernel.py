@@ -42,6 +42,12 @@ def callable_kernel(body: str, top: str = "") -> str:
             + textwrap.indent(textwrap.dedent(body), "    ") + "\n")
 
 
+def forks(name: str) -> str:
+    """A module whose ``kernel`` is tests/kernels/forks_setsid.py's ``name`` (it forks a setsid sleeper)."""
+    return (f"import sys\nsys.path.insert(0, {str(ROOT / 'tests' / 'kernels')!r})\n"
+            f"from forks_setsid import {name} as kernel  # noqa: E402,F401\n")
+
+
 # A Triton kernel in the ascend-v1 ABI that computes right slots, then stores into the table row it read.
 TRITON_STORES_INTO_TABLE = '''
 import triton
@@ -140,6 +146,14 @@ ROWS = [
                 time.sleep(300)
             os._exit(0)
         return out'''), code=0, phrases=("all invariants hold",), json=False),
+    # A setsid child the kernel leaves when its worker is killed: on a timeout by cpsim (which ends the
+    # worker's whole tree), or by the kernel itself (the child still holds the worker's pipe open: the
+    # worker's end is seen at once all the same, through its pidfd).
+    Row("callable forks a setsid child, then hangs, --kernel-timeout 5", forks("then_hangs"),
+        args=["--kernel-timeout", "5"], phrases=("kernel exceeded 5 s (worker killed) on rank 0",)),
+    # (a parent that waited for the pipe alone would report a timeout: the bound is well below the child's sleep)
+    Row("callable forks a setsid child, then SIGKILLs its worker", forks("then_kills_worker"),
+        args=["--kernel-timeout", "60"], phrases=("kernel crashed with SIGKILL on rank 0",)),
 ]
 
 
@@ -274,14 +288,17 @@ def test_hostile_kernel_row(tmp_path, row):
 
 
 @pytest.mark.parametrize("row", ["callable forks a child that sleeps",
-                                 "callable forks a child that calls setsid and leaves a daemon"])
+                                 "callable forks a child that calls setsid and leaves a daemon",
+                                 "callable forks a setsid child, then hangs, --kernel-timeout 5",
+                                 "callable forks a setsid child, then SIGKILLs its worker"])
 def test_a_forked_child_of_the_kernel_does_not_outlive_cpsim(tmp_path, row):
     """The forking rows again, reading the children's pids: each is gone once cpsim has exited."""
+    r = ROWS[[r.name for r in ROWS].index(row)]
     kernel = tmp_path / "forks.py"
-    kernel.write_text(ROWS[[r.name for r in ROWS].index(row)].source)
-    code, out = cpsim(tmp_path, [*SMALL, "--kernel-v1", f"{kernel}:kernel"])
-    assert code == 0, out
-    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    kernel.write_text(r.source)
+    code, out = cpsim(tmp_path, [*SMALL, "--kernel-v1", f"{kernel}:kernel", *r.args])
+    assert code == r.code, out
+    pids = [int(line.split()[-1]) for line in (tmp_path / "pids").read_text().splitlines()]
     assert pids
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]

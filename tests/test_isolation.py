@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -587,3 +588,88 @@ def test_a_kernel_killing_its_worker_is_named_on_its_rank_and_the_other_ranks_ru
     assert f"kernel crashed with SIGKILL on rank {named} " in f.message and "one of ranks" not in f.message
     assert (also in f.message) if also else "also failed" not in f.message
     assert f.not_run == []  # ranks 0 and 2 (and 3) ran: none is left unjudged
+
+
+# ---- reaping (cpsim.run.reaper): nothing a kernel forks outlives its worker -----------------------
+
+def _forks():
+    """tests/kernels/forks_setsid.py, imported by path (its pid-file helpers)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("forks_setsid", K / "forks_setsid.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TREE = '''
+import os, sys, time
+sys.path.insert(0, {kernels!r})
+from cpsim.run import reaper
+import forks_setsid
+if {subreaper!r}:
+    reaper.become_subreaper()
+forks_setsid.sleeper("daemon", double=True)       # setsid + double fork: orphaned at once
+forks_setsid.sleeper("setsid_child", double=False)  # setsid, still this process's child
+print("ready", flush=True)
+time.sleep(300)
+'''
+
+
+@pytest.mark.parametrize("subreaper", [True, False])
+def test_end_trees_ends_children_in_sessions_of_their_own(tmp_path, subreaper):
+    """A root that is a subreaper keeps its double-forked daemon below it, so ending its tree ends
+    both sleepers; without the subreaper the daemon was re-parented to init, and only the marker sweep
+    can find it (the sleeper still below the root is ended either way)."""
+    import signal
+    from cpsim.run import reaper
+    fk = _forks()
+    pids_file = tmp_path / "pids"
+    root = subprocess.Popen([sys.executable, "-c", TREE.format(kernels=str(K), subreaper=subreaper)],
+                            env=dict(os.environ, CPSIM_TEST_PIDS=str(pids_file)), stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert root.stdout.readline().strip() == "ready"
+        daemon, child = fk.pids(pids_file, "daemon"), fk.pids(pids_file, "setsid_child")
+        assert len(daemon) == len(child) == 1 and fk.alive(daemon[0]) and fk.alive(child[0])
+        signalled = reaper.end_trees([root.pid])
+        assert root.wait(5) == -signal.SIGKILL
+        time.sleep(0.2)  # SIGKILL is delivered asynchronously
+        assert not fk.alive(child[0]) and child[0] in signalled
+        assert fk.alive(daemon[0]) is not subreaper and (daemon[0] in signalled) is subreaper
+    finally:
+        for pid in fk.pids(pids_file) + [root.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        root.wait(5)
+
+
+def test_sweep_ends_the_marked_processes_only(tmp_path):
+    """The sweep ends processes whose environment holds this process's worker marker (an orphan of a
+    dead worker, say), and nothing else: not one with another session's token, not one spared (a live
+    worker), not this process's own workers."""
+    import signal
+    from cpsim.run import isolation, reaper
+
+    def sleeper(value: str) -> subprocess.Popen:
+        env = dict(os.environ, **{reaper.SESSION_VAR: value})
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env,
+                                start_new_session=True)
+    mine, other, spared = sleeper(reaper.token()), sleeper("0123456789abcdef"), sleeper(reaper.token())
+    procs = [mine, other, spared]
+    try:
+        end = time.monotonic() + 30  # the environ is readable once the interpreter has been exec'd
+        while time.monotonic() < end and not all(
+                reaper.SESSION_VAR.encode() in Path(f"/proc/{p.pid}/environ").read_bytes() for p in procs):
+            time.sleep(0.05)
+        live = [w.proc.pid for w in isolation._pool if w.alive()]
+        found = reaper.sweep(spare=reaper.tree(live) | {spared.pid})
+        assert found == [mine.pid]
+        assert mine.wait(5) == -signal.SIGKILL
+        assert other.poll() is None and spared.poll() is None
+        assert all(w.alive() for w in isolation._pool if w.proc is not None and w.proc.pid in live)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,77 @@ def test_works_under_xdist(pytester):
     res = pytester.runpytest_subprocess("-n", "2", "--cpsim-kernel-v1", _broken(pytester), *FAST)
     res.assert_outcomes(failed=2)
     res.stdout.fnmatch_lines(["*exactly-one-owner*"])
+
+
+FORKS = f"{KERNELS}/forks_setsid.py"
+USER_TESTS = f'''
+import os, sys
+import pytest
+sys.path.insert(0, {str(KERNELS)!r})
+import forks_setsid as fk
+from cpsim.plugin.testing import check_kernel
+from cpsim.run import isolation
+
+PIDS = os.environ["CPSIM_TEST_PIDS"]
+
+
+def test_a_timed_out_workers_setsid_child_ends_with_the_worker():
+    isolation.configure(timeout_s=5)
+    try:
+        with pytest.raises(AssertionError, match=r"kernel exceeded 5 s \\(worker killed\\) on rank 0"):
+            check_kernel("{FORKS}:then_hangs", scenarios=["mtp"])
+    finally:
+        isolation.configure(timeout_s=isolation.DEFAULT_TIMEOUT_S)
+    pids = fk.pids(PIDS, "then_hangs")
+    assert pids and not any(map(fk.alive, pids))
+
+
+def test_the_orphan_of_a_worker_its_kernel_killed_is_swept_when_the_check_ends():
+    isolation.configure(timeout_s=60)  # well below the orphan's sleep: waiting for the pipe alone is a timeout
+    try:
+        with pytest.raises(AssertionError, match="kernel crashed with SIGKILL on rank 0"):
+            check_kernel("{FORKS}:then_kills_worker", scenarios=["mtp"])
+    finally:
+        isolation.configure(timeout_s=isolation.DEFAULT_TIMEOUT_S)
+    pids = fk.pids(PIDS, "then_kills_worker")
+    assert pids and not any(map(fk.alive, pids))
+
+
+def test_wrong_slots_of_a_forking_kernel_are_no_pass():
+    with pytest.raises(AssertionError, match="matches-reference"):
+        check_kernel("{FORKS}:wrong_daemon", scenarios=["mtp"])
+'''
+
+
+def test_nothing_a_kernel_forks_outlives_the_pytest_run(pytester, monkeypatch):
+    """The plugin's process is the user's and never a subreaper; still, a kernel's child in a session
+    of its own ends: below a live worker (a double-forked daemon of the generated item: at exit), with
+    a worker stopped on a timeout, and after its worker was SIGKILLed by the kernel (the marker sweep
+    when the check ends). Afterwards no process started by the run is alive (checked by marker)."""
+    import time
+    import uuid
+    from test_hostile_kernel import _marked
+    from test_isolation import _forks
+    fk = _forks()
+    pids, mark = pytester.path / "pids", f"cpsim-plugin-{uuid.uuid4().hex}"
+    monkeypatch.setenv("CPSIM_TEST_PIDS", str(pids))
+    monkeypatch.setenv("CPSIM_TEST_MARK", mark)
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    pytester.makepyfile(test_user=USER_TESTS)
+    try:
+        res = pytester.runpytest_subprocess("--cpsim-kernel-v1", f"{FORKS}:daemon", "--cpsim-scenarios", "mtp",
+                                            "-p", "cpsim.plugin.testing", "-p", "no:warnings", timeout=600)
+        res.assert_outcomes(passed=4)
+        assert {line.split()[0] for line in pids.read_text().splitlines()} == {
+            "daemon", "then_hangs", "then_kills_worker", "wrong_daemon"}
+        end = time.monotonic() + 10  # SIGKILL is delivered asynchronously
+        while time.monotonic() < end and (_marked(mark) or any(map(fk.alive, fk.pids(pids)))):
+            time.sleep(0.1)
+        assert [p for p in fk.pids(pids) if fk.alive(p)] == []
+        assert _marked(mark) == []
+    finally:
+        for pid in set(fk.pids(pids) + _marked(mark)):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass

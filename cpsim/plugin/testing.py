@@ -78,6 +78,7 @@ def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None)
     from cpsim.check import coordinator, profiles
     from cpsim.allocator import allocate_world
     from cpsim.paths import Knobs
+    from cpsim.run import isolation
     from cpsim.run.world import run_virtual
     prof = profile or judged_by(kernel)
     s = profiles.scenario_for(_for_path(s, path), prof)
@@ -88,7 +89,10 @@ def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None)
             knobs = Knobs(host_sizing=sizer.answer(s, [path]))
         except SizingFailure as e:
             raise AssertionError(f"host sizing on scenario {s.name}: {e}") from None
-    gathered = run_virtual(s, [path], knobs, device=device, kernels={path: kernel})
+    try:
+        gathered = run_virtual(s, [path], knobs, device=device, kernels={path: kernel})
+    finally:  # what a worker the kernel killed left behind ends with the check (cpsim.run.reaper)
+        isolation.sweep_escaped()
     return s, coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, prof)
 
 
@@ -199,6 +203,16 @@ def pytest_addoption(parser) -> None:
                 help="host sizing under test, as cpsim --sizing (a built-in release or file.py:fn; run in a child process)")
     g.addoption("--cpsim-v2-launch", default="split", choices=("split", "single"),
                 help="v2 ABIs: launch unsharded groups with CP_SIZE=1 (split) or all groups at once (single)")
+
+
+def pytest_unconfigure(config) -> None:
+    """The session's end: processes that dead workers' kernels left are ended (by their marker,
+    ``cpsim.run.reaper``); the live workers and their subtrees end when this process exits. Nothing
+    is imported when no check ran."""
+    import sys
+    isolation = sys.modules.get("cpsim.run.isolation")
+    if isolation is not None:
+        isolation.sweep_escaped()
 
 
 class CpsimKernelItem(pytest.Item):

@@ -51,6 +51,7 @@ import torch
 from cpsim import recording
 from cpsim.errors import ConfigError, DistError
 from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure, prep, run_path
+from cpsim.run import reaper
 
 DEFAULT_TIMEOUT_S = 300.0
 STARTUP_S = 120.0  # bound for starting the worker and importing Triton there (not the kernel's time)
@@ -119,85 +120,27 @@ def _end_group(pgid: int) -> None:
         pass
 
 
-_SUBREAPER: list[bool] = []  # set once this process is its descendants' subreaper (``become_subreaper``)
-PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-
-
-def become_subreaper() -> bool:
-    """Make this process (cpsim's command) the subreaper of everything it starts (Linux).
-
-    A worker and whatever the kernel forks share the worker's process group, which ``stop`` and exit
-    end; a kernel's child that calls ``setsid()`` leaves that group, and once its parent is gone it
-    would be re-parented to init and outlive cpsim. As a subreaper this process inherits such
-    orphans instead, so ``_end_groups`` still finds them among its descendants and ends them.
-    Not done by the library on its own (the pytest plugin's process is the user's): only the CLI asks.
-    """
-    if _SUBREAPER or not os.path.isdir("/proc"):
-        return bool(_SUBREAPER)
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
-            _SUBREAPER.append(True)
-    except (OSError, AttributeError):  # no prctl here: the process groups remain the bound
-        pass
-    return bool(_SUBREAPER)
-
-
-def _descendants(root: int) -> list[tuple[int, bool]]:
-    """(pid, zombie) of every live descendant of ``root``, read from /proc/*/stat (parent links)."""
-    kids: dict[int, list[tuple[int, bool]]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        kids.setdefault(int(fields[1]), []).append((int(d), fields[0] == "Z"))
-    out, todo = [], list(kids.get(root, []))
-    while todo:
-        pid, zombie = todo.pop()
-        out.append((pid, zombie))
-        todo += kids.get(pid, [])
-    return out
-
-
-def _end_descendants(bound_s: float = 3.0) -> None:
-    """SIGKILL every descendant of this process and reap the ones that are its children, in rounds
-    (a killed process's orphans come back to this subreaper), until none is left or ``bound_s``."""
-    import time
-    end = time.monotonic() + bound_s
-    me = os.getpid()
-    while True:
-        found = _descendants(me)
-        for pid, zombie in found:
-            if not zombie:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for pid, _ in found:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:  # not our child (yet): reaped by its own parent or in a later round
-                pass
-        if not found or time.monotonic() > end:
-            return
-        time.sleep(0.02)
-
-
 @atexit.register
 def _end_groups() -> None:
-    """Whatever the workers and the kernels they ran left behind ends with cpsim: the workers' process
-    groups, and, as a subreaper (the CLI), every process still descending from this one, wherever
-    its session."""
+    """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
+    tree and process group, every process still carrying this process's worker marker
+    (``cpsim.run.reaper``), and, as a subreaper (the CLI), every process still descending from this
+    one, wherever its session."""
+    reaper.end_trees(list(_groups))
     for pgid in list(_groups):
         _end_group(pgid)
     _groups.clear()
-    if _SUBREAPER:
-        _end_descendants()
+    reaper.sweep()
+    if reaper.is_subreaper():
+        reaper.end_descendants()
+
+
+def sweep_escaped() -> list[int]:
+    """End the processes a dead worker's kernel left (found by the worker marker), sparing the live
+    workers and what is below them (their kernels' children end when the worker is stopped); the
+    marked pids found. Run when a check is over: nothing of a kernel is meant to run then."""
+    live = [w.proc.pid for w in _pool if w.alive()]
+    return reaper.sweep(spare=reaper.tree(live))
 
 
 class KernelFailed(DistError):
@@ -242,13 +185,16 @@ class Worker:
     The child is a fresh interpreter (``kernel_worker.main``) in a session and process group of its
     own: it imports cpsim from the directory this process imported it from (never the current
     directory, which may hold another ``cpsim/`` folder), needs no ``__main__`` guard in the user's
-    script (nothing of ``__main__`` is imported there), and ``stop`` ends the whole group, so a
-    process the kernel forked does not outlive cpsim. A terminal's Ctrl-C reaches this process only.
+    script (nothing of ``__main__`` is imported there), and ``stop`` ends its whole tree and group,
+    so a process the kernel forked does not outlive cpsim, even one in a session of its own (the
+    child is the subreaper of its subtree; ``cpsim.run.reaper``). A terminal's Ctrl-C reaches this
+    process only.
     """
 
     def __init__(self) -> None:
         self.proc = None
         self.conn = None
+        self.pidfd: int | None = None  # readable once the child has ended (``_readable``)
         self.device: str | None = None
         self.loaded: int | None = None  # the scenario the child holds (``run_paths`` sends it once per scenario)
         self.generation = 0             # children started so far: a run sent to an earlier one must be sent again
@@ -267,8 +213,9 @@ class Worker:
         authkey = multiprocessing.current_process().authkey.hex()  # torch's shared tensors travel under it
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
-            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True)
+            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=reaper.worker_env())
         _groups.add(self.proc.pid)
+        self.pidfd = _pidfd(self.proc.pid)
         there.close()
         self.conn, self.device = Connection(here.detach()), device
         self.loaded = None
@@ -308,7 +255,8 @@ class Worker:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _end_group(self.proc.pid)  # the child and whatever it forked
+            reaper.end_trees([self.proc.pid])  # the child and whatever it forked, in any session
+            _end_group(self.proc.pid)
             _groups.discard(self.proc.pid)
             try:
                 self.proc.wait(5)
@@ -316,11 +264,17 @@ class Worker:
                 pass
         if self.conn is not None:
             self.conn.close()
-        self.proc = self.conn = None
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        self.proc = self.conn = self.pidfd = None
 
     def _read(self):
-        """The next reply, known to be there (``_readable``); ("dead",) when the child is gone."""
+        """The next reply, known to be there or the child ended (``_readable``); ("dead",) when the
+        child is gone. Woken by its end with nothing to read, the pipe may still be open: a process
+        the kernel forked holds the child's end of it."""
         try:
+            if not self.conn.poll(0):
+                return ("dead",)
             return self.conn.recv()
         except (EOFError, OSError):
             return ("dead",)
@@ -328,11 +282,11 @@ class Worker:
     def _recv(self, timeout: float):
         """The next reply; ("timeout",) when the child did not answer in time, ("dead",) when it died."""
         try:
-            if not self.conn.poll(timeout):
+            if not _readable([self], timeout):
                 return ("timeout",)
-            return self.conn.recv()
-        except (EOFError, OSError):
+        except OSError:
             return ("dead",)
+        return self._read()
 
     def _ask(self, msg, timeout: float):
         try:
@@ -814,12 +768,12 @@ def _due(run: _Run, w: Worker) -> None:
 def _collect(run: _Run, live: set) -> None:
     import time
     timeout = max(0.0, min(run.deadline[w] for w in live) - time.monotonic())
-    ready = _readable([w.conn for w in live], timeout)
+    ready = _readable(list(live), timeout)
     for w in list(live):
         queue = run.queues[w]
         path, ranks, batched = queue[0]
         kernel = run.kernels.get(path)
-        if w.conn in ready:
+        if w in ready:
             reply = w._read()
         elif time.monotonic() >= run.deadline[w]:
             reply = ("timeout",)
@@ -854,18 +808,31 @@ def _collect(run: _Run, live: set) -> None:
             live.discard(w)
 
 
-def _readable(conns: list, timeout: float) -> list:
-    """The connections with a message (or an end) to read, waiting at most ``timeout`` seconds:
-    ``multiprocessing.connection.wait`` without its selector set up and torn down on every call."""
+def _readable(workers: list, timeout: float) -> list:
+    """The workers with a message (or an end) to read or whose child has ended, waiting at most
+    ``timeout`` seconds: ``multiprocessing.connection.wait`` without its selector set up and torn
+    down on every call. The child's end is watched through its pidfd as well as its pipe, which a
+    process the kernel forked may hold open after the child died (without pidfds: the pipe only)."""
     if not hasattr(select, "poll"):
         from multiprocessing.connection import wait
-        return wait(conns, timeout)
+        got = wait([w.conn for w in workers], timeout)
+        return [w for w in workers if w.conn in got]
     poller = select.poll()
     by_fd = {}
-    for c in conns:
-        by_fd[c.fileno()] = c
-        poller.register(c.fileno(), select.POLLIN)
-    return [by_fd[fd] for fd, _ in poller.poll(math.ceil(timeout * 1000))]
+    for w in workers:
+        for fd in (w.conn.fileno(), w.pidfd):
+            if fd is not None:
+                by_fd[fd] = w
+                poller.register(fd, select.POLLIN)
+    return list(dict.fromkeys(by_fd[fd] for fd, _ in poller.poll(math.ceil(timeout * 1000))))
+
+
+def _pidfd(pid: int) -> int | None:
+    """A file descriptor that becomes readable when ``pid`` ends (Linux 5.3+), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _answered(run: _Run, w: Worker, path: str, ranks: list, kernel, reply) -> bool:

@@ -18,6 +18,7 @@ import torch
 
 from cpsim.errors import ConfigError
 from cpsim.paths import RankOutput, prep, run_path
+from cpsim.run import reaper
 
 
 def pack(out: RankOutput | None) -> dict[str, Any] | None:
@@ -58,7 +59,11 @@ def main(fd: int, parent_pid: int, authkey: str) -> None:
     from multiprocessing.connection import Connection
     multiprocessing.current_process().authkey = bytes.fromhex(authkey)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when a run is interrupted
-    serve(Connection(fd), parent_pid)
+    reaper.become_subreaper()  # a kernel's orphaned (setsid, double-forked) child stays below this process
+    try:
+        serve(Connection(fd), parent_pid)
+    finally:  # the parent closed the pipe or died: nothing the kernels started outlives this worker
+        reaper.end_descendants()
 
 
 def _probe(spec: str, path: str, shim_vllm: bool, device: str, where: str) -> tuple:
@@ -86,7 +91,8 @@ def _die_with(parent_pid: int) -> None:
                 os.kill(parent_pid, 0)
             except ProcessLookupError:
                 try:
-                    os.killpg(0, 9)  # this process and whatever the kernel forked (its group)
+                    reaper.end_descendants()  # whatever the kernel forked, in any session
+                    os.killpg(0, 9)  # and this process with its group
                 finally:
                     os._exit(1)
             except PermissionError:
