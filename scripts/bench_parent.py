@@ -135,6 +135,17 @@ def pieces() -> None:
     wrap(isolation.Worker, "answer", "    Worker.answer (unpacking)")
     wrap(world, "stack", "  world.stack")
     wrap(coordinator, "check", "  coordinator.check")
+    if os.environ.get("BENCH_PARENT_FINE"):  # the send and receive path in finer pieces (more timer cost)
+        from multiprocessing import connection
+        from cpsim.run import kernel_worker
+        wrap(isolation, "_send", "    _send")
+        wrap(isolation, "_load_message", "      _load_message (pickling)")
+        wrap(connection.Connection, "send", "      Connection.send (pickling, write)")
+        wrap(connection.Connection, "send_bytes", "      Connection.send_bytes (write)")
+        wrap(connection.Connection, "recv", "    Connection.recv (read, unpickling)")
+        wrap(isolation, "_readable", "    _readable (poll)")
+        wrap(kernel_worker, "unpack", "    kernel_worker.unpack")
+        wrap(isolation.Worker, "alive", "    Worker.alive")
 
 
 def summary(r) -> str:

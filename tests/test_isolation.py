@@ -587,3 +587,24 @@ def test_a_kernel_killing_its_worker_is_named_on_its_rank_and_the_other_ranks_ru
     assert f"kernel crashed with SIGKILL on rank {named} " in f.message and "one of ranks" not in f.message
     assert (also in f.message) if also else "also failed" not in f.message
     assert f.not_run == []  # ranks 0 and 2 (and 3) ran: none is left unjudged
+
+
+@pytest.mark.parametrize("sizes", [[0], [5, 7], [3, 16385], [70000, 2], [1, 2, 3, 4], [65530, 10]])
+def test_messages_written_together_read_back_one_by_one(sizes):
+    """``isolation._send_frames`` writes a scenario and its run in one system call; the worker's
+    ``Connection.recv_bytes`` must still read each message whole, in order, small or large."""
+    import socket
+    from multiprocessing.connection import Connection
+    from cpsim.run import isolation
+    a, b = socket.socketpair()
+    here, there = Connection(a.detach()), Connection(b.detach())
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    import threading
+    sender = threading.Thread(target=isolation._send_frames, args=(here, payloads))
+    sender.start()  # a write past the socket's buffer blocks until the reader drains it
+    got = [there.recv_bytes() for _ in payloads]
+    sender.join(10)
+    assert got == payloads
+    here.close()
+    with pytest.raises(EOFError):  # the end comes next: nothing but the messages was written
+        there.recv_bytes()
