@@ -12,6 +12,7 @@ little noise. ``--pieces`` adds per-function timers (as ``scripts/parent_timing.
 a little themselves); ``--profile F`` writes cProfile text of the last pass.
 
     PYTHONPATH=$PWD python scripts/bench_parent.py [--examples 600] [--passes 4] [--pieces] [--json F]
+    BENCH_PARENT_FINE=1 ... --pieces   # the send and receive path in finer pieces
 
 Compare two trees by running this file with each on PYTHONPATH (the recording is shared: /tmp).
 """
