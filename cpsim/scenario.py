@@ -299,10 +299,10 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def _plain(x):
-    """``dataclasses.asdict(x)``, the same value, about four times faster: fuzz fingerprints every
-    scenario it draws, and ``asdict``'s generic walk was a tenth of its parent's time. Scenario data is
-    frozen dataclasses, tuples and immutable atoms; anything else is copied as ``asdict`` copies it
-    (tests/test_scenario.py compares the two on drawn scenarios)."""
+    """``dataclasses.asdict(x)``, the same value, without its generic walk: fuzz fingerprints every
+    scenario it draws (a drawn scenario's fingerprint: 0.05 -> 0.03 ms; ``scripts/bench_parent.py``).
+    Scenario data is frozen dataclasses, tuples and immutable atoms; anything else is copied as
+    ``asdict`` copies it (tests/test_scenario.py compares the two on drawn scenarios)."""
     if type(x) in _ATOMS:
         return x
     if type(x) in (tuple, list):
