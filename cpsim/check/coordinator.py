@@ -752,7 +752,7 @@ def check(s: Scenario, allocs_world: list[list[Allocation]], gathered: dict, fin
             seen = earlier.get(gi)
             if seen is not None and seen[0] == key and np.array_equal(seen[1], full):
                 # The same buffer as an earlier path's (both paths right, or wrong alike): the same verdicts,
-                # which name no path but in ``Violation.path``. Half the check's time when paths agree.
+                # which name no path but in ``Violation.path``: a quarter of the fuzz loop's check time.
                 judged = [(inv, n, [dataclasses.replace(v, path=path) for v in vios]) for inv, n, vios in seen[2]]
             else:
                 judged = _slot_invariants(gctx, path, g, gi, full, entry_sizes[gi], [a[gi] for a in allocs_world],
