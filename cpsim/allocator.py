@@ -11,6 +11,7 @@ own table layouts) and by the coordinator (which knows where every token must go
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,7 +60,8 @@ def allocate(s: Scenario, rank: int, group_index: int) -> Allocation:
     counts = [_blocks_for(s, g, shard, length) for length in s.batch.allocated_lens()]
     total = sum(counts)
     ids = rng.choice(g.num_blocks - 1, size=total, replace=False).astype(np.int64) + 1
-    return Allocation(tuple(np.split(ids, np.cumsum(counts)[:-1])) if counts else ())
+    ends = list(itertools.accumulate(counts))
+    return Allocation(tuple(ids[e - n:e] for n, e in zip(counts, ends)))
 
 
 def allocate_rank(s: Scenario, rank: int) -> list[Allocation]:

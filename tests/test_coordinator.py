@@ -363,3 +363,48 @@ def test_no_collision_names_exactly_the_slots_held_twice(world, gi):
         assert got == want
 
     check()
+
+
+def test_a_buffer_an_earlier_path_had_gets_the_verdicts_it_gets_alone():
+    """``check`` judges a group's buffer once when a later path hands in the same one (the fast path in
+    ``coordinator.check``). On drawn scenarios with buffers equal, corrupted alike or corrupted apart
+    (slots read from a table's guard entries among the corruptions) and table entry sizes that may
+    differ, every path's verdicts are the ones it gets checked alone, where nothing is reused."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from cpsim.check import reference
+    from cpsim.check.gathered import Gathered
+    from cpsim.fuzz import scenarios
+    from cpsim.layout import table_guard_id
+
+    paths = ["v1", "v2", "v1-torch"]
+
+    @settings(max_examples=80, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(scenarios(max_programs=12), st.data())
+    def prop(s, data):
+        allocs = allocate_world(s)
+        n = s.limits.slot_buffer_size
+        ref = torch.stack([reference.rank_slots(s, allocs[r], r, n) for r in range(s.cp.world)])
+        ranks, groups = ref.shape[0], ref.shape[1]
+        guard_slots = [table_guard_id(g.num_blocks, g.block_size, e) * e for g in s.groups for e in (g.b, g.block_size)]
+        values = st.sampled_from([PAD_SLOT_ID, POISON, -5, 0, 1, 17, 2**31, *guard_slots])
+        gathered, first = {}, None
+        for i, p in enumerate(paths):
+            how = data.draw(st.sampled_from(["reference", "broken"] + ["as the first"] * 2 * (i > 0)))
+            slots = ref.clone() if how != "as the first" else first.clone()
+            if how == "broken":
+                for _ in range(data.draw(st.integers(1, 4))):
+                    at = data.draw(st.integers(0, slots.numel() - 1))
+                    other = int(slots.view(-1)[data.draw(st.integers(0, slots.numel() - 1))])
+                    slots.view(-1)[at] = data.draw(st.one_of(values, st.just(other)))
+            first = slots if first is None else first
+            sizes = [[data.draw(st.sampled_from([g.b, g.block_size])) for g in s.groups]] * ranks
+            enabled = [[data.draw(st.sampled_from([True] * 4 + [False])) for _ in s.groups]] * ranks
+            gathered[p] = Gathered(p, slots, torch.tensor(enabled), torch.full((ranks, groups), 4096),
+                                   torch.tensor(sizes, dtype=torch.int64))
+        fps = [s.fingerprint()] * s.cp.world
+        together = [v for v in coordinator.check(s, allocs, gathered, fps) if v.path in paths]
+        alone = [v for p in paths for v in coordinator.check(s, allocs, {p: gathered[p]}, fps) if v.path == p]
+        assert together == alone
+
+    prop()

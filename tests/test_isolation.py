@@ -673,3 +673,24 @@ def test_sweep_ends_the_marked_processes_only(tmp_path):
         for p in procs:
             p.kill()
             p.wait(5)
+
+
+@pytest.mark.parametrize("sizes", [[0], [5, 7], [3, 16385], [70000, 2], [1, 2, 3, 4], [65530, 10]])
+def test_messages_written_together_read_back_one_by_one(sizes):
+    """``isolation._send_frames`` writes a scenario and its run in one system call; the worker's
+    ``Connection.recv_bytes`` must still read each message whole, in order, small or large."""
+    import socket
+    from multiprocessing.connection import Connection
+    from cpsim.run import isolation
+    a, b = socket.socketpair()
+    here, there = Connection(a.detach()), Connection(b.detach())
+    payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    import threading
+    sender = threading.Thread(target=isolation._send_frames, args=(here, payloads))
+    sender.start()  # a write past the socket's buffer blocks until the reader drains it
+    got = [there.recv_bytes() for _ in payloads]
+    sender.join(10)
+    assert got == payloads
+    here.close()
+    with pytest.raises(EOFError):  # the end comes next: nothing but the messages was written
+        there.recv_bytes()

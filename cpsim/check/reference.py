@@ -47,16 +47,18 @@ def stacked_blocks(allocs: Sequence[Allocation]) -> tuple[np.ndarray, np.ndarray
 
 
 def world_slots(s: Scenario, g: KVGroup, allocs: Sequence[Allocation], ranks: Sequence[int],
-                positions: np.ndarray, req: np.ndarray, pad: np.ndarray, replayed: np.ndarray) -> np.ndarray:
+                positions: np.ndarray, req: np.ndarray, pad: np.ndarray, replayed: np.ndarray,
+                stacked: tuple | None = None) -> np.ndarray:
     """[len(ranks), tokens] int64: expected slot (or PAD) of every scheduled token, group ``g``, on each rank.
 
     ``allocs[i]`` is rank ``ranks[i]``'s allocation of the group; ``pad`` / ``replayed`` are the
-    batch's is_padding and replay masks over the same tokens.
+    batch's is_padding and replay masks over the same tokens; ``stacked``: ``stacked_blocks(allocs)``
+    when the caller has it.
     """
     out = np.full((len(ranks), positions.size), PAD_SLOT_ID, dtype=np.int64)
     if not g.slot_mapped or positions.size == 0 or not len(ranks):
         return out
-    blocks, widths, live = stacked_blocks(allocs)
+    blocks, widths, live = stacked if stacked is not None else stacked_blocks(allocs)
     if g.pads_replay:
         pad = pad | replayed  # the cached KV stays as it is: replayed positions write nothing
     if g.circular:
