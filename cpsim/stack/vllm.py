@@ -22,6 +22,7 @@ hands one list to all DCP ranks), drawn without 0 (vLLM's null block).
 
 from __future__ import annotations
 
+import inspect
 import os
 from types import SimpleNamespace
 
@@ -70,9 +71,10 @@ PATCHES = (
     "rank_in_group = the CP rank being built; PCP 1/0): the virtual world has no process groups",
 )
 
-H2D_PATCH = ("vllm.v1.worker.gpu.buffer_utils.async_tensor_h2d called with pin_memory=False (0.18, 0.23: its "
-             "default was bound to PIN_MEMORY when vllm.utils.torch_utils was imported, before the patch above; "
-             "StagedWriteTensor.apply_write stages every table write through it)")
+H2D_PATCH = ("vllm.v1.worker.gpu.buffer_utils.async_tensor_h2d called with pin_memory=False (0.18 passes "
+             "pin_memory=True at its call; 0.23's default was bound to PIN_MEMORY when vllm.utils.torch_utils "
+             "was imported, before the patch above; 0.28+ take no pin_memory and are left alone): "
+             "StagedWriteTensor.apply_write stages every table write through it")
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
 
 
@@ -186,8 +188,11 @@ def patch_mrv2_buffers() -> list[str]:
     buffer_utils.is_uva_available = lambda: True
     applied = list(PATCHES[1:3])
     h2d = getattr(buffer_utils, "async_tensor_h2d", None)
-    if h2d is not None:
-        buffer_utils.async_tensor_h2d = lambda data, dtype, device, pin_memory=False: h2d(data, dtype, device, False)
+    if h2d is not None and "pin_memory" in inspect.signature(h2d).parameters:  # 0.18, 0.23; 0.28+ take none
+        def unpinned(*args, **kwargs):
+            kwargs["pin_memory"] = False
+            return h2d(*args, **kwargs)
+        buffer_utils.async_tensor_h2d = unpinned
         applied.append(H2D_PATCH)
     return applied
 

@@ -108,10 +108,10 @@ def check_supported(meta: dict, path: str) -> None:
             raise Unsupported(f"{where}.kind", "cpsim's ring-buffer sliding window has no counterpart in "
                                                "vllm-ascend's v1 block table")
         if g["kind"] == "attention" and g["world"] != world:
-            raise Unsupported(f"{where}.cp_size", "vllm-ascend's v1 BlockTable applies one CP size to every "
-                                                  "attention group")
+            raise Unsupported(f"{where}.cp_size", f"vllm-ascend's {'v1 BlockTable' if path == 'v1' else 'AscendBlockTables'} "
+                                                  "applies one CP size to every attention group")
     if meta["has_padding_flags"] or meta["has_replay"]:
-        raise Unsupported("batch", "vllm-ascend's v1 block table takes no padding flags or replay window")
+        raise Unsupported("batch", "vllm-ascend's host tables take no padding flags or replay window")
 
 
 def _check_v2(meta: dict) -> None:
