@@ -53,8 +53,9 @@ $(ASCEND_VENV)/.cpsim-ready: Makefile
 ascend-check: $(STAMP) ascend-venv
 	$(PYTHON) -m cpsim ascend-check --ascend-python $(ASCEND_VENV)/bin/python $(ASCEND_ARGS)
 
-# Released vLLM host block tables and kernels, each release in its own side venv under $(UPSTREAM_VENVS)
-# (never $(VENV)), and vllm-ascend's released kernels from its sdists; writes docs/UPSTREAM.md's matrix.
+# Released vLLM host block tables and kernels (one shared base venv under $(UPSTREAM_VENVS), never $(VENV),
+# and each release in a --target folder of its own), vllm-ascend's released kernels and host classes from
+# its sdists, each beside the vLLM it was built for; writes docs/UPSTREAM.md's matrix.
 # Exit 1 on a release cpsim cannot load or judge, or a finding not in docs/upstream-known.json.
 UPSTREAM_VENVS ?= .venv-upstream
 UPSTREAM_ARGS ?=

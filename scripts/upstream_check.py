@@ -1,14 +1,15 @@
 """``make upstream-check``: cpsim against what released vLLM / vllm-ascend ship.
 
-For each vLLM release (a side venv, scripts/upstream_install.py, once): its host block-table
-classes through the stack driver (``cpsim.stack``; the release is imported once, every
+For each vLLM release (scripts/upstream_install.py, once: one shared dependency venv, ``base``, and the
+release in a ``pip install --no-deps --target`` folder of its own, put first on the driver child's
+sys.path): its host block-table classes through the stack driver (``cpsim.stack``; the release is imported once, every
 (scenario, path) job then runs in a forked child of its own with a timeout), judged here by the
 release's profile (``cpsim.check.profiles``, chosen by the installed version); then its
 released kernels (``--kernel-v1`` / ``--kernel-v2`` by path into the installed release,
 ``--shim-vllm``) on a few presets and a short fuzz. For vllm-ascend releases: their released
-MRV2 kernel from the sdist (``ascend-v2-0.18``), and their v1 host classes (``ASCEND_HOSTS``:
-the unpacked sdist on the child's sys.path, ``--stack-source``, beside a vLLM venv made above) on
-``ASCEND_HOST_PRESETS``.
+MRV2 kernel from the sdist (``ascend-v2-0.18``), and their v1 and MRV2 host classes (``ASCEND_HOSTS``:
+the unpacked sdist first on the child's sys.path, then the folder of the vLLM release it was built
+for) on ``ASCEND_HOST_PRESETS``.
 
 Writes the release x subject x scenario x path matrix into docs/UPSTREAM.md and each failing
 step as an explicit batch under docs/upstream/. Exit 1 when a release cannot be loaded or
@@ -34,12 +35,15 @@ sys.path.insert(0, str(ROOT))
 
 from cpsim import scenario as sc  # noqa: E402
 
-VLLM = ("0.28.0", "0.31.0", "0.33.0")
+VLLM = ("0.23.0", "0.28.0", "0.31.0", "0.33.0")
 VLLM_KERNELS_ONLY = ("0.26.0",)  # releases whose kernels run (from the wheel, unpacked), host classes not driven
 ASCEND_KERNELS = ("0.18.0", "0.23.0.post1")
-# vllm-ascend host classes (release, the vLLM release whose venv drives it): beside vLLM 0.33.0 with the
-# two stand-ins cpsim.stack.vllm_ascend lists (docs/UPSTREAM.md), so no venv is made for them alone.
-ASCEND_HOSTS: tuple[tuple[str, str], ...] = (("0.18.0", "0.33.0"), ("0.23.0.post1", "0.33.0"))
+# vllm-ascend host classes: (release, the vLLM release it was built for, its paths). The pairing is read
+# from each sdist: vllm_version_is("X") throughout vllm_ascend/ and docs/source/conf.py's ci_vllm_version.
+ASCEND_HOSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("0.13.0", "0.13.0", ("v1",)),          # no vllm_ascend/worker/v2/block_table.py in 0.13.0
+    ("0.18.0", "0.18.0", ("v1", "v2")),
+    ("0.23.0.post1", "0.23.0", ("v1", "v2")))
 # default plus the presets that show a finding on 0.18.0 / 0.23.0.post1 (docs/UPSTREAM.md results).
 ASCEND_HOST_PRESETS = ("default", "mtp", "hybrid-interleave", "huge-cache")
 KERNEL_PRESETS = ("default", "mtp", "hybrid-mamba", "decode-heavy")
@@ -197,6 +201,7 @@ def save_repro(step, release: str, subject: str, scenario: str, path: str) -> st
 
 def check_hosts(release: str, family: str, python: str, named=None, paths=("v1", "v2"),
                 source: str | None = None) -> list[dict]:
+    """``source``: the folders put first on the child's sys.path (os.pathsep-separated)."""
     from cpsim.stack import host
     named = named if named is not None else host_scenarios()
     try:
@@ -211,13 +216,17 @@ def check_hosts(release: str, family: str, python: str, named=None, paths=("v1",
                             detail=f"{job.unsupported[0]}: {job.unsupported[1]}"))
             continue
         for path in paths:
+            if path in job.unsupported_paths:
+                rows.append(row(label, "host", name, path, "not expressible",
+                                detail=": ".join(job.unsupported_paths[path])))
+                continue
             step = job.steps.get(path)
             failure = job.failures.get(path)
-            _, verdicts = host.judge_steps({path: step} if step else {}, job.profile,
+            _, verdicts = host.judge_steps({path: step} if step else {}, job.profile_of(path),
                                            {path: failure} if failure else {})
             fails = {f"{v.invariant}:{w.group}" for v in verdicts if v.status == "fail" for w in v.violations}
             repro = save_repro(step, label, "host", name, path) if fails and step is not None else ""
-            rows.append(row(label, f"host ({job.profile})", name, path, "fail" if fails else "pass", fails,
+            rows.append(row(label, f"host ({job.profile_of(path)})", name, path, "fail" if fails else "pass", fails,
                             repro=repro))
     return rows
 
@@ -341,8 +350,8 @@ def main() -> int:
     ap.add_argument("--vllm", default=",".join(VLLM), help=f"vLLM releases (default {','.join(VLLM)})")
     ap.add_argument("--vllm-kernels", default=",".join(VLLM_KERNELS_ONLY),
                     help=f"vLLM releases whose kernels only run (default {','.join(VLLM_KERNELS_ONLY)})")
-    ap.add_argument("--ascend", default=",".join(ASCEND_KERNELS),
-                    help=f"vllm-ascend releases whose kernels run (default {','.join(ASCEND_KERNELS)})")
+    ap.add_argument("--ascend", default=",".join(sorted({*ASCEND_KERNELS, *(a for a, _, _ in ASCEND_HOSTS)})),
+                    help="vllm-ascend releases whose kernels (ASCEND_KERNELS) and host classes (ASCEND_HOSTS) run")
     ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave docs/UPSTREAM.md alone")
     ap.add_argument("--rows", default=str(ROOT / "build" / "upstream" / "rows.json"), help="where the rows go")
     ap.add_argument("--rejudge", metavar="ROWS", help="judge the rows a run saved (build/upstream/rows.json) "
@@ -355,21 +364,22 @@ def main() -> int:
     out = ROOT / "build" / "upstream"
     out.mkdir(parents=True, exist_ok=True)
     t0, rows, times = time.time(), [], []
-    for version in filter(None, args.vllm.split(",")):
+    wanted = [v for v in args.vllm.split(",") if v] if only & {"host", "kernel"} else []
+    if "ascend-host" in only:
+        wanted += [p for a, p, _ in ASCEND_HOSTS if a in args.ascend.split(",") and p not in wanted]
+    installed = install(venvs, wanted, times)
+    python = str(venvs / "base" / "bin" / "python")
+    for version in [v for v in args.vllm.split(",") if v] if only & {"host", "kernel"} else []:
         t = time.time()
-        venv = venvs / f"vllm-{version}"
-        inst = subprocess.run([sys.executable, str(ROOT / "scripts" / "upstream_install.py"), str(venv),
-                               f"vllm=={version}"])
-        if inst.returncode:
+        folder = venvs / f"vllm-{version}"
+        if version not in installed:
             rows.append(row(f"vllm {version}", "install", "*", "*", "broken", detail="upstream_install.py failed"))
             continue
-        installed = time.time() - t
         if "host" in only:
-            rows += check_hosts(f"vllm {version}", "vllm", str(venv / "bin" / "python"))
+            rows += check_hosts(f"vllm {version}", "vllm", python, source=str(folder))
         if "kernel" in only:
-            site = next((venv / "lib").glob("python3*/site-packages"))
-            rows += check_kernels(f"vllm {version}", site, out)
-        times.append(f"vllm {version}: install {installed:.0f} s, checks {time.time() - t - installed:.0f} s")
+            rows += check_kernels(f"vllm {version}", folder, out)
+        times.append(f"vllm {version}: checks {time.time() - t:.0f} s")
         print(times[-1], flush=True)
     if "kernel" in only:
         for version in filter(None, args.vllm_kernels.split(",")):
@@ -383,7 +393,7 @@ def main() -> int:
             times.append(f"vllm {version}: kernels {time.time() - t:.0f} s")
             print(times[-1], flush=True)
     if "ascend" in only:
-        for version in filter(None, args.ascend.split(",")):
+        for version in [v for v in args.ascend.split(",") if v in ASCEND_KERNELS]:
             t = time.time()
             try:
                 src = ascend_source(version, venvs)
@@ -402,28 +412,42 @@ def main() -> int:
     return finish(rows, args, t0)
 
 
+def install(venvs: Path, versions: list[str], times: list[str]) -> set[str]:
+    """The shared base venv and each vLLM release's folder (scripts/upstream_install.py; stamped parts are
+    left alone): the versions whose folder is ready."""
+    if not versions:
+        return set()
+    t = time.time()
+    inst = subprocess.run([sys.executable, str(ROOT / "scripts" / "upstream_install.py"), str(venvs),
+                           *[f"vllm=={v}" for v in versions]])
+    times.append(f"install {time.time() - t:.0f} s")
+    print(times[-1], flush=True)
+    if inst.returncode:
+        return {v for v in versions if (venvs / f"vllm-{v}" / ".cpsim-upstream").exists()}
+    return set(versions)
+
+
 def check_ascend_hosts(args, venvs: Path, times: list[str]) -> list[dict]:
-    """vllm-ascend's v1 host classes of each ASCEND_HOSTS release named in --ascend, in the venv of the
-    vLLM release paired with it (made by upstream_install.py if the vLLM loop above did not)."""
+    """vllm-ascend's host classes of each ASCEND_HOSTS release named in --ascend, the unpacked sdist first on
+    the driver child's sys.path, then the folder of the vLLM release it was built for (installed above)."""
     rows = []
     named = [(n, sc.preset(n)) for n in ASCEND_HOST_PRESETS]
-    for version, vllm_version in ASCEND_HOSTS:
+    python = str(venvs / "base" / "bin" / "python")
+    for version, vllm_version, paths in ASCEND_HOSTS:
         if version not in args.ascend.split(","):
             continue
         t = time.time()
-        venv = venvs / f"vllm-{vllm_version}"
-        inst = subprocess.run([sys.executable, str(ROOT / "scripts" / "upstream_install.py"), str(venv),
-                               f"vllm=={vllm_version}"])
+        folder = venvs / f"vllm-{vllm_version}"
         try:
             src, detail = ascend_source(version, venvs), ""
         except (subprocess.SubprocessError, OSError) as e:
             src, detail = None, str(e)
-        if inst.returncode or src is None:
-            rows.append(row(f"vllm-ascend {version}", "host", "*", "v1", "broken",
-                            detail="upstream_install.py failed" if inst.returncode else detail))
+        if not (folder / ".cpsim-upstream").exists() or src is None:
+            rows.append(row(f"vllm-ascend {version}", "host", "*", ",".join(paths), "broken",
+                            detail="upstream_install.py failed" if src is not None else detail))
             continue
-        rows += check_hosts(f"vllm-ascend {version}", "vllm-ascend", str(venv / "bin" / "python"), named,
-                            ("v1",), str(src))
+        rows += check_hosts(f"vllm-ascend {version}", "vllm-ascend", python, named, paths,
+                            os.pathsep.join([str(src), str(folder)]))
         times.append(f"vllm-ascend {version} host (beside vllm {vllm_version}): {time.time() - t:.0f} s")
         print(times[-1], flush=True)
     return rows

@@ -1,15 +1,25 @@
-"""Create (once) a side venv for one runtime release and install it without dependencies.
+"""Create (once) the side environment the upstream check drives released runtimes in.
 
-``python scripts/upstream_install.py VENV vllm==0.33.0``: python3.11 venv; cpsim's torch and
-triton (never the release's); the release with ``--no-deps``; then the small pure-Python
-packages its host block-table modules import. Those are a known list (``NEEDS``); each is
-pinned by the release's own metadata where it names one (transformers, fastapi, ...).
-A module still missing on import is installed by its distribution name and named in the
-output (add it to ``NEEDS``). The venv is stamped; a stamped venv is left alone.
+``python scripts/upstream_install.py VENVS vllm==0.33.0 vllm==0.23.0 ...``:
+
+- ``VENVS/base``: one python3.11 venv of what every release shares: cpsim's torch and triton
+  (never a release's), numpy, and the small pure-Python packages the releases' host block-table
+  modules import (``NEEDS``), pinned by the newest release's own metadata where it names a range.
+- ``VENVS/vllm-X``: release X installed with ``--no-deps --target`` (a folder, not a venv); a job
+  selects it by putting the folder first on the driver child's ``sys.path``. A NEEDS package whose
+  base version release X's metadata does not accept (vLLM 0.13-0.23 want transformers < 5, the
+  base has 5.x) is installed into that folder too, at X's range, and so are those of its own
+  requirements the base does not satisfy; the folder shadows the base for that release only.
+
+A module still missing on import is installed into the release's folder and named in the output
+(add it to ``NEEDS``). Each part is stamped; a stamped part is left alone. The timings printed are
+per part (pip's cache may be warm: a second fresh run downloads nothing).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -20,72 +30,173 @@ BASE = ["torch==2.13.0", "triton==3.6.0", "numpy>=1.24,<2.3"]
 # Found by trial on vLLM 0.33.0 (import vllm.v1.worker.block_table, vllm.v1.worker.gpu.block_table).
 NEEDS = ["packaging", "psutil", "pyzmq", "urllib3", "regex", "pydantic", "cbor2", "transformers", "aiohttp",
          "requests", "openai-harmony", "openai", "pillow", "pybase64", "cachetools", "msgspec", "cloudpickle",
-         "uvloop", "py-cpuinfo", "prometheus_client", "xgrammar", "fastapi", "partial_json_parser", "llguidance"]
+         "uvloop", "py-cpuinfo", "prometheus_client", "xgrammar", "fastapi", "partial_json_parser", "llguidance",
+         "gguf"]  # gguf: vLLM 0.13-0.23 import it there too
+NEVER_BESIDE = {"torch", "triton", "numpy"}  # cpsim's own, one version for every release
 MODULE_TO_DIST = {"yaml": "pyyaml", "zmq": "pyzmq", "google": "protobuf", "PIL": "pillow",
                   "cpuinfo": "py-cpuinfo", "cv2": "opencv-python-headless"}
 IMPORTS = {"vllm": "import vllm.v1.worker.block_table, vllm.v1.worker.gpu.block_table"}
 ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
+BASE_STAMP = ".cpsim-upstream-base"
+STAMP = ".cpsim-upstream"
+
+# Run by the base python with the release folder first on sys.path: which of the requirement strings
+# on stdin (one per line, markers allowed) the environment does not satisfy, as "name spec" lines.
+UNMET = r"""
+import importlib.metadata as md, sys
+from packaging.requirements import Requirement
+for line in sys.stdin.read().splitlines():
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    try:
+        have = md.version(req.name)
+    except md.PackageNotFoundError:
+        have = None
+    if have is None or (req.specifier and not req.specifier.contains(have, prereleases=True)):
+        print(req.name, str(req.specifier))
+"""
+REQUIRES = ("import importlib.metadata as m, sys, json; "
+            "print(json.dumps({d: m.requires(d) or [] for d in sys.argv[1:]}))")
 
 
 def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pins(py: str, dist: str) -> dict[str, str]:
-    """Requirement strings of the installed release's METADATA (no extras, no markers), by name."""
-    code = ("import importlib.metadata as m, sys; print('\\n'.join(m.requires(sys.argv[1]) or []))")
-    out = subprocess.run([py, "-c", code, dist], capture_output=True, text=True).stdout.splitlines()
+def env_with(folder: Path | None) -> dict:
+    env = dict(os.environ, **ENV)
+    env.pop("PYTHONPATH", None)
+    if folder is not None:
+        env["PYTHONPATH"] = str(folder)
+    return env
+
+
+def requires(py: str, folder: Path | None, dists: list[str]) -> dict[str, list[str]]:
+    out = subprocess.run([py, "-c", REQUIRES, *dists], capture_output=True, text=True, cwd="/",
+                         env=env_with(folder), check=True).stdout
+    return json.loads(out)
+
+
+def pins(py: str, folder: Path | None, dist: str) -> dict[str, str]:
+    """The release's requirement ranges (no extras, no markers) by normalised name."""
     found = {}
-    for line in out:
+    for line in requires(py, folder, [dist])[dist]:
         if "extra ==" in line:
             continue
-        req = line.split(";")[0].strip()
-        m = re.match(r"([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*(.*)", req)
+        m = re.match(r"([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*([^;]*)", line)
         if m:
             found[norm(m.group(1))] = m.group(3).replace(" ", "")
     return found
+
+
+def unmet(py: str, folder: Path, reqs: list[str]) -> list[str]:
+    """Requirement strings ("name spec") the base plus ``folder`` does not satisfy."""
+    reqs = [r for r in reqs if "extra ==" not in r]
+    if not reqs:
+        return []
+    out = subprocess.run([py, "-c", UNMET], input="\n".join(reqs), capture_output=True, text=True, cwd="/",
+                         env=env_with(folder), check=True).stdout.split("\n")
+    return [line.split(" ", 1)[0] + line.split(" ", 1)[1] for line in out if line.strip()]
 
 
 def pip(py: str, *args: str) -> None:
     subprocess.run([py, "-m", "pip", "install", "-q", *args], check=True)
 
 
-def missing_module(py: str, family: str) -> str | None:
-    import os
-    r = subprocess.run([py, "-c", IMPORTS[family]], capture_output=True, text=True, cwd="/",
-                       env=dict(os.environ, **ENV))
+def missing_module(py: str, folder: Path, family: str) -> str | None:
+    r = subprocess.run([py, "-c", IMPORTS[family]], capture_output=True, text=True, cwd="/", env=env_with(folder))
     m = re.search(r"No module named '([^'.]+)", r.stderr)
     if r.returncode and not m:
-        raise SystemExit(f"{family} does not import: {r.stderr.strip().splitlines()[-1]}")
+        raise SystemExit(f"{family} in {folder} does not import: {r.stderr.strip().splitlines()[-1]}")
     return m.group(1) if m else None
 
 
-def install(venv: Path, release: str) -> float:
-    stamp = venv / ".cpsim-upstream"
-    if stamp.exists():
+def install_base(base: Path, newest: str, folder_of_newest: Path) -> float:
+    """The shared venv; NEEDS pinned by the newest release (read from its folder, installed first)."""
+    if (base / BASE_STAMP).exists():
         return 0.0
     t0 = time.time()
-    family = release.split("==")[0]
-    py = str(venv / "bin" / "python")
+    py = str(base / "bin" / "python")
     if not Path(py).exists():
-        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
+        subprocess.run(["python3.11", "-m", "venv", str(base)], check=True)
     pip(py, *BASE)
-    pip(py, "--no-deps", release)
-    wanted = pins(py, family)
+    wanted = pins(py, folder_of_newest, newest.split("==")[0])
     pip(py, *[n + wanted.get(norm(n), "") for n in NEEDS])
+    (base / BASE_STAMP).write_text(f"pinned by {newest}\n")
+    return time.time() - t0
+
+
+def put_beside(py: str, folder: Path, reqs: list[str], release: str) -> list[str]:
+    """Install into ``folder`` each requirement the base does not satisfy, then theirs, until none is left."""
+    placed: list[str] = []
+    for _ in range(12):
+        todo = [r for r in unmet(py, folder, reqs) if norm(re.split(r"[<>=!~ ]", r)[0]) not in NEVER_BESIDE]
+        if not todo:
+            return placed
+        pip(py, "--no-deps", "--upgrade", "--target", str(folder), *todo)
+        placed += todo
+        names = [re.split(r"[<>=!~ ]", r)[0] for r in todo]
+        reqs = [x for got in requires(py, folder, names).values() for x in got]
+    raise SystemExit(f"{release}: requirements still unmet in {folder} after 12 rounds")
+
+
+def unpack(py: str, folder: Path, release: str) -> None:
+    """The release's wheel into ``folder`` (no dependencies), unless it is there already."""
+    if not list(folder.glob("*.dist-info")):
+        pip(py, "--no-deps", "--upgrade", "--target", str(folder), release)
+
+
+def install_release(base: Path, folder: Path, release: str) -> tuple[float, list[str]]:
+    """``release`` into ``folder`` (no deps); what the base lacks for it beside it. (seconds, placed)."""
+    if (folder / STAMP).exists():
+        return 0.0, []
+    t0 = time.time()
+    py = str(base / "bin" / "python")
+    family = release.split("==")[0]
+    unpack(py, folder, release)
+    wanted = pins(py, folder, family)
+    placed = put_beside(py, folder, [n + wanted.get(norm(n), "") for n in NEEDS], release)
     for _ in range(40):
-        mod = missing_module(py, family)
+        mod = missing_module(py, folder, family)
         if mod is None:
             break
         dist = MODULE_TO_DIST.get(mod, mod)
         print(f"{release}: its import also needs {dist} (add it to NEEDS)", flush=True)
-        pip(py, dist + wanted.get(norm(dist), ""))
+        placed += put_beside(py, folder, [dist + wanted.get(norm(dist), "")], release)
     else:
         raise SystemExit(f"{release}: still missing modules after 40 installs")
-    stamp.write_text(release + "\n")
-    return time.time() - t0
+    (folder / STAMP).write_text(json.dumps({"release": release, "beside": placed}) + "\n")
+    return time.time() - t0, placed
+
+
+def version_key(release: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", release.split("==")[1])[:3])
+
+
+def install_all(venvs: Path, releases: list[str]) -> list[str]:
+    """Base first (its pins read from the newest release, which is therefore unpacked first), then each
+    release's folder. One line per part: what was installed and how long it took."""
+    base = venvs / "base"
+    newest = max(releases, key=version_key)
+    lines = []
+    first_folder = venvs / newest.replace("==", "-")
+    t0, unpacked = time.time(), 0.0
+    if not (base / BASE_STAMP).exists():
+        unpack(sys.executable, first_folder, newest)  # its pins are read before the base exists
+        unpacked = time.time() - t0
+    took = install_base(base, newest, first_folder)
+    lines.append(f"base venv: {'ready' if not took else f'installed in {took:.0f} s (pinned by {newest})'}")
+    for release in sorted(releases, key=version_key, reverse=True):
+        folder = venvs / release.replace("==", "-")
+        seconds, placed = install_release(base, folder, release)
+        if release == newest:
+            seconds += unpacked
+        beside = f"; beside it: {', '.join(placed)}" if placed else ""
+        lines.append(f"{release}: {'ready' if not seconds else f'installed in {seconds:.0f} s'} at {folder}{beside}")
+    return lines
 
 
 if __name__ == "__main__":
-    took = install(Path(sys.argv[1]), sys.argv[2])
-    print(f"{sys.argv[2]}: {'ready' if not took else f'installed in {took:.0f} s'} at {sys.argv[1]}")
+    for line in install_all(Path(sys.argv[1]).resolve(), sys.argv[2:]):
+        print(line, flush=True)

@@ -2,9 +2,12 @@
 capture from the host classes, replayed.
 
 Host classes of our own in vllm-ascend's shape (tests/stack_hosts) run without vLLM; the tests on
-released classes skip unless the side venv (and, for vllm-ascend, the unpacked sdist) is there:
-$CPSIM_STACK_PYTHON (vLLM 0.33.0), $CPSIM_ASCEND_PYTHON (a vLLM 0.23.0 venv),
-$CPSIM_ASCEND_SOURCE_023 / $CPSIM_ASCEND_SOURCE_018 (the vllm-ascend sdists' top folders).
+released classes skip unless the side environment of scripts/upstream_install.py (and, for vllm-ascend,
+the unpacked sdist) is there, by default under .venv-upstream:
+$CPSIM_STACK_PYTHON (the shared base venv's python) with $CPSIM_STACK_SOURCE (vLLM 0.33.0's --target
+folder; empty when that python has vLLM 0.33.0 installed), $CPSIM_ASCEND_PYTHON (base python),
+$CPSIM_ASCEND_SOURCE_023 / _018 / _013 (the vllm-ascend sdists' top folders) beside
+$CPSIM_ASCEND_VLLM_023 / _018 / _013 (the folders of vLLM 0.23.0 / 0.18.0 / 0.13.0, each built-for pair).
 """
 
 from __future__ import annotations
@@ -24,11 +27,23 @@ from cpsim.stack import host
 HOSTS = Path(__file__).parent / "stack_hosts"
 ROOT = Path(__file__).resolve().parent.parent
 UPSTREAM = ROOT / ".venv-upstream"
-VLLM_PYTHON = os.environ.get(host.PYTHON_ENV, str(UPSTREAM / "vllm-0.33.0" / "bin" / "python"))
-ASCEND_PYTHON = os.environ.get("CPSIM_ASCEND_PYTHON", str(UPSTREAM / "vllm-0.23.0" / "bin" / "python"))
-ASCEND_SOURCE = {"0.23.0.post1": os.environ.get("CPSIM_ASCEND_SOURCE_023",
-                                                str(UPSTREAM / "src" / "vllm_ascend-0.23.0.post1")),
-                 "0.18.0": os.environ.get("CPSIM_ASCEND_SOURCE_018", str(UPSTREAM / "src" / "vllm_ascend-0.18.0"))}
+BASE_PYTHON = str(UPSTREAM / "base" / "bin" / "python")
+VLLM_PYTHON = os.environ.get(host.PYTHON_ENV, BASE_PYTHON)
+VLLM_FOLDER = os.environ.get("CPSIM_STACK_SOURCE", str(UPSTREAM / "vllm-0.33.0"))
+ASCEND_PYTHON = os.environ.get("CPSIM_ASCEND_PYTHON", BASE_PYTHON)
+PAIRS = {"0.23.0.post1": ("023", "0.23.0"), "0.18.0": ("018", "0.18.0"), "0.13.0": ("013", "0.13.0")}
+ASCEND_SDIST = {r: os.environ.get(f"CPSIM_ASCEND_SOURCE_{tag}", str(UPSTREAM / "src" / f"vllm_ascend-{r}"))
+                for r, (tag, _) in PAIRS.items()}
+ASCEND_VLLM = {r: os.environ.get(f"CPSIM_ASCEND_VLLM_{tag}", str(UPSTREAM / f"vllm-{v}")) for r, (tag, v) in PAIRS.items()}
+# --stack-source of each release: the sdist first, then the folder of the vLLM release it was built for
+ASCEND_SOURCE = {r: os.pathsep.join([ASCEND_SDIST[r]] + [ASCEND_VLLM[r]] * bool(ASCEND_VLLM[r])) for r in PAIRS}
+VLLM_READY = Path(VLLM_PYTHON).exists() and (not VLLM_FOLDER or (Path(VLLM_FOLDER) / "vllm").is_dir())
+VLLM_SKIP = (f"no side environment with vLLM 0.33.0 at {VLLM_PYTHON} + {VLLM_FOLDER!r} "
+             f"(scripts/upstream_install.py, or set {host.PYTHON_ENV} / CPSIM_STACK_SOURCE)")
+
+
+def vllm_args() -> list[str]:
+    return ["--stack-python", VLLM_PYTHON] + (["--stack-source", VLLM_FOLDER] if VLLM_FOLDER else [])
 
 
 def run(tmp_path, *argv) -> tuple[int, dict]:
@@ -125,38 +140,69 @@ def test_kv_manager_blocks_are_shared_by_ranks_and_never_the_null_block():
 VLLM_033_KNOWN: set[tuple[str, str]] = set()
 
 
-@pytest.mark.skipif(not Path(VLLM_PYTHON).exists(), reason=f"no side venv with vLLM 0.33.0 at {VLLM_PYTHON} "
-                                                          f"(scripts/upstream_install.py, or set {host.PYTHON_ENV})")
+@pytest.mark.skipif(not VLLM_READY, reason=VLLM_SKIP)
 def test_installed_vllm_classes_hold_every_universal_invariant(tmp_path):
-    code, rep = run(tmp_path, "--stack", "vllm", "--dcp", "4", "--stack-python", VLLM_PYTHON)
+    code, rep = run(tmp_path, "--stack", "vllm", "--dcp", "4", *vllm_args())
     assert rep["stack"]["release"] == "vllm 0.33.0"
     fails = {(v["invariant"], v["path"]) for v in rep["verdicts"] if v["status"] == "fail"}
     assert not {f for f in fails if f[0] in host.UNIVERSAL}
     assert fails == VLLM_033_KNOWN and code == (1 if VLLM_033_KNOWN else 0)
 
 
+VLLM_023 = os.environ.get("CPSIM_STACK_SOURCE_023", str(UPSTREAM / "vllm-0.23.0"))
+
+
+@pytest.mark.skipif(not (Path(VLLM_PYTHON).exists() and (Path(VLLM_023) / "vllm").is_dir()),
+                    reason=f"no vLLM 0.23.0 folder at {VLLM_023} (scripts/upstream_install.py, or set "
+                           f"CPSIM_STACK_SOURCE_023) or no base python at {VLLM_PYTHON}")
+def test_vllm_023_host_classes_hold_every_invariant_on_default(tmp_path):
+    """vLLM 0.23.0's v1 MultiGroupBlockTable (max_model_len, no slot-mapping modes) and MRV2 BlockTables
+    (the runner's widths, kernel block sizes), each judged by its profile range."""
+    code, rep = run(tmp_path, "--stack", "vllm", "--dcp", "4", "--stack-python", VLLM_PYTHON,
+                    "--stack-source", VLLM_023)
+    assert rep["stack"]["release"] == "vllm 0.23.0"
+    assert (code, failing(rep)) == (0, set())
+
+
+def test_install_puts_beside_a_release_only_what_the_base_does_not_satisfy(tmp_path):
+    """upstream_install.unmet: a requirement the base python satisfies is not installed again; one it does
+    not (too old, absent) is; a dist in the release's folder shadows the base's (it is what that job imports);
+    a marker that does not apply is no requirement."""
+    spec = importlib.util.spec_from_file_location("upstream_install", ROOT / "scripts" / "upstream_install.py")
+    ui = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ui)
+    assert ui.unmet(sys.executable, tmp_path, ["pytest", "numpy>=1", "numpy<1; python_version < '3'"]) == []
+    assert ui.unmet(sys.executable, tmp_path, ["pytest>=999", "no-such-dist-cpsim"]) == \
+        ["pytest>=999", "no-such-dist-cpsim"]
+    (tmp_path / "pytest-999.0.dist-info").mkdir()
+    (tmp_path / "pytest-999.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: pytest\nVersion: 999.0\n")
+    assert ui.unmet(sys.executable, tmp_path, ["pytest>=999", "pytest<999"]) == ["pytest<999"]
+
+
 # ---- vllm-ascend's released classes (v1 MultiGroupBlockTable), driven per rank --------------------------
 
 def _ascend_ready(release: str) -> tuple[bool, str]:
-    py, src = ASCEND_PYTHON, ASCEND_SOURCE[release]
-    ok = Path(py).exists() and (Path(src) / "vllm_ascend" / "worker" / "block_table.py").exists()
-    return ok, (f"needs a vLLM 0.23.0 side venv at {py} ($CPSIM_ASCEND_PYTHON) and vllm-ascend {release}'s "
-                f"unpacked sdist at {src} (docs/UPSTREAM.md)")
+    py, src, folder = ASCEND_PYTHON, ASCEND_SDIST[release], ASCEND_VLLM[release]
+    ok = Path(py).exists() and (Path(src) / "vllm_ascend" / "worker" / "block_table.py").exists() and \
+        (not folder or (Path(folder) / "vllm").is_dir())
+    return ok, (f"needs the base python at {py} ($CPSIM_ASCEND_PYTHON), vLLM {PAIRS[release][1]}'s folder at "
+                f"{folder!r} and vllm-ascend {release}'s unpacked sdist at {src} (docs/UPSTREAM.md)")
 
 
-def _ascend_sweep(release: str, presets=("default",)) -> dict[str, set[tuple[str, str]]]:
+def _ascend_sweep(release: str, presets=("default",), path: str = "v1") -> dict[str, set[tuple[str, str]]]:
     """DCP 2/4/8 x interleave 1/16 of each preset through one child: {scenario: {(invariant, group)} failing}."""
     import dataclasses
 
     from cpsim import scenario as sc
     scen = [dataclasses.replace(sc.preset(p, dcp=d, interleave=i), name=f"{p}-dcp{d}-i{i}")
             for p in presets for d in (2, 4, 8) for i in (1, 16)]
-    got, _, jobs = host.drive_many(scen, "vllm-ascend", ["v1"], ASCEND_PYTHON, source=ASCEND_SOURCE[release])
-    assert got.startswith(f"vllm-ascend {release} ")
+    got, _, jobs = host.drive_many(scen, "vllm-ascend", [path], ASCEND_PYTHON, source=ASCEND_SOURCE[release])
+    assert got == f"vllm-ascend {release} (vLLM {PAIRS[release][1]})"
     out = {}
     for j in jobs:
-        assert j.unsupported is None and j.profile == "vllm-ascend-0.23"
-        _, verdicts = host.judge_steps(j.steps, j.profile)
+        assert j.unsupported is None
+        assert j.profile_of(path) == ("vllm-ascend-0.23" if path == "v1" else "vllm-0.26")
+        _, verdicts = host.judge_steps(j.steps, j.profile_of(path))
         out[j.scenario.name] = {(v.invariant, x.group) for v in verdicts if v.status == "fail" for x in v.violations}
     return out
 
@@ -195,6 +241,41 @@ def test_installed_vllm_ascend_023_int32_slots_wrap_past_2_31(tmp_path):
     assert ("dense-local", "attn-b16") not in fails
 
 
+@pytest.mark.skipif(not _ascend_ready("0.13.0")[0], reason=_ascend_ready("0.13.0")[1])
+def test_installed_vllm_ascend_013_ships_the_host_bugs_of_018(tmp_path):
+    """0.13.0's other constructor (it sizes every group itself: max(cdiv(max_model_len, B x CP), 1 + spec),
+    the mamba group too) beside vLLM 0.13.0: the #9724 width at every DCP, #10442 on hybrid-interleave and
+    #14024 on mtp, as 0.18.0; nothing else fails on default."""
+    for name, fails in _ascend_sweep("0.13.0").items():
+        assert ("block-sizing", "mamba") in fails and {inv for inv, _ in fails} == {"block-sizing"}, name
+    code, fails = _ascend_run(tmp_path, "0.13.0", "hybrid-interleave")
+    assert code == 1 and {"owner-rule", "dense-local", "no-collision"} <= fails
+    code, fails = _ascend_run(tmp_path, "0.13.0", "mtp")
+    assert code == 1 and "kernel-completes" in fails
+
+
+@pytest.mark.skipif(not (_ascend_ready("0.18.0")[0] and _ascend_ready("0.23.0.post1")[0]),
+                    reason=_ascend_ready("0.18.0")[1])
+def test_installed_vllm_ascend_v2_host_classes(tmp_path, capsys):
+    """AscendBlockTables as vLLM's own MRV2 runner builds it (0.23.0.post1 beside vLLM 0.23.0, 0.18.0 beside
+    0.18.0): universal invariants hold on decode-heavy at every DCP / interleave; 0.23.0.post1's kernel-block
+    virtual block breaks the owner rule on hybrid-interleave where 0.18.0's physical one holds; a mamba group
+    on 0.18.0's MRV2 (which has none) and v2 on 0.13.0 (no such class) are exit 2."""
+    for release in ("0.18.0", "0.23.0.post1"):
+        for name, fails in _ascend_sweep(release, ("decode-heavy",), path="v2").items():
+            assert not {inv for inv, _ in fails} & set(host.UNIVERSAL), (release, name)
+    code, fails = _ascend_run(tmp_path, "0.23.0.post1", "hybrid-interleave", "v2")
+    assert code == 1 and {"owner-rule", "dense-local", "no-collision"} <= fails
+    code, fails = _ascend_run(tmp_path, "0.18.0", "hybrid-interleave", "v2")
+    assert not fails & set(host.UNIVERSAL)
+    capsys.readouterr()
+    assert _ascend_run(tmp_path, "0.18.0", "default", "v2")[0] == 2
+    assert "has no mamba (state) groups" in capsys.readouterr().err
+    if _ascend_ready("0.13.0")[0]:
+        assert _ascend_run(tmp_path, "0.13.0", "default", "v2")[0] == 2
+        assert "no vllm_ascend/worker/v2/block_table.py" in capsys.readouterr().err
+
+
 def _fake_ascend(tmp_path, version: str, block_table: str) -> Path:
     pkg = tmp_path / "src" / "vllm_ascend"
     (pkg / "worker").mkdir(parents=True)
@@ -226,6 +307,26 @@ def test_a_missing_stack_source_is_exit_2(tmp_path, capsys):
     code, _ = run(tmp_path, *own("ascend_shape"), "--stack-source", str(tmp_path / "nowhere"))
     assert code == 2
     assert "--stack-source" in capsys.readouterr().err
+    # a list of folders (an sdist beside a vLLM --target folder): each must exist
+    code, _ = run(tmp_path, *own("ascend_shape"), "--stack-source", os.pathsep.join([str(tmp_path), "/no/vllm"]))
+    assert code == 2
+    assert "/no/vllm is not a folder" in capsys.readouterr().err
+    assert host.stack_source(os.pathsep.join([str(tmp_path), str(HOSTS)])) == [str(tmp_path), str(HOSTS)]
+
+
+def test_one_path_the_adapter_refuses_is_named_and_the_other_still_judged(tmp_path, capsys):
+    """Own classes are driven on v1 only: a job for v1 and v2 answers v2 as not expressible with its rule and
+    judges v1; a single run asked for both is exit 2 (it judges every path it was asked for, or none)."""
+    from cpsim import scenario as sc
+    _, _, (job,) = host.drive_many([sc.preset("default")], "vllm-ascend", ["v1", "v2"], sys.executable,
+                                   classes=str(HOSTS / "ascend_shape.py"))
+    assert job.unsupported is None and set(job.steps) == {"v1"}
+    assert job.unsupported_paths["v2"][0] == "--paths" and "v1 only" in job.unsupported_paths["v2"][1]
+    _, verdicts = host.judge_steps(job.steps, job.profile_of("v1"))
+    assert verdicts and not [v for v in verdicts if v.status == "fail"]
+    code, _ = run(tmp_path, "--stack", "vllm-ascend", "--paths", "v1,v2", "--stack-python", sys.executable,
+                  "--stack-classes", str(HOSTS / "ascend_shape.py"))
+    assert code == 2 and "--paths" in capsys.readouterr().err
 
 
 # ---- capture from the host classes ----------------------------------------------------------------------
@@ -281,13 +382,12 @@ def test_capture_from_host_classes_with_an_upstream_bug_fails_replay(tmp_path):
     assert {"dense-local", "no-collision"} <= failing(rep)
 
 
-@pytest.mark.skipif(not Path(VLLM_PYTHON).exists(), reason=f"no side venv with vLLM 0.33.0 at {VLLM_PYTHON} "
-                                                          f"(make upstream-venvs, or set {host.PYTHON_ENV})")
+@pytest.mark.skipif(not VLLM_READY, reason=VLLM_SKIP)
 @pytest.mark.parametrize("path", ["v1", "v2"])
 def test_capture_from_vllm_033_real_classes_replays(tmp_path, path):
     """docs/examples/capture_vllm_host.py: vLLM 0.33.0's MultiGroupBlockTable / BlockTables per rank, captured;
     the replay holds; with rank 1 handed other positions (--break) it fails."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [VLLM_FOLDER] * bool(VLLM_FOLDER)))
     for broken in (False, True):
         cap = tmp_path / f"cap-{path}-{broken}"
         subprocess.run([VLLM_PYTHON, str(ROOT / "docs" / "examples" / "capture_vllm_host.py"), str(cap), path]
@@ -299,8 +399,8 @@ def test_capture_from_vllm_033_real_classes_replays(tmp_path, path):
             assert code == 1 and "same-scenario" in failing(rep)
 
 
-def _ascend_run(tmp_path, release: str, preset: str) -> tuple[int, set[str]]:
-    code, rep = run(tmp_path, "--stack", "vllm-ascend", "--paths", "v1", "--scenario", preset, "--dcp", "4",
+def _ascend_run(tmp_path, release: str, preset: str, path: str = "v1") -> tuple[int, set[str]]:
+    code, rep = run(tmp_path, "--stack", "vllm-ascend", "--paths", path, "--scenario", preset, "--dcp", "4",
                     "--stack-python", ASCEND_PYTHON, "--stack-source", ASCEND_SOURCE[release])
     return code, (failing(rep) if rep else set())
 
@@ -405,8 +505,10 @@ def test_within_budget_raises_the_token_budget_only_when_the_batch_needs_it():
 def test_ascend_host_rows_pair_releases_cpsim_drives_and_a_bad_source_is_a_broken_row(tmp_path):
     uc = upstream_check()
     from cpsim.stack import vllm_ascend
-    for version, vllm_version in uc.ASCEND_HOSTS:
-        assert version in vllm_ascend.RELEASE_RULES and version in uc.ASCEND_KERNELS and vllm_version in uc.VLLM
+    for version, vllm_version, paths in uc.ASCEND_HOSTS:
+        rules = vllm_ascend.RELEASE_RULES[version]
+        assert vllm_version == rules["built_for"]                  # each beside the vLLM it was built for
+        assert ("v2" in paths) == (rules["v2"] is not None)
     named = [(n, uc.sc.preset(n)) for n in uc.ASCEND_HOST_PRESETS[:1]]
     (got,) = uc.check_hosts("vllm-ascend 9.9", "vllm-ascend", sys.executable, named, ("v1",),
                             str(tmp_path / "no-such-sdist"))

@@ -6,7 +6,7 @@ The release is imported and patched once for all jobs; each path of each job the
 forked child of its own, bounded by a timeout, so a release that crashes (writes past a
 buffer, hangs) on one job fails that job only, as a kernel-completes failure on its rank.
 A job the adapter cannot express for the installed release is answered
-``{"unsupported": {field, rule}}``; exit 3 when the release itself cannot be loaded. Anything else (a crash, an exception from the release's code) is a
+``{"unsupported": {field, rule}}`` (one path of several: ``unsupported_paths``, the others run); exit 3 when the release itself cannot be loaded. Anything else (a crash, an exception from the release's code) is a
 failure the parent reports; it never reads as success.
 """
 
@@ -105,21 +105,30 @@ def isolated(folder: Path, name: str, work, timeout: float) -> tuple[dict, dict 
 def run_job(adapter, module, meta: dict, arrays: dict, out: dict, k: int, folder: Path, timeout: float) -> dict:
     """One job; each of its paths in a child of its own (:func:`isolated`)."""
     meta["release_version"] = getattr(module, "version", None)  # rules that differ by release
-    try:
-        for path in meta["paths"]:
-            adapter.check_supported(meta, path)
-    except Unsupported as e:
-        return {"unsupported": {"field": e.field, "rule": e.rule}}
-    failed = {}
+    refused = {}
     for path in meta["paths"]:
+        try:
+            adapter.check_supported(meta, path)
+        except Unsupported as e:
+            refused[path] = {"field": e.field, "rule": e.rule}
+    if len(refused) == len(meta["paths"]):
+        return {"unsupported": next(iter(refused.values()))}
+    failed = {}
+    for path in [p for p in meta["paths"] if p not in refused]:
         got, failure = isolated(folder, f"j{k}_{path}",
                                 lambda at: drive_path(adapter, module, meta, arrays, path, k, at), timeout)
         out.update(got)
         if failure:
             failed[path] = failure
-    answer = {"entry_sizes": adapter.entry_sizes(meta), "failed": failed}
+    answer = {"entry_sizes": adapter.entry_sizes(meta), "failed": failed, "unsupported_paths": refused}
     if hasattr(adapter, "profile"):
         answer["profile"] = adapter.profile(meta)
+    # where one release's paths differ (vllm-ascend 0.18's MRV2 table holds physical ids, its v1 table
+    # kernel-block ids; vLLM 0.23's v1 and MRV2 fall in different profile ranges)
+    if hasattr(adapter, "path_entry_sizes"):
+        answer["path_entry_sizes"] = {p: adapter.path_entry_sizes(meta, p) for p in meta["paths"]}
+    if hasattr(adapter, "path_profile"):
+        answer["path_profiles"] = {p: adapter.path_profile(meta, p) for p in meta["paths"]}
     return answer
 
 

@@ -45,6 +45,7 @@ class StackResult:
     scenario: Scenario | None = None
     profile: str | None = None       # the release profile it is judged by (None: cpsim's model)
     failures: dict[str, KernelFailure] = field(default_factory=dict)  # path -> the release's code did not complete
+    path_profiles: dict[str, str] = field(default_factory=dict)  # path -> its profile where paths differ
 
 
 def kv_manager_blocks(s: Scenario, gi: int) -> list[np.ndarray]:
@@ -107,16 +108,26 @@ class Job:
     judged: Scenario | None = None
     profile: str | None = None
     failures: dict[str, KernelFailure] = field(default_factory=dict)
+    path_profiles: dict[str, str] = field(default_factory=dict)
+    unsupported_paths: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (field, rule)
+
+    def profile_of(self, path: str) -> str | None:
+        return self.path_profiles.get(path, self.profile)
 
 
 def stack_source(given: str | None) -> list[str]:
-    """The unpacked release folder put first on the child's sys.path (an sdist's top folder)."""
+    """The unpacked release folders put first on the child's sys.path, in order (an sdist's top folder;
+    a ``pip install --target`` folder of a release, as scripts/upstream_install.py makes them), separated
+    by ``os.pathsep``: vllm-ascend beside the vLLM release it was built for is ``SDIST:VLLM_FOLDER``."""
     if not given:
         return []
-    if not Path(given).is_dir():
-        raise ConfigError("--stack-source", f"{given} is not a folder (the unpacked sdist's top folder, "
-                                            f"the one holding the package)")
-    return [str(Path(given).resolve())]
+    out = []
+    for folder in given.split(os.pathsep):
+        if not Path(folder).is_dir():
+            raise ConfigError("--stack-source", f"{folder} is not a folder (the unpacked sdist's top folder, "
+                                                f"the one holding the package, or a release's --target folder)")
+        out.append(str(Path(folder).resolve()))
+    return out
 
 
 def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python: str | None = None,
@@ -167,8 +178,12 @@ def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python:
         failed = {p: KernelFailure(p, f["rank"], f["kind"], f"{family} host classes, {p}, {f['message']}",
                                    not_run=list(range(f["rank"] + 1, s.cp.world)))
                   for p, f in answer.get("failed", {}).items()}
-        steps = {p: _step(s, meta, arr, mine, answer["entry_sizes"], p, family) for p in paths if p not in failed}
-        jobs.append(Job(s, steps, profile=answer.get("profile"), failures=failed))
+        sizes = answer.get("path_entry_sizes", {})
+        refused = {p: (u["field"], u["rule"]) for p, u in answer.get("unsupported_paths", {}).items()}
+        steps = {p: _step(s, meta, arr, mine, sizes.get(p, answer["entry_sizes"]), p, family)
+                 for p in paths if p not in failed and p not in refused}
+        jobs.append(Job(s, steps, profile=answer.get("profile"), failures=failed,
+                        path_profiles=answer.get("path_profiles", {}), unsupported_paths=refused))
     return out["release"], out["patches"], jobs
 
 
@@ -178,7 +193,10 @@ def drive(s: Scenario, family: str, paths: list[str], python: str | None = None,
     release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout, source)
     if job.unsupported:
         raise ConfigError(*job.unsupported)
-    return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures)
+    if job.unsupported_paths:  # a run judges every path it was asked for, or none
+        raise ConfigError(*next(iter(job.unsupported_paths.values())))
+    return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures,
+                       path_profiles=job.path_profiles)
 
 
 def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,
@@ -196,16 +214,17 @@ def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[in
 
 
 def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None,
-                failures: dict[str, KernelFailure] | None = None
+                failures: dict[str, KernelFailure] | None = None, path_profiles: dict[str, str] | None = None
                 ) -> tuple[Scenario | None, list[coordinator.Verdict]]:
     """Every invariant on every path's step (the coordinator's checks, unchanged), by the release's
-    profile when the adapter names one (else cpsim's model); a path whose release code did not
-    complete is kernel-completes failed on its rank, the rest of that path not run."""
+    profile when the adapter names one (``path_profiles`` where a path's differs; else cpsim's model);
+    a path whose release code did not complete is kernel-completes failed on its rank, the rest of
+    that path not run."""
     from cpsim.check import profiles
-    prof = profiles.get(profile) if profile else None
     judged, out = None, []
-    for step in steps.values():
-        judged, _, verdicts = explicit.check(step, profile=prof)
+    for path, step in steps.items():
+        name = (path_profiles or {}).get(path, profile)
+        judged, _, verdicts = explicit.check(step, profile=profiles.get(name) if name else None)
         out += verdicts
     for path, failure in (failures or {}).items():
         world = judged.cp.world if judged is not None else failure.rank + 1 + len(failure.not_run)
@@ -216,7 +235,8 @@ def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None,
 def judge(result: StackResult, profile: str | None = None) -> StackResult:
     """``profile``: an override (``--profile``); default the one the adapter named for the release."""
     result.profile = profile or result.profile
-    judged, result.verdicts = judge_steps(result.steps, result.profile, result.failures)
+    per_path = {} if profile else result.path_profiles
+    judged, result.verdicts = judge_steps(result.steps, result.profile, result.failures, per_path)
     result.scenario = judged or result.scenario
     return result
 

@@ -1,6 +1,7 @@
-"""Adapter for vLLM's host block tables, read from vLLM 0.33.0.
+"""Adapter for vLLM's host block tables, read from vLLM 0.23.0, 0.28.0, 0.31.0 and 0.33.0 (what differs is
+``RELEASE_RULES``).
 
-Read from (vLLM 0.33.0 wheel): ``vllm/v1/worker/block_table.py`` (``MultiGroupBlockTable``,
+Read from (vLLM 0.33.0 wheel; the same files of the others): ``vllm/v1/worker/block_table.py`` (``MultiGroupBlockTable``,
 ``BlockTable``, ``get_block_table_width``), ``vllm/v1/worker/gpu/block_table.py``
 (``BlockTables``, the MRV2 host class), ``vllm/v1/kv_cache_interface.py`` (each spec's
 ``max_num_blocks_per_req``, ``uses_slot_mapping``, ``dcp_sharded``,
@@ -21,6 +22,7 @@ hands one list to all DCP ranks), drawn without 0 (vLLM's null block).
 
 from __future__ import annotations
 
+import inspect
 import os
 from types import SimpleNamespace
 
@@ -36,11 +38,24 @@ from cpsim.stack.exchange import Unsupported, request_blocks
 #   max_num_blocks_per_req then get_block_table_width(token_alignment=spec's) (0.31, 0.33);
 #   "runner-0.28" = cdiv(max_len, B x DCP) for every group, a mamba group's then
 #   (+ num_speculative_blocks, no alignment) (0.28).
-# profile: the release profile (cpsim.check.profiles) whose release range holds it.
+# v1_call: "0.28" = MultiGroupBlockTable(..., max_num_blocks = the spec's max_num_blocks_per_req,
+#   slot_mapping_modes) (0.28 on); "0.23" = (max_model_len, ..., kernel_block_sizes, max_num_blocks = the
+#   runner's cdiv(max_model_len, B x CP), a mamba group's + num_speculative_blocks; no slot_mapping_modes:
+#   every group is slot-mapped; the constructor rounds widths up to 128 // B entries)
+#   (gpu_model_runner.py may_reinitialize_input_batch, 0.23.0);
+# "runner-0.23" MRV2 widths: cdiv(max_len, B x DCP) rounded up to 128 // B entries (B <= 128), a mamba
+#   group's then + num_speculative_blocks (gpu/model_runner.py initialize_kv_cache, 0.23.0);
+# profile: the release profile (cpsim.check.profiles) whose release range holds it, v2_profile where the
+#   MRV2 path's differs.
 RELEASE_RULES = {
-    "0.28.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.28", "profile": "vllm-0.31"},
-    "0.31.0": {"kernel_blocks": True, "v2_flags": True, "v2_widths": "spec", "profile": "vllm-0.31"},
-    "0.33.0": {"kernel_blocks": False, "v2_flags": True, "v2_widths": "spec", "profile": "vllm-0.33"},
+    "0.23.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.23", "v1_call": "0.23",
+               "profile": "vllm-0.25", "v2_profile": "vllm-0.26"},
+    "0.28.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.28", "v1_call": "0.28",
+               "profile": "vllm-0.31"},
+    "0.31.0": {"kernel_blocks": True, "v2_flags": True, "v2_widths": "spec", "v1_call": "0.28",
+               "profile": "vllm-0.31"},
+    "0.33.0": {"kernel_blocks": False, "v2_flags": True, "v2_widths": "spec", "v1_call": "0.28",
+               "profile": "vllm-0.33"},
 }
 RELEASES = tuple(RELEASE_RULES)
 PATCHES = (
@@ -56,29 +71,41 @@ PATCHES = (
     "rank_in_group = the CP rank being built; PCP 1/0): the virtual world has no process groups",
 )
 
+H2D_PATCH = ("vllm.v1.worker.gpu.buffer_utils.async_tensor_h2d called with pin_memory=False (0.18 passes "
+             "pin_memory=True at its call; 0.23's default was bound to PIN_MEMORY when vllm.utils.torch_utils "
+             "was imported, before the patch above; 0.28+ take no pin_memory and are left alone): "
+             "StagedWriteTensor.apply_write stages every table write through it")
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
 
 
+_applied: list[str] = []
+
+
+def patches() -> list[str]:
+    """What was patched in this child (the driver reports it): PATCHES, and what only some releases need."""
+    return list(PATCHES) + _applied
+
+
 def check_supported(meta: dict, path: str) -> None:
-    """Raise :class:`Unsupported` for what vLLM 0.33.0's host classes cannot be handed."""
-    cp = meta["cp"]
+    """Raise :class:`Unsupported` for what the installed release's host classes cannot be handed."""
+    cp, v = meta["cp"], f"vLLM {meta.get('release_version') or '0.33.0'}"
     if cp["pcp"] != 1:
-        raise Unsupported("--pcp", f"vLLM 0.33.0 shards KV over DCP only (block_table.py uses dcp_world_size); "
+        raise Unsupported("--pcp", f"{v} shards KV over DCP only (block_table.py uses dcp_world_size); "
                                    f"PCP {cp['pcp']} has no counterpart")
     world = cp["dcp"] * cp["pcp"]
     for g in meta["groups"]:
         where = f"groups.{g['name']}"
         if g["kind"] == "sliding_window":
-            raise Unsupported(f"{where}.kind", "cpsim's ring-buffer sliding window has no vLLM 0.33.0 counterpart "
-                                               "(CircularBufferSpec takes no slot mapping)")
+            raise Unsupported(f"{where}.kind", f"cpsim's ring-buffer sliding window has no {v} counterpart "
+                                               f"(CircularBufferSpec takes no slot mapping)")
         if g["kind"] == "attention" and 1 < g["world"] < world:
-            raise Unsupported(f"{where}.cp_size", f"vLLM 0.33.0 shards a group over all of DCP or replicates it "
-                                                  f"(dcp_sharded); CP size {g['world']} of {world} is neither")
+            raise Unsupported(f"{where}.cp_size", f"{v} shards a group over all of DCP or replicates it "
+                                                  f"(dcp_sharded, 0.31 on); CP size {g['world']} of {world} is neither")
         if (path == "v1" or not _rules(meta)["v2_flags"]) and g["kind"] == "attention" and g["world"] == 1 \
                 and world > 1:
-            raise Unsupported(f"{where}.cp_sharded", "vLLM 0.33.0's v1 BlockTable applies one DCP size to every "
-                                                     "group; a replicated attention group exists on MRV2 "
-                                                     "(dcp_sharded, 0.31 on; use --paths v2)")
+            raise Unsupported(f"{where}.cp_sharded", f"{v}'s {'v1 BlockTable' if path == 'v1' else 'MRV2 BlockTables'} "
+                                                     "applies one DCP size to every group; a replicated attention "
+                                                     "group exists on MRV2 from 0.31 on (dcp_sharded)")
     budget = meta["limits"]["max_num_batched_tokens"]
     scheduled = meta["num_tokens"] if path == "v1" else meta["num_tokens_padded"]
     if scheduled > budget:
@@ -89,9 +116,9 @@ def check_supported(meta: dict, path: str) -> None:
                           f"(vllm/v1/core/sched/scheduler.py: token_budget); this batch hands {path} {scheduled} "
                           f"tokens{' (padded)' if path == 'v2' else ''} > {budget}")
     if meta["has_padding_flags"]:
-        raise Unsupported("batch.is_padding", "vLLM 0.33.0's block tables take no per-token padding flags")
+        raise Unsupported("batch.is_padding", f"{v}'s block tables take no per-token padding flags")
     if meta["has_replay"]:
-        raise Unsupported("batch.replay_start", "vLLM 0.33.0's block tables take no prefix-replay window")
+        raise Unsupported("batch.replay_start", f"{v}'s block tables take no prefix-replay window")
 
 
 def _rules(meta: dict) -> dict:
@@ -100,8 +127,15 @@ def _rules(meta: dict) -> dict:
 
 
 def profile(meta: dict) -> str:
-    """The release profile the installed release is judged by (its version's range)."""
-    return _rules(meta)["profile"]
+    """The release profile the installed release is judged by (its version's range; of MRV2 when only
+    that path runs)."""
+    return path_profile(meta, "v2") if meta.get("paths") == ["v2"] else _rules(meta)["profile"]
+
+
+def path_profile(meta: dict, path: str) -> str:
+    """The profile of one path: 0.23's v1 and MRV2 fall in different profile ranges."""
+    rules = _rules(meta)
+    return rules.get("v2_profile", rules["profile"]) if path == "v2" else rules["profile"]
 
 
 def entry_sizes(meta: dict) -> list[int]:
@@ -141,6 +175,28 @@ class _CpuUvaBufferAttr:
         self.uva = self.cpu
 
 
+def patch_mrv2_buffers() -> list[str]:
+    """PIN_MEMORY off and MRV2's UvaBuffer over a CPU tensor (PATCHES 2 and 3); shared with the vllm-ascend
+    adapter, whose AscendBlockTables stages writes through the same buffers."""
+    import vllm.utils.torch_utils as torch_utils
+    import vllm.v1.utils as v1_utils
+    torch_utils.PIN_MEMORY = False
+    v1_utils.PIN_MEMORY = False
+    from vllm.v1.worker.gpu import buffer_utils
+    method = callable(getattr(buffer_utils.UvaBuffer, "uva", None))
+    buffer_utils.UvaBuffer = _CpuUvaBuffer if method else _CpuUvaBufferAttr
+    buffer_utils.is_uva_available = lambda: True
+    applied = list(PATCHES[1:3])
+    h2d = getattr(buffer_utils, "async_tensor_h2d", None)
+    if h2d is not None and "pin_memory" in inspect.signature(h2d).parameters:  # 0.18, 0.23; 0.28+ take none
+        def unpinned(*args, **kwargs):
+            kwargs["pin_memory"] = False
+            return h2d(*args, **kwargs)
+        buffer_utils.async_tensor_h2d = unpinned
+        applied.append(H2D_PATCH)
+    return applied
+
+
 def load(classes):
     """Patch the installed vLLM for CPU and return (release, namespace of its host classes)."""
     os.environ.update(CPU_ENV)
@@ -153,14 +209,7 @@ def load(classes):
     if vllm.__version__ not in RELEASES:
         raise Unsupported("--stack", f"installed vLLM {vllm.__version__} is not a release this adapter was read "
                                      f"from ({', '.join(RELEASES)}); see docs/UPSTREAM.md, adding a release")
-    import vllm.utils.torch_utils as torch_utils
-    import vllm.v1.utils as v1_utils
-    torch_utils.PIN_MEMORY = False
-    v1_utils.PIN_MEMORY = False
-    from vllm.v1.worker.gpu import buffer_utils
-    method = callable(getattr(buffer_utils.UvaBuffer, "uva", None))
-    buffer_utils.UvaBuffer = _CpuUvaBuffer if method else _CpuUvaBufferAttr
-    buffer_utils.is_uva_available = lambda: True
+    _applied.extend(patch_mrv2_buffers()[2:])
     from vllm.v1 import kv_cache_interface as kvi
     from vllm.v1.worker import block_table as v1
     from vllm.v1.worker.gpu import block_table as v2
@@ -200,6 +249,9 @@ def drive(mod, meta: dict, arrays: dict, path: str, rank: int):
 
 def _v2_width(mod, rules, spec, cfg, mml: int, dcp: int) -> int:
     """The MRV2 runner's table width of the release (gpu/model_runner.py, the loop before BlockTables)."""
+    if rules["v2_widths"] == "runner-0.23":
+        return _runner_023_width(spec.block_size, mml, dcp, isinstance(spec, mod.kvi.MambaSpec),
+                                 spec.num_speculative_blocks if isinstance(spec, mod.kvi.MambaSpec) else 0)
     width = mod.v1.get_block_table_width
     if rules["v2_widths"] == "spec":
         return width(spec.max_num_blocks_per_req(cfg, mml), spec.block_size,
@@ -208,6 +260,23 @@ def _v2_width(mod, rules, spec, cfg, mml: int, dcp: int) -> int:
     if isinstance(spec, mod.kvi.MambaSpec):
         return width(n + spec.num_speculative_blocks, spec.block_size, token_alignment=None)
     return width(n, spec.block_size)
+
+
+def _runner_023_width(block_size: int, mml: int, dcp: int, mamba: bool, spec_blocks: int) -> int:
+    """0.23.0 MRV2 runner: cdiv(max_len, B x DCP), rounded up to a multiple of 128 // B when B <= 128 (TRTLLM),
+    then a mamba group's (that, prefix caching on) + num_speculative_blocks."""
+    n = -(-mml // (block_size * dcp))
+    if block_size <= 128:
+        step = 128 // block_size
+        n = -(-n // step) * step
+    return n + spec_blocks if mamba else n
+
+
+def _v1_widths_023(meta: dict) -> list[int]:
+    """0.23.0 v1 runner (may_reinitialize_input_batch): cdiv(max_model_len, B x CP), a mamba group's + spec
+    blocks (prefix caching on); the constructor then applies its own 128 // B rounding."""
+    mml, world, spec = meta["limits"]["max_model_len"], meta["cp"]["dcp"], meta["limits"]["num_speculative_tokens"]
+    return [-(-mml // (g["block_size"] * world)) + (spec if g["kind"] == "mamba" else 0) for g in meta["groups"]]
 
 
 def _batch(meta, arrays):
@@ -221,13 +290,16 @@ def _drive_v1(mod, meta, arrays, rank):
     import torch
     lim, specs, cfg = meta["limits"], _specs(mod, meta), _config(meta)
     mml = lim["max_model_len"]
-    modes = [mod.v1.SlotMappingMode.NONE if g["kind"] == "mamba" else mod.v1.SlotMappingMode.TOKEN_TO_KV_SLOT
-             for g in meta["groups"]]
+    if _rules(meta)["v1_call"] == "0.23":
+        call = {"max_model_len": mml, "max_num_blocks": _v1_widths_023(meta)}
+    else:
+        call = {"max_num_blocks": [sp.max_num_blocks_per_req(cfg, mml) for sp in specs], "slot_mapping_modes": [
+            mod.v1.SlotMappingMode.NONE if g["kind"] == "mamba" else mod.v1.SlotMappingMode.TOKEN_TO_KV_SLOT
+            for g in meta["groups"]]}
     table = mod.v1.MultiGroupBlockTable(
         max_num_reqs=lim["max_num_reqs"], max_num_batched_tokens=lim["max_num_batched_tokens"], pin_memory=False,
         device=torch.device("cpu"), block_sizes=[g["block_size"] for g in meta["groups"]],
-        max_num_blocks=[sp.max_num_blocks_per_req(cfg, mml) for sp in specs],
-        cp_kv_cache_interleave_size=meta["cp"]["interleave"], slot_mapping_modes=modes,
+        cp_kv_cache_interleave_size=meta["cp"]["interleave"], **call,
         **({"kernel_block_sizes": _kernel_sizes(meta)} if _rules(meta)["kernel_blocks"] else {}))
     blocks = [request_blocks(arrays, gi) for gi in range(len(meta["groups"]))]
     num_reqs = len(arrays["query_start_loc"]) - 1

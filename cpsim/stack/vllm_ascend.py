@@ -1,5 +1,7 @@
-"""Adapter for vllm-ascend's v1 host block table (``vllm_ascend/worker/block_table.py``), read from
-the vllm-ascend 0.18.0 and 0.23.0.post1 sdists.
+"""Adapter for vllm-ascend's host block tables, read from the vllm-ascend 0.13.0, 0.18.0 and 0.23.0.post1
+sdists: v1 ``vllm_ascend/worker/block_table.py`` (all three) and MRV2 ``vllm_ascend/worker/v2/block_table.py``
+``AscendBlockTables`` (0.18.0, 0.23.0.post1; built and called as the paired vLLM's MRV2 runner builds
+vLLM's ``BlockTables``, which vllm-ascend's patch replaces with it: :func:`_drive_v2`).
 
 The installed (or unpacked: ``--stack-source DIR``, the sdist's top folder) release is driven on a
 CPU, one ``MultiGroupBlockTable`` per CP rank, called as that release's NPU runner calls it
@@ -17,6 +19,9 @@ CPU, one ``MultiGroupBlockTable`` per CP rank, called as that release's NPU runn
   table's (kernel) block x CP, every group is mapped (mamba too), widths are the runner's
   ``cdiv(max_model_len, B x CP)`` (mamba: ``max(that, (that or 1) + num_speculative_blocks)``,
   not multiplied back: vllm-ascend #9724), the buffer has no draft reserve (#14024).
+- **0.13.0** (built for vLLM 0.13.0): the 0.18.0 call and CP branch, but the constructor takes no
+  ``max_num_blocks``: it sizes every group ``max(cdiv(max_model_len, B x DCP x PCP), 1 + spec)`` itself
+  (``kv_cache_groups`` is passed, as the runner does, and unused by the tables).
 
 Translation of cpsim groups: attention sharded over the whole CP world -> vLLM's
 ``FullAttentionSpec`` in a ``KVCacheGroupSpec``; mamba -> ``MambaSpec`` (``align`` mode, prefix
@@ -45,12 +50,21 @@ from cpsim.stack.exchange import Unsupported, request_blocks
 #       "numpy" = compute_slot_mapping(req_indices, positions) + commit_slot_mapping (0.18.0);
 # groups_arg: the constructor takes kv_cache_groups (0.23.0.post1; it multiplies a mamba width by CP);
 # built_for: the vLLM release the runner checks for (vllm_version_is in that sdist).
+# widths_arg: the runner hands the constructor max_num_blocks (0.18.0 on); 0.13.0's constructor sizes
+#   every group max(cdiv(max_model_len, B x DCP x PCP), 1 + num_speculative_tokens) itself;
+# v2: the MRV2 host class (vllm_ascend/worker/v2/block_table.py AscendBlockTables, which
+#   vllm_ascend/patch/worker/patch_v2/patch_block_table.py puts in place of vLLM's BlockTables, so vLLM's
+#   own gpu/model_runner.py constructs it): "0.18" = vLLM 0.18's call (max_model_len; every table
+#   cdiv(max_model_len, B x CP) wide, physical ids, no kernel block sizes), "0.23" = vLLM 0.23's
+#   (max_num_blocks_per_group from the runner, kernel_block_sizes), None = no such file (0.13.0).
 RELEASE_RULES = {
-    "0.23.0.post1": {"call": "torch", "groups_arg": True, "built_for": "0.23.0"},
-    "0.18.0": {"call": "numpy", "groups_arg": False, "built_for": "0.18.0"},
+    "0.23.0.post1": {"call": "torch", "groups_arg": True, "widths_arg": True, "built_for": "0.23.0", "v2": "0.23"},
+    "0.18.0": {"call": "numpy", "groups_arg": False, "widths_arg": True, "built_for": "0.18.0", "v2": "0.18"},
+    "0.13.0": {"call": "numpy", "groups_arg": True, "widths_arg": False, "built_for": "0.13.0", "v2": None},
 }
 RELEASES = tuple(RELEASE_RULES)
 PROFILE = "vllm-ascend-0.23"
+V2_PROFILE = "vllm-0.26"
 OWN_SHAPE = "0.23.0.post1"  # host classes of your own are driven in this release's shape
 
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "VLLM_PLUGINS": ""}
@@ -64,9 +78,10 @@ PATCHES_ALWAYS = (
 )
 PIN_PATCH = ("torch.Tensor.pin_memory a no-op returning the tensor: 0.23.0.post1's "
              "BlockTable.commit_block_table calls .clone().pin_memory() unconditionally, which needs an "
-             "accelerator driver")
-NO_TORCH_NPU = ("no torch_npu stub: the imports of vllm_ascend.worker.block_table (the package __init__s "
-                "of vllm_ascend and vllm_ascend.worker included) touch vLLM only in 0.18.0 and 0.23.0.post1")
+             "accelerator driver (applied for every release; 0.13.0 / 0.18.0 pass pin_memory=False on)")
+NO_TORCH_NPU = ("no torch_npu stub: the imports of vllm_ascend.worker.block_table and "
+                "vllm_ascend.worker.v2.block_table (the package __init__s of vllm_ascend, vllm_ascend.worker and "
+                "vllm_ascend.worker.v2 included) touch vLLM only in 0.13.0, 0.18.0 and 0.23.0.post1")
 _applied: list[str] = []
 
 
@@ -80,11 +95,9 @@ def _rules(meta: dict) -> dict:
 
 
 def check_supported(meta: dict, path: str) -> None:
-    """Raise :class:`Unsupported` for what vllm-ascend's v1 host table cannot be handed."""
-    if path != "v1":
-        raise Unsupported("--paths", "the vllm-ascend adapter drives the v1 MultiGroupBlockTable only; "
-                                     "vllm_ascend/worker/v2/block_table.py (AscendBlockTables) is not driven "
-                                     "(use --paths v1)")
+    """Raise :class:`Unsupported` for what vllm-ascend's host tables cannot be handed."""
+    if path == "v2":
+        _check_v2(meta)
     cp, world = meta["cp"], meta["cp"]["dcp"] * meta["cp"]["pcp"]
     if cp["pcp"] != 1:
         raise Unsupported("--pcp", "the runner splits positions over PCP before the table (pcp_manager); "
@@ -95,10 +108,32 @@ def check_supported(meta: dict, path: str) -> None:
             raise Unsupported(f"{where}.kind", "cpsim's ring-buffer sliding window has no counterpart in "
                                                "vllm-ascend's v1 block table")
         if g["kind"] == "attention" and g["world"] != world:
-            raise Unsupported(f"{where}.cp_size", "vllm-ascend's v1 BlockTable applies one CP size to every "
-                                                  "attention group")
+            raise Unsupported(f"{where}.cp_size", f"vllm-ascend's {'v1 BlockTable' if path == 'v1' else 'AscendBlockTables'} "
+                                                  "applies one CP size to every attention group")
     if meta["has_padding_flags"] or meta["has_replay"]:
-        raise Unsupported("batch", "vllm-ascend's v1 block table takes no padding flags or replay window")
+        raise Unsupported("batch", "vllm-ascend's host tables take no padding flags or replay window")
+
+
+def _check_v2(meta: dict) -> None:
+    version = meta.get("release_version")
+    if version is None:
+        raise Unsupported("--paths", "host classes of your own are driven on v1 only (the 0.23.0.post1 "
+                                     "MultiGroupBlockTable shape); use --paths v1")
+    if _rules(meta)["v2"] is None:
+        raise Unsupported("--paths", f"vllm-ascend {version} has no vllm_ascend/worker/v2/block_table.py "
+                                     f"(no MRV2 host class); use --paths v1")
+    if _rules(meta)["v2"] == "0.18" and any(g["kind"] == "mamba" for g in meta["groups"]):
+        raise Unsupported("groups.kind", "vLLM 0.18.0's MRV2 runner (gpu/model_runner.py initialize_kv_cache), "
+                                         "which builds vllm-ascend 0.18.0's AscendBlockTables, has no mamba "
+                                         "(state) groups")
+    budget, padded = meta["limits"]["max_num_batched_tokens"], meta["num_tokens_padded"]
+    if padded > budget:
+        # AscendBlockTables' slot buffer holds max_num_batched_tokens entries; its kernel writes every
+        # padded token there, so a larger batch writes past it (the scheduler never hands one).
+        raise Unsupported("limits.max_num_batched_tokens",
+                          f"vLLM's scheduler schedules at most max_num_batched_tokens tokens, drafts included "
+                          f"(vllm/v1/core/sched/scheduler.py: token_budget); this batch hands v2 {padded} "
+                          f"tokens (padded) > {budget}")
 
 
 def entry_sizes(meta: dict) -> list[int]:
@@ -106,8 +141,22 @@ def entry_sizes(meta: dict) -> list[int]:
     return [g["block_size"] if g["kind"] == "mamba" else g["kernel_block_size"] for g in meta["groups"]]
 
 
+def path_entry_sizes(meta: dict, path: str) -> list[int]:
+    """0.18.0's MRV2 table (vLLM 0.18's BlockTables) holds physical ids; every other table kernel-block ids."""
+    if path == "v2" and _rules(meta)["v2"] == "0.18":
+        return [g["block_size"] for g in meta["groups"]]
+    return entry_sizes(meta)
+
+
 def profile(meta: dict) -> str:
-    return PROFILE
+    return path_profile(meta, "v2") if meta.get("paths") == ["v2"] else PROFILE
+
+
+def path_profile(meta: dict, path: str) -> str:
+    """v1: vllm-ascend's own runner's contract. MRV2: vLLM's, whose gpu/model_runner.py sizes and calls
+    AscendBlockTables (vllm_ascend/worker/v2/model_runner.py NPUModelRunner.initialize_kv_cache is
+    super()'s; the subclass changes only the slot kernel and an int32 buffer): vLLM 0.18-0.28's MRV2 profile."""
+    return V2_PROFILE if path == "v2" else PROFILE
 
 
 class _Group:
@@ -128,22 +177,26 @@ def _release_version() -> str:
     return str(__version__)
 
 
-def _missing_vllm_names() -> None:
-    """0.23.0.post1 run against a vLLM it was not built for: stand-ins for the two names 0.31+ dropped.
+def _missing_vllm_names(version: str) -> None:
+    """A release run against a vLLM it was not built for (``--stack-source`` of another vLLM): stand-ins for
+    the two vLLM names 0.18.0 / 0.23.0.post1 import that 0.28+ dropped; beside the vLLM each was built for
+    (make upstream-check) both exist and nothing is stood in.
 
     ``_compute_slot_mapping_kernel`` (vllm.v1.worker.block_table, gone in 0.31) is used only when the
     CP world is 1; its stand-in raises. ``get_total_cp_world_size`` (vllm.v1.worker.cp_utils, absent
-    in 0.28 and 0.33) is answered per rank by :func:`drive` anyway."""
+    in 0.28 and 0.33) is answered per rank by :func:`drive` anyway. 0.13.0 imports neither."""
+    if version == "0.13.0":
+        return
     import vllm.v1.worker.block_table as vbt
     import vllm.v1.worker.cp_utils as cpu
-    if not hasattr(vbt, "_compute_slot_mapping_kernel"):
+    if version == "0.23.0.post1" and not hasattr(vbt, "_compute_slot_mapping_kernel"):
         vbt._compute_slot_mapping_kernel = _KernelAbsent()
         _applied.append("vllm.v1.worker.block_table._compute_slot_mapping_kernel stubbed (raises if launched): "
                         "removed in the installed vLLM, imported by 0.23.0.post1, launched only at CP world 1")
     if not hasattr(cpu, "get_total_cp_world_size"):
         cpu.get_total_cp_world_size = lambda: 1
         _applied.append("vllm.v1.worker.cp_utils.get_total_cp_world_size stubbed (answered per rank later): "
-                        "absent in the installed vLLM, imported by 0.23.0.post1")
+                        f"absent in the installed vLLM, imported by {version}")
 
 
 class _KernelAbsent:
@@ -171,13 +224,14 @@ def load(classes):
                                      f"({', '.join(RELEASES)}); see docs/UPSTREAM.md, adding a release")
     try:
         import vllm
-        _missing_vllm_names()
+        _missing_vllm_names(version)
         import torch
         torch.Tensor.pin_memory = lambda self, *a, **k: self
         _applied.append(PIN_PATCH)
         _applied.append(NO_TORCH_NPU)
         import vllm_ascend.worker.block_table as bt
         from vllm.v1 import kv_cache_interface as kvi
+        v2 = _load_v2(version)
     except Exception as e:  # noqa: BLE001 - any import failure of the release is the reason, not a crash
         raise Unsupported("--stack", f"vllm-ascend {version}'s block_table does not import here "
                                      f"({type(e).__name__}: {e})") from None
@@ -185,7 +239,18 @@ def load(classes):
     if vllm.__version__ != built_for:
         _applied.append(f"run against vLLM {vllm.__version__}; vllm-ascend {version} was built for vLLM {built_for}")
     return (f"vllm-ascend {version} (vLLM {vllm.__version__})",
-            SimpleNamespace(own=False, version=version, bt=bt, kvi=kvi))
+            SimpleNamespace(own=False, version=version, bt=bt, kvi=kvi, v2=v2))
+
+
+def _load_v2(version: str):
+    """The release's AscendBlockTables module, vLLM's MRV2 buffers patched for CPU first (as the vllm
+    adapter does; the subclass stages its table writes through them). None where the release has none."""
+    if RELEASE_RULES[version]["v2"] is None:
+        return None
+    from cpsim.stack import vllm as vllm_adapter
+    _applied.extend(vllm_adapter.patch_mrv2_buffers())
+    import vllm_ascend.worker.v2.block_table as v2
+    return v2
 
 
 def _answer_groups(home, dcp: int, rank: int) -> None:
@@ -218,9 +283,10 @@ def _groups(mod, meta: dict):
     kvi, out = mod.kvi, []
     for g in meta["groups"]:
         if g["kind"] == "mamba":
+            # mamba_cache_mode is a spec field from vLLM 0.18 on (0.13's MambaSpec has none)
+            mode = {"mamba_cache_mode": "align"} if "mamba_cache_mode" in kvi.MambaSpec.__dataclass_fields__ else {}
             spec = kvi.MambaSpec(block_size=g["block_size"], shapes=((1,),), dtypes=(torch.float32,),
-                                 mamba_cache_mode="align",
-                                 num_speculative_blocks=meta["limits"]["num_speculative_tokens"])
+                                 num_speculative_blocks=meta["limits"]["num_speculative_tokens"], **mode)
         else:
             spec = kvi.FullAttentionSpec(block_size=g["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float16)
         out.append(kvi.KVCacheGroupSpec(layer_names=[g["name"]], kv_cache_spec=spec))
@@ -229,19 +295,27 @@ def _groups(mod, meta: dict):
 
 def drive(mod, meta: dict, arrays: dict, path: str, rank: int):
     """One rank: build the release's host object, fill it, compute slots; (tables, slots [G, entries])."""
-    import torch
     meta["release_version"] = mod.version
+    if path == "v2":
+        return _drive_v2(mod, meta, arrays, rank)
+    return _drive_v1(mod, meta, arrays, rank)
+
+
+def _drive_v1(mod, meta: dict, arrays: dict, rank: int):
+    import torch
     rules = _rules(meta)
     home = sys.modules[mod.bt.MultiGroupBlockTable.__module__]
     _answer_groups(home, meta["cp"]["dcp"], rank)
     lim, groups = meta["limits"], meta["groups"]
     kernel_sizes = [[0] if g["kind"] == "mamba" else [g["kernel_block_size"]] for g in groups]
     extra = {"kv_cache_groups": _groups(mod, meta)} if rules["groups_arg"] else {}
+    if rules["widths_arg"]:
+        extra["max_num_blocks"] = _runner_widths(meta)
     table = mod.bt.MultiGroupBlockTable(
         max_num_reqs=lim["max_num_reqs"], max_model_len=lim["max_model_len"],
         max_num_batched_tokens=lim["max_num_batched_tokens"], pin_memory=False, device=torch.device("cpu"),
         block_sizes=[g["block_size"] for g in groups], num_speculative_tokens=lim["num_speculative_tokens"],
-        max_num_blocks=_runner_widths(meta), kernel_sizes=kernel_sizes,
+        kernel_sizes=kernel_sizes,
         cp_kv_cache_interleave_size=meta["cp"]["interleave"], **extra)
     blocks = [request_blocks(arrays, gi) for gi in range(len(groups))]
     qsl_np = arrays["query_start_loc"].astype(np.int64)
@@ -278,3 +352,33 @@ def _read_back(table, groups):
         s = bt.slot_mapping.cpu.numpy()[:entries]
         slots[gi, : s.size] = s
     return tables, slots
+
+
+def _drive_v2(mod, meta: dict, arrays: dict, rank: int):
+    """AscendBlockTables as the paired vLLM's MRV2 runner builds and calls BlockTables (gpu/model_runner.py:
+    one per DCP rank, ``cp_size`` DCP; ``append_block_ids`` per request, ``apply_staged_writes``, then
+    ``compute_slot_mappings(idx_mapping, query_start_loc, positions, num_tokens_padded)``)."""
+    import torch
+    from cpsim.stack.vllm import _runner_023_width
+    lim, groups, cp = meta["limits"], meta["groups"], meta["cp"]
+    common = dict(block_sizes=[g["block_size"] for g in groups], max_num_reqs=lim["max_num_reqs"],
+                  max_num_batched_tokens=lim["max_num_batched_tokens"], device=torch.device("cpu"),
+                  cp_size=cp["dcp"], cp_rank=rank, cp_interleave=cp["interleave"])
+    if _rules(meta)["v2"] == "0.18":
+        tables = mod.v2.AscendBlockTables(max_model_len=lim["max_model_len"], **common)
+    else:
+        widths = [_runner_023_width(g["block_size"], lim["max_model_len"], cp["dcp"], g["kind"] == "mamba",
+                                    lim["num_speculative_tokens"]) for g in groups]
+        kernel = [g["block_size"] if g["kind"] == "mamba" else g["kernel_block_size"] for g in groups]
+        tables = mod.v2.AscendBlockTables(max_num_blocks_per_group=widths, kernel_block_sizes=kernel, **common)
+    blocks = [request_blocks(arrays, gi) for gi in range(len(groups))]
+    for i, row in enumerate(arrays["rows"].tolist()):
+        if row >= 0:
+            tables.append_block_ids(row, tuple(b[i] for b in blocks), overwrite=True)
+    tables.apply_staged_writes()
+    n_pad = meta["num_tokens_padded"]
+    qsl = torch.from_numpy(arrays["query_start_loc"].astype(np.int32))
+    pos = torch.from_numpy(arrays["positions"].astype(np.int64))
+    tables.compute_slot_mappings(torch.from_numpy(arrays["rows"].astype(np.int32)), qsl, pos[:n_pad], n_pad)
+    return ([t.gpu.numpy().copy() for t in tables.block_tables],
+            tables.slot_mappings.numpy().astype(np.int64).copy())
