@@ -26,8 +26,9 @@ def add_stack_args(p) -> None:
                                                        "(default: $CPSIM_STACK_PYTHON, else this python)")
     p.add_argument("--stack-classes", metavar="FILE", help="host classes of your own in the release's shape, "
                                                           "driven instead of the installed ones")
-    p.add_argument("--stack-source", metavar="DIR", help="an unpacked release (the sdist's top folder) put first "
-                                                        "on the child's sys.path: vllm-ascend without installing it")
+    p.add_argument("--stack-source", metavar="DIR[:DIR...]", help="unpacked releases (an sdist's top folder, a "
+                   "--target folder) put first on the child's sys.path, in order: vllm-ascend without installing "
+                   "it, e.g. SDIST:VLLM_FOLDER for the vLLM it was built for")
 
 
 def main_stack(args) -> int:
