@@ -21,6 +21,7 @@ shrink and repro files).
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find [FAULT ...] [--seeds 0,1,2] [--jobs 2]
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find --sizing tests/sizing/no_draft_reserve.py:sizing
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --sizing-cost tests/sizing/ascend_shape.py:sizing --examples 1000
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find --kernel-v1 tests/kernels/int32_slots.py:slot_mapping
 """
 
 from __future__ import annotations
@@ -169,16 +170,19 @@ TIME_TO_FIND = ("virtual-block-uses-kernel-block", "fixed-table-window", "fp32-b
 
 
 def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: float, space: str,
-                       sizing: bool = False) -> list[dict]:
+                       sizing: bool = False, kernel: str | None = None) -> list[dict]:
     """Seconds from the start of ``cpsim fuzz --inject X`` (default paths v1,v2; ``jobs`` workers, worker
     start-up included) until the first job reports a signature; then the search stops (``stop_after_first``,
     5 s of shrinking). ``None``: not found within ``minutes``. ``sizing``: each X is a ``--sizing SPEC``
-    (a buggy host sizing twin) instead, with no fault injected; its child start-up is included."""
+    (a buggy host sizing twin) instead, with no fault injected; its child start-up is included.
+    ``kernel``: instead of the faults, the fault-free search of ``cpsim fuzz --paths v1 --kernel-v1
+    KERNEL`` (a buggy kernel of our own)."""
     import tempfile
     from pathlib import Path
 
+    from cpsim.kernels.under_test import load
     rows = []
-    for name in faults:
+    for name in ([kernel] if kernel else faults):
         for s in seeds:
             first = [None]
             started = time.monotonic()
@@ -191,12 +195,14 @@ def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: 
                 if first[0] is None and prog.signatures:
                     first[0] = time.monotonic() - started
 
-            how = {"sizing": name} if sizing else {"inject": name}
+            how = ({"paths": ["v1"], "kernels": {"v1": load(kernel, "v1")}} if kernel else
+                   {"sizing": name} if sizing else {"inject": name})
             cfg = fz.FuzzConfig(**how, minutes=minutes, max_examples=10**9, seed=s, database=None, jobs=jobs,
                                 stop_after_first=True, shrink_seconds=5, space=space, out=Path(tempfile.mkdtemp()))
             r = fz.search_jobs(cfg, seen) if jobs > 1 else fz.search(cfg, seen1)
             sig = r.reported[0].signature if r.found else None
-            rows.append({"sizing" if sizing else "fault": name, "seed": s, "jobs": jobs, "space": space, "seconds_to_find": first[0],
+            key = "kernel_v1" if kernel else "sizing" if sizing else "fault"
+            rows.append({key: name, "seed": s, "jobs": jobs, "space": space, "seconds_to_find": first[0],
                          "examples_total": r.examples, "signature": sig})
             print(f"{name:34s} seed {s}: " + (f"found after {first[0]:.1f} s ({sig})" if first[0] is not None
                                                else f"not found in {minutes:g} min ({r.examples} examples)"),
@@ -315,6 +321,8 @@ def main() -> None:
     ap.add_argument("--sizing-cost", metavar="SPEC", help="only the sizing child's cost per scenario (--examples)")
     ap.add_argument("--sizing", metavar="SPEC,...", help="with --time-to-find: time `cpsim fuzz --sizing SPEC` for "
                                                        "each SPEC (buggy host sizing twins) instead of faults")
+    ap.add_argument("--kernel-v1", metavar="SPEC",
+                    help="with --time-to-find: fuzz this kernel on path v1 instead of injecting faults")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
@@ -323,7 +331,7 @@ def main() -> None:
     if args.time_to_find is not None:
         what = args.sizing.split(",") if args.sizing else (args.time_to_find or list(TIME_TO_FIND))
         out["results"] = bench_time_to_find(what, [int(x) for x in args.seeds.split(",")], args.jobs, args.minutes,
-                                            args.space, sizing=bool(args.sizing))
+                                            args.space, sizing=bool(args.sizing), kernel=args.kernel_v1)
         out["load_avg_end"] = os.getloadavg()
         if args.json:
             with open(args.json, "w") as f:
