@@ -22,6 +22,8 @@ shrink and repro files).
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find --sizing tests/sizing/no_draft_reserve.py:sizing
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --sizing-cost tests/sizing/ascend_shape.py:sizing --examples 1000
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find --kernel-v1 tests/kernels/int32_slots.py:slot_mapping
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --rate 0,1,2 --examples 300     # default-space scenarios/s
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --wide-slots 0,1,2 --examples 100  # slots past 2^31: cost
 """
 
 from __future__ import annotations
@@ -240,6 +242,62 @@ def bench_sizing_cost(spec: str, n: int) -> list[dict]:
              "ms_per_scenario_asked": cold * 1e3, "distinct_inputs": asked, "ms_per_scenario_memo": warm * 1e3}]
 
 
+def bench_rate(examples: int, seeds: list[int]) -> list[dict]:
+    """Scenarios/s of the default space (1 job, no fault, the kernel workers included) per seed. Run it
+    with PYTHONPATH on two trees, alternately, to compare a change of the space (cpsim/fuzz/space.py)."""
+    import tempfile
+    from pathlib import Path
+
+    rows = []
+    for s in seeds:
+        cfg = fz.FuzzConfig(max_examples=examples, seed=s, database=None, out=Path(tempfile.mkdtemp()))
+        w = time.perf_counter()
+        r = fz.search(cfg)
+        w = time.perf_counter() - w
+        rows.append({"workload": "fuzz default space, 1 job", "cpsim": os.path.dirname(fz.__file__), "seed": s,
+                     "examples": r.examples, "wall_s": w, "wall_per_s": r.examples / w,
+                     "violations": len(r.reported), "load_avg": os.getloadavg()[0]})
+        print(f"seed {s}: {r.examples} examples, {r.examples / w:.1f}/s wall, {len(r.reported)} violation(s), "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+    return rows
+
+
+def bench_wide_slots(n: int, seed: int) -> list[dict]:
+    """What the default space's caches with slots past 2^31 cost: ``n`` such scenarios of the random explorer
+    (seed ``seed``), each run (paths v1,v2, kernel workers) as drawn and with its caches cut to the int32 rule
+    (``space.cache_cap(g, "default", int32_slots=True)``), alternately; the rest of the scenario is the same."""
+    import dataclasses
+    import random
+
+    from cpsim.fuzz import space
+    rng = random.Random(seed)
+    wide = []
+    while len(wide) < n:
+        s = space.build(space.RandomDraw(rng))
+        if any(g.slot_mapped and g.num_blocks * g.block_size > 2**31 for g in s.groups):
+            wide.append(s)
+
+    def cut(s: sc.Scenario) -> sc.Scenario:
+        return sc.validate(s.replace(groups=tuple(dataclasses.replace(g, num_blocks=max(
+            2, sc.max_blocks_needed(s, g) + 1, min(g.num_blocks, space.cache_cap(g, "default", True))))
+            for g in s.groups)))
+
+    pairs = [(s, cut(s)) for s in wide]
+    fz.evaluate(wide[0], ["v1", "v2"])  # kernel-worker start-up, not counted
+    spent, failed = {"as drawn": 0.0, "cut": 0.0}, {"as drawn": 0, "cut": 0}
+    for i, (a, b) in enumerate(pairs):
+        for name, s in (("as drawn", a), ("cut", b))[:: 1 if i % 2 == 0 else -1]:
+            w = time.perf_counter()
+            failed[name] += fz.evaluate(s, ["v1", "v2"]).failed
+            spent[name] += time.perf_counter() - w
+    row = {"workload": "default-space scenarios with slots past 2^31: as drawn vs caches cut below 2^31",
+           "seed": seed, "scenarios": n, "ms_as_drawn": spent["as drawn"] / n * 1e3, "ms_cut": spent["cut"] / n * 1e3,
+           "failed": failed, "load_avg": os.getloadavg()[0]}
+    print(f"seed {seed}: {n} scenarios, {row['ms_as_drawn']:.1f} ms as drawn, {row['ms_cut']:.1f} ms cut below 2^31; "
+          f"failed {failed}", flush=True)
+    return [row]
+
+
 def kernel_variants() -> int | None:
     """Compiled variants (one per constexpr set and signature) Triton holds in memory, all kernels."""
     import importlib
@@ -323,6 +381,9 @@ def main() -> None:
                                                        "each SPEC (buggy host sizing twins) instead of faults")
     ap.add_argument("--kernel-v1", metavar="SPEC",
                     help="with --time-to-find: fuzz this kernel on path v1 instead of injecting faults")
+    ap.add_argument("--rate", metavar="SEEDS", help="only the default space's scenarios/s for these seeds (--examples)")
+    ap.add_argument("--wide-slots", metavar="SEEDS",
+                    help="only the cost of caches with slots past 2^31 (--examples scenarios per seed)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
@@ -339,6 +400,15 @@ def main() -> None:
         return
     if args.sizing_cost:
         out["results"] = bench_sizing_cost(args.sizing_cost, args.examples)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return
+    if args.rate or args.wide_slots:
+        seeds = [int(x) for x in (args.rate or args.wide_slots).split(",")]
+        out["results"] = (bench_rate(args.examples, seeds) if args.rate else
+                          [r for s in seeds for r in bench_wide_slots(args.examples, s)])
+        out["load_avg_end"] = os.getloadavg()
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=2)

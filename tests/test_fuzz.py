@@ -120,6 +120,34 @@ def test_spaces_keep_their_cache_rule(space, int32_slots):
     assert seen == ({"ids > 2^24"} if int32_slots else {"ids > 2^24", "slots > 2^31"})
 
 
+def _wide_slot_scenarios(n: int) -> list[sc.Scenario]:
+    """The first ``n`` default-space draws (random explorer, seed 0) whose slots reach past 2^31, and
+    more until one is at CP 1 (v1-fused runs there only)."""
+    rng, out = random.Random(0), []
+    while len(out) < n or all(s.cp.world > 1 for s in out):
+        s = space.build(space.RandomDraw(rng))
+        if any(g.slot_mapped and g.num_blocks * g.block_size > 2**31 + 2**28 for g in s.groups):
+            out.append(s)
+    return out
+
+
+@pytest.mark.parametrize("design", ["per-request", "tile"])
+def test_builtin_kernels_form_slots_past_2_31_in_int64(design):
+    """cpsim's own kernels, every path, on default-space caches with slots past 2^31: no violation; the same
+    kernels with their int32 product switched on (int32-slot-overflow) fail there."""
+    from cpsim import kernels
+    from cpsim.paths import PATHS, Knobs
+    wide = _wide_slot_scenarios(4)
+    judged = set()
+    for s in wide:
+        out = fz.evaluate(s, list(PATHS), Knobs(kernel_design=design))
+        assert not out.failed, (s.to_dict(), out.summary())
+        judged |= {v.path for v in out.verdicts if v.status == "pass"}
+    assert set(PATHS) <= judged, judged
+    broken = Knobs(kernel_fault=kernels.FAULT_INT32_SLOT, kernel_design=design)
+    assert any(fz.evaluate(s, ["v1", "v2"], broken).failed for s in wide)
+
+
 @pytest.mark.parametrize("explore", fz.EXPLORERS)
 def test_an_int32_output_kernel_keeps_the_default_space_below_2_31(explore, tmp_path, monkeypatch):
     """The rule is read from the kernels' ABIs: an int32-output one (vllm-ascend's ascend-v1) gets no slot
