@@ -307,6 +307,26 @@ def test_int32_slot_bug_is_found_in_either_space(space, tmp_path):
     assert cli.main(base + ["--out", str(tmp_path / "i"), "--ignore", "*:slot>=2^31"]) == 0
 
 
+MRV2_INT32 = str(ROOT / "tests/kernels/vllm_mrv2_033_int32_abi.py") + ":_compute_slot_mappings_kernel"
+MRV2_OK = str(ROOT / "tests/kernels/vllm_mrv2_032_abi.py") + ":_compute_slot_mappings_kernel"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_vllm_033_mrv2_int32_twin_is_found_by_the_default_fuzz_and_by_huge_cache(seed, tmp_path):
+    """vLLM 0.33.0's MRV2 defect (block id x block size in int32, int64 out) in our own kernel of that ABI:
+    the default fuzz puts it on slots past 2^31 (seed 1: an attention group within the first 10 scenarios;
+    seed 0: a mamba group, which has slots under the vllm-0.33 profile, within 15), and `cpsim run` on
+    huge-cache catches it where the same kernel widening first passes."""
+    out = tmp_path / "f"
+    assert cli.main(["fuzz", "--paths", "v2", "--kernel-v2", MRV2_INT32, "--max-examples", "60", "--seed", str(seed),
+                     "--no-db", "--quiet", "--stop-after-first", "--shrink-seconds", "5", "--out", str(out)]) == 1
+    summary = json.loads((out / "fuzz-summary.json").read_text())
+    assert [x["dimension"] for x in summary["signatures"]] == ["slot>=2^31"], summary["signatures"]
+    run = ["run", "--scenario", "huge-cache", "--paths", "v2", "--quiet", "--kernel-v2"]
+    assert cli.main(run + [MRV2_INT32]) == 1
+    assert cli.main(run + [MRV2_OK]) == 0
+
+
 def test_stop_after_first_writes_one_repro(tmp_path):
     code = cli.main(["fuzz", "--paths", "v1", "--kernel-v1", INT32, "--max-examples", "150", "--seed", "0",
                      "--no-db", "--quiet", "--extreme", "--stop-after-first", "--out", str(tmp_path)])

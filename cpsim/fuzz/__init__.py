@@ -287,8 +287,9 @@ def _unpadded(s: sc.Scenario) -> sc.Scenario:
 DIMENSIONS: list[Dimension] = [
     Dimension("padded-tail", "graph padding past the scheduled tokens",
               lambda s: s.batch.num_tokens_padded > s.batch.num_tokens, _unpadded),
+    # Any group, not only cpsim's slot-mapped ones: the vLLM profiles give state (mamba) groups slots.
     Dimension("slot>=2^31", "slot ids at or past 2^31 (int32 slot arithmetic / tensors)",
-              lambda s: any(g.slot_mapped and g.num_blocks * g.block_size > 2**31 for g in s.groups),
+              lambda s: any(g.num_blocks * g.block_size > 2**31 for g in s.groups),
               lambda s: _clamp_caches(s, lambda g: 2**31 // g.block_size)),
     Dimension("block-id>2^24", "kernel-block ids past 2^24 (not exact in float32)",
               lambda s: any(g.slot_mapped and g.num_blocks * g.bpk - 1 > 2**24 for g in s.groups),
