@@ -21,6 +21,9 @@ shrink and repro files).
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find [FAULT ...] [--seeds 0,1,2] [--jobs 2]
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find --sizing tests/sizing/no_draft_reserve.py:sizing
     PYTHONPATH=$PWD python scripts/bench_fuzz.py --sizing-cost tests/sizing/ascend_shape.py:sizing --examples 1000
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --time-to-find --kernel-v1 tests/kernels/int32_slots.py:slot_mapping
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --rate 0,1,2 --examples 300     # default-space scenarios/s
+    PYTHONPATH=$PWD python scripts/bench_fuzz.py --wide-slots 0,1,2 --examples 100  # slots past 2^31: cost
 """
 
 from __future__ import annotations
@@ -169,16 +172,19 @@ TIME_TO_FIND = ("virtual-block-uses-kernel-block", "fixed-table-window", "fp32-b
 
 
 def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: float, space: str,
-                       sizing: bool = False) -> list[dict]:
+                       sizing: bool = False, kernel: str | None = None) -> list[dict]:
     """Seconds from the start of ``cpsim fuzz --inject X`` (default paths v1,v2; ``jobs`` workers, worker
     start-up included) until the first job reports a signature; then the search stops (``stop_after_first``,
     5 s of shrinking). ``None``: not found within ``minutes``. ``sizing``: each X is a ``--sizing SPEC``
-    (a buggy host sizing twin) instead, with no fault injected; its child start-up is included."""
+    (a buggy host sizing twin) instead, with no fault injected; its child start-up is included.
+    ``kernel``: instead of the faults, the fault-free search of ``cpsim fuzz --paths v1 --kernel-v1
+    KERNEL`` (a buggy kernel of our own)."""
     import tempfile
     from pathlib import Path
 
+    from cpsim.kernels.under_test import load
     rows = []
-    for name in faults:
+    for name in ([kernel] if kernel else faults):
         for s in seeds:
             first = [None]
             started = time.monotonic()
@@ -191,12 +197,14 @@ def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: 
                 if first[0] is None and prog.signatures:
                     first[0] = time.monotonic() - started
 
-            how = {"sizing": name} if sizing else {"inject": name}
+            how = ({"paths": ["v1"], "kernels": {"v1": load(kernel, "v1")}} if kernel else
+                   {"sizing": name} if sizing else {"inject": name})
             cfg = fz.FuzzConfig(**how, minutes=minutes, max_examples=10**9, seed=s, database=None, jobs=jobs,
                                 stop_after_first=True, shrink_seconds=5, space=space, out=Path(tempfile.mkdtemp()))
             r = fz.search_jobs(cfg, seen) if jobs > 1 else fz.search(cfg, seen1)
             sig = r.reported[0].signature if r.found else None
-            rows.append({"sizing" if sizing else "fault": name, "seed": s, "jobs": jobs, "space": space, "seconds_to_find": first[0],
+            key = "kernel_v1" if kernel else "sizing" if sizing else "fault"
+            rows.append({key: name, "seed": s, "jobs": jobs, "space": space, "seconds_to_find": first[0],
                          "examples_total": r.examples, "signature": sig})
             print(f"{name:34s} seed {s}: " + (f"found after {first[0]:.1f} s ({sig})" if first[0] is not None
                                                else f"not found in {minutes:g} min ({r.examples} examples)"),
@@ -232,6 +240,62 @@ def bench_sizing_cost(spec: str, n: int) -> list[dict]:
           f"{warm * 1e3:.3f} ms from the memo", flush=True)
     return [{"workload": f"--sizing {spec}, paths v1,v2, {n} default-space scenarios", "child_start_s": start,
              "ms_per_scenario_asked": cold * 1e3, "distinct_inputs": asked, "ms_per_scenario_memo": warm * 1e3}]
+
+
+def bench_rate(examples: int, seeds: list[int]) -> list[dict]:
+    """Scenarios/s of the default space (1 job, no fault, the kernel workers included) per seed. Run it
+    with PYTHONPATH on two trees, alternately, to compare a change of the space (cpsim/fuzz/space.py)."""
+    import tempfile
+    from pathlib import Path
+
+    rows = []
+    for s in seeds:
+        cfg = fz.FuzzConfig(max_examples=examples, seed=s, database=None, out=Path(tempfile.mkdtemp()))
+        w = time.perf_counter()
+        r = fz.search(cfg)
+        w = time.perf_counter() - w
+        rows.append({"workload": "fuzz default space, 1 job", "cpsim": os.path.dirname(fz.__file__), "seed": s,
+                     "examples": r.examples, "wall_s": w, "wall_per_s": r.examples / w,
+                     "violations": len(r.reported), "load_avg": os.getloadavg()[0]})
+        print(f"seed {s}: {r.examples} examples, {r.examples / w:.1f}/s wall, {len(r.reported)} violation(s), "
+              f"load {os.getloadavg()[0]:.1f}", flush=True)
+    return rows
+
+
+def bench_wide_slots(n: int, seed: int) -> list[dict]:
+    """What the default space's caches with slots past 2^31 cost: ``n`` such scenarios of the random explorer
+    (seed ``seed``), each run (paths v1,v2, kernel workers) as drawn and with its caches cut to the int32 rule
+    (``space.cache_cap(g, "default", int32_slots=True)``), alternately; the rest of the scenario is the same."""
+    import dataclasses
+    import random
+
+    from cpsim.fuzz import space
+    rng = random.Random(seed)
+    wide = []
+    while len(wide) < n:
+        s = space.build(space.RandomDraw(rng))
+        if any(g.slot_mapped and g.num_blocks * g.block_size > 2**31 for g in s.groups):
+            wide.append(s)
+
+    def cut(s: sc.Scenario) -> sc.Scenario:
+        return sc.validate(s.replace(groups=tuple(dataclasses.replace(g, num_blocks=max(
+            2, sc.max_blocks_needed(s, g) + 1, min(g.num_blocks, space.cache_cap(g, "default", True))))
+            for g in s.groups)))
+
+    pairs = [(s, cut(s)) for s in wide]
+    fz.evaluate(wide[0], ["v1", "v2"])  # kernel-worker start-up, not counted
+    spent, failed = {"as drawn": 0.0, "cut": 0.0}, {"as drawn": 0, "cut": 0}
+    for i, (a, b) in enumerate(pairs):
+        for name, s in (("as drawn", a), ("cut", b))[:: 1 if i % 2 == 0 else -1]:
+            w = time.perf_counter()
+            failed[name] += fz.evaluate(s, ["v1", "v2"]).failed
+            spent[name] += time.perf_counter() - w
+    row = {"workload": "default-space scenarios with slots past 2^31: as drawn vs caches cut below 2^31",
+           "seed": seed, "scenarios": n, "ms_as_drawn": spent["as drawn"] / n * 1e3, "ms_cut": spent["cut"] / n * 1e3,
+           "failed": failed, "load_avg": os.getloadavg()[0]}
+    print(f"seed {seed}: {n} scenarios, {row['ms_as_drawn']:.1f} ms as drawn, {row['ms_cut']:.1f} ms cut below 2^31; "
+          f"failed {failed}", flush=True)
+    return [row]
 
 
 def kernel_variants() -> int | None:
@@ -315,6 +379,11 @@ def main() -> None:
     ap.add_argument("--sizing-cost", metavar="SPEC", help="only the sizing child's cost per scenario (--examples)")
     ap.add_argument("--sizing", metavar="SPEC,...", help="with --time-to-find: time `cpsim fuzz --sizing SPEC` for "
                                                        "each SPEC (buggy host sizing twins) instead of faults")
+    ap.add_argument("--kernel-v1", metavar="SPEC",
+                    help="with --time-to-find: fuzz this kernel on path v1 instead of injecting faults")
+    ap.add_argument("--rate", metavar="SEEDS", help="only the default space's scenarios/s for these seeds (--examples)")
+    ap.add_argument("--wide-slots", metavar="SEEDS",
+                    help="only the cost of caches with slots past 2^31 (--examples scenarios per seed)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as `cpsim fuzz` does
     out = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.python_version()}, "
@@ -323,7 +392,7 @@ def main() -> None:
     if args.time_to_find is not None:
         what = args.sizing.split(",") if args.sizing else (args.time_to_find or list(TIME_TO_FIND))
         out["results"] = bench_time_to_find(what, [int(x) for x in args.seeds.split(",")], args.jobs, args.minutes,
-                                            args.space, sizing=bool(args.sizing))
+                                            args.space, sizing=bool(args.sizing), kernel=args.kernel_v1)
         out["load_avg_end"] = os.getloadavg()
         if args.json:
             with open(args.json, "w") as f:
@@ -331,6 +400,15 @@ def main() -> None:
         return
     if args.sizing_cost:
         out["results"] = bench_sizing_cost(args.sizing_cost, args.examples)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
+        return
+    if args.rate or args.wide_slots:
+        seeds = [int(x) for x in (args.rate or args.wide_slots).split(",")]
+        out["results"] = (bench_rate(args.examples, seeds) if args.rate else
+                          [r for s in seeds for r in bench_wide_slots(args.examples, s)])
+        out["load_avg_end"] = os.getloadavg()
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(out, f, indent=2)

@@ -46,7 +46,8 @@ def register(sub) -> None:
                    help="also draw CP layouts that break the global owner rule (interleave not dividing B)")
     p.add_argument("--extreme", action="store_true",
                    help="also draw integer-boundary caches: kernel-block ids up to 2^31 - 1, slots past 2^31 "
-                        "(default space: every slot id < 2^31, kernel-block ids up to 2^26)")
+                        "(default space: kernel-block ids up to 2^26; slot ids past 2^31 only where every kernel "
+                        "under test writes int64 slots)")
     p.add_argument("--stop-after-first", action="store_true",
                    help="stop at the first violation and shrink only it (one repro)")
     p.add_argument("--ignore", action="append", default=[], metavar="SIGNATURE",

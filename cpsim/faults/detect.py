@@ -22,6 +22,7 @@ from cpsim.check.coordinator import Verdict
 from cpsim.check.gathered import Gathered
 from cpsim.check.ownership import Ownership, ranges  # noqa: F401  (re-exported)
 from cpsim.check.ownership import ownership as _ownership
+from cpsim.kernels.under_test import ABIS
 from cpsim.paths import PATHS, Knobs
 from cpsim.scenario import PRESETS, Scenario, preset
 from cpsim.run.world import run_virtual
@@ -128,7 +129,8 @@ class Matrix:
 # ---- where a fault can show with a user's kernels --------------------------------
 
 # ABIs whose slot mapping is int32: slots past 2^31 - 1 cannot be written (vllm-ascend's v1/v2 kernels).
-INT32_SLOT_ABIS = ("ascend-v1", "ascend-v1-fused", "ascend-v1-fused-adaptive", "ascend-v2")
+# Read from the ABI table, so a new int32 ABI (ascend-v2-0.18, say) is never judged on such slots.
+INT32_SLOT_ABIS = tuple(n for n, a in ABIS.items() if a.out_dtype == "int32")
 
 
 def _user(record: dict | None, path: str) -> tuple[dict | None, dict | None]:

@@ -31,7 +31,7 @@ from cpsim import __version__
 from cpsim.check import coordinator, profiles
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError, Interrupted
-from cpsim.kernels.under_test import to_record
+from cpsim.kernels.under_test import ABIS, to_record
 from cpsim.paths import Knobs
 from cpsim.fuzz import explore as _explore
 from cpsim.fuzz.rounds import (SEED_STRIDE, SignatureFailure, _failure_type, _hypothesis,  # noqa: F401  (re-exported)
@@ -41,15 +41,16 @@ REPRO_SCHEMA = "cpsim-repro/1"
 DEFAULT_DB = Path(".cpsim") / "hypothesis"
 DEFAULT_PATHS = ("v1", "v2")
 
-# The spaces searched. "default": caches a device could hold and int32 slot tensors can
-# address: every slot id < 2^31 (num_blocks * B <= 2^31) and every kernel-block id < 2^26
-# (num_blocks * BPK <= 2^26), so ids past 2^24 (where float32 goes wrong) are reached with
-# block sizes up to 64. "extreme" adds integer-boundary caches: up to 2^31 - 1 kernel blocks,
-# slots far past 2^31.
+# The spaces searched (``space.cache_cap``). "default": every kernel-block id < 2^26 (num_blocks * BPK <= 2^26), so ids past 2^24 (where float32 goes wrong)
+# are reached with block sizes up to 64; slot ids < 2^31 (num_blocks * B <= 2^31) where a kernel
+# under test writes int32 slots (its ABI's ``out_dtype``), else also caches of 2^24 kernel blocks
+# whatever the block size (slots past 2^31 with kernel blocks of more than 128 tokens).
+# "extreme" adds integer-boundary caches: up to 2^31 - 1 kernel blocks, slots far past 2^31.
 SPACES = {
-    "default": "realistic caches: every slot id < 2^31, kernel-block ids up to 2^26",
+    "default": "realistic caches: kernel-block ids up to 2^26; slot ids past 2^31 with int64 slot outputs",
     "extreme": "integer-boundary caches: kernel-block ids up to 2^31 - 1, slots past 2^31",
 }
+INT32_SPACE = "realistic caches: kernel-block ids up to 2^26, every slot id < 2^31 (a kernel writes int32 slots)"
 
 
 # ---- fault names -------------------------------------------------------------
@@ -281,12 +282,14 @@ def _unpadded(s: sc.Scenario) -> sc.Scenario:
 # "slot>=2^31" comes before "block-id>2^24": cutting slots below 2^31 keeps ids as large as
 # int32 slots allow, so an int32 slot overflow is always put on slots. The reverse does not hold
 # for block sizes >= 128, where no id past 2^24 survives the slot cut: in the extreme space a
-# float32 gather can be reported under "slot>=2^31" too (the default space has no such slots).
+# float32 gather can be reported under "slot>=2^31" too (the default space's caches with slots
+# past 2^31 hold no kernel-block id past 2^24, so there it cannot).
 DIMENSIONS: list[Dimension] = [
     Dimension("padded-tail", "graph padding past the scheduled tokens",
               lambda s: s.batch.num_tokens_padded > s.batch.num_tokens, _unpadded),
+    # Any group, not only cpsim's slot-mapped ones: the vLLM profiles give state (mamba) groups slots.
     Dimension("slot>=2^31", "slot ids at or past 2^31 (int32 slot arithmetic / tensors)",
-              lambda s: any(g.slot_mapped and g.num_blocks * g.block_size > 2**31 for g in s.groups),
+              lambda s: any(g.num_blocks * g.block_size > 2**31 for g in s.groups),
               lambda s: _clamp_caches(s, lambda g: 2**31 // g.block_size)),
     Dimension("block-id>2^24", "kernel-block ids past 2^24 (not exact in float32)",
               lambda s: any(g.slot_mapped and g.num_blocks * g.bpk - 1 > 2**24 for g in s.groups),
@@ -458,9 +461,15 @@ class FuzzConfig:
             raise ConfigError("--explore", f"must be one of {', '.join(EXPLORERS)}, got {self.explore!r}")
         return self.explore
 
+    def int32_slots(self) -> bool:
+        """Whether a kernel under test writes int32 slot mappings (its ABI's ``out_dtype``): the default
+        space then keeps every slot id below 2^31, as a larger one is inexpressible for it."""
+        return any(ABIS[k.abi].out_dtype == "int32" for k in (self.kernels or {}).values() if k.abi in ABIS)
+
     def describe_space(self) -> str:
         extra = ", invalid CP layouts too" if self.allow_invalid else ""
-        return f"{self.space} ({SPACES[self.space]}{extra}; at most {self.max_programs} programs per path)"
+        rule = INT32_SPACE if self.space == "default" and self.int32_slots() else SPACES[self.space]
+        return f"{self.space} ({rule}{extra}; at most {self.max_programs} programs per path)"
 
 
 @dataclass

@@ -103,9 +103,12 @@ def explore(me) -> None:
     redraws = since_shrink = 0
     drawn = None  # the next (draw, scenario), drawn while the last one's kernels were running
 
+    narrow = cfg.int32_slots()
+
     def draw():
         d = space.RandomDraw(rng, prefix(rng, recent))
-        return d, space.build(d, cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
+        return d, space.build(d, cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space,
+                              int32_slots=narrow)
 
     def start_next(current: str) -> None:
         # Called while a scenario's kernels run in the kernel worker: the next scenario is drawn and

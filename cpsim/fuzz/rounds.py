@@ -15,9 +15,10 @@ SEED_STRIDE = 1_000_003  # seed streams of jobs / ranks: seed + stream * SEED_ST
 
 
 def scenarios(allow_invalid: bool = False, max_programs: int = 48, max_tokens_per_request: int = 24,
-              max_world: int = 16, space: str = "default"):
+              max_world: int = 16, space: str = "default", int32_slots: bool = False):
     """Hypothesis strategy of scenarios that ``scenario.validate`` accepts (``space.build``)."""
-    return _space.strategy(_space.build, allow_invalid, max_programs, max_tokens_per_request, max_world, space)
+    return _space.strategy(_space.build, allow_invalid, max_programs, max_tokens_per_request, max_world, space,
+                           int32_slots)
 
 
 class SignatureFailure(AssertionError):
@@ -78,7 +79,8 @@ def hypothesis_round(me, strategy, db, budget: int, phases, seed: int | None) ->
 
 def strategy_of(cfg):
     """The scenario strategy of a ``cpsim.fuzz.FuzzConfig``."""
-    return scenarios(cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space)
+    return scenarios(cfg.allow_invalid, cfg.max_programs, cfg.max_tokens_per_request, space=cfg.space,
+                     int32_slots=cfg.int32_slots())
 
 
 def database_of(cfg):

@@ -31,18 +31,31 @@ MAX_MODEL_LEN_INVALID = 1 << 20  # invalid layouts count blocks by scanning posi
 INT32_MAX = sc.INT32_MAX
 DEFAULT_SLOT_LIMIT = 1 << 31
 DEFAULT_BLOCK_ID_LIMIT = 1 << 26
+EXACT_FLOAT32_IDS = 1 << 24      # integers up to 2^24 are exact in float32
 
 GROUP_CHOICES = ("attention", "attention-unsharded", "sliding_window", "mamba")
 REQUEST_KINDS = ("decode", "prefill", "chunked", "spec", "empty")
 POW2 = tuple(1 << i for i in range(13))
 
 
-def cache_cap(g: sc.KVGroup, space: str) -> int:
-    """Most physical blocks a group's cache may have in ``space``: "default" keeps every slot id
-    below 2^31 and every kernel-block id below 2^26; "extreme" goes to 2^31 - 1 kernel blocks."""
+def cache_cap(g: sc.KVGroup, space: str, int32_slots: bool = False) -> int:
+    """Most physical blocks a group's cache may have in ``space``.
+
+    "default": kernel-block ids below 2^26 and slot ids below 2^31; where every kernel under test
+    writes int64 slots (``int32_slots`` false: cpsim's own kernels, every released vLLM ABI) a cache
+    may also hold 2^24 kernel blocks whatever its block size, so kernel blocks of more than 128 tokens
+    reach slot ids past 2^31 (up to 2^36), where an int32 product wraps. Those ids stay exact in
+    float32, so a float32 id bug never needs such a cache and the ``slot>=2^31`` dimension stays the
+    int32 one's. An ABI that writes int32 slots (vllm-ascend's) cannot express a slot past 2^31 - 1:
+    for it the default keeps every slot id below 2^31. "extreme": up to 2^31 - 1 kernel blocks.
+    Only the ids handed out are materialised (``cpsim.allocator``), so a cap costs no memory.
+    """
     if space == "extreme":
         return INT32_MAX // g.bpk
-    return min(DEFAULT_SLOT_LIMIT // g.block_size, DEFAULT_BLOCK_ID_LIMIT // g.bpk)
+    cap = DEFAULT_SLOT_LIMIT // g.block_size
+    if not int32_slots:
+        cap = max(cap, EXACT_FLOAT32_IDS // g.bpk)
+    return min(cap, DEFAULT_BLOCK_ID_LIMIT // g.bpk)
 
 
 # ---- drivers -------------------------------------------------------------------------
@@ -218,11 +231,12 @@ def request(d, mml: int, spec: int, max_tokens_per_request: int) -> sc.Request:
 
 
 def build(d, allow_invalid: bool = False, max_programs: int = 48, max_tokens_per_request: int = 24,
-          max_world: int = 16, space: str = "default") -> sc.Scenario:
+          max_world: int = 16, space: str = "default", int32_slots: bool = False) -> sc.Scenario:
     """A scenario ``scenario.validate`` accepts (unless ``allow_invalid`` draws a broken CP layout).
 
     ``max_programs`` bounds world x groups x (requests + 1), the interpreter programs one path
-    launches; large worlds get fewer requests. ``space`` decides the cache sizes only (``cache_cap``).
+    launches; large worlds get fewer requests. ``space`` and ``int32_slots`` (a kernel under test writes
+    int32 slots) decide the cache sizes only (``cache_cap``).
     """
     world = small_or(d, 1, 4, max_world)
     pcp = pick(d, divisors(world))
@@ -270,7 +284,7 @@ def build(d, allow_invalid: bool = False, max_programs: int = 48, max_tokens_per
     s = sc.Scenario("fuzz", cp, tuple(groups), limits, sc.Batch(tuple(reqs), idx, padded, tuple(sorted(flagged))),
                     seed=d.integer(0, 2**16), allow_invalid=invalid)
     s = with_replay(s)
-    return sc.validate(s.replace(groups=cache_sizes(d, s, space)))
+    return sc.validate(s.replace(groups=cache_sizes(d, s, space, int32_slots)))
 
 
 def with_replay(s: sc.Scenario) -> sc.Scenario:
@@ -283,7 +297,7 @@ def with_replay(s: sc.Scenario) -> sc.Scenario:
     return s.replace(groups=tuple(groups), batch=dataclasses.replace(s.batch, requests=tuple(reqs)))
 
 
-def cache_sizes(d, s: sc.Scenario, space: str) -> tuple[sc.KVGroup, ...]:
+def cache_sizes(d, s: sc.Scenario, space: str, int32_slots: bool = False) -> tuple[sc.KVGroup, ...]:
     """Each group's num_blocks: a few spare blocks, or a big sparse cache up to the space's cap.
 
     The shrinker lowers the branch first and then the size, so a cache moves down to the
@@ -294,7 +308,7 @@ def cache_sizes(d, s: sc.Scenario, space: str) -> tuple[sc.KVGroup, ...]:
     out = []
     for g in s.groups:
         need = max(2, sc.max_blocks_needed(s, g) + 1)
-        cap = max(need, cache_cap(g, space))
+        cap = max(need, cache_cap(g, space, int32_slots))
         branch = d.integer(0, 3)
         if branch < 2:
             n = d.integer(need, min(need + 64, cap) if branch == 0 else cap)
