@@ -515,6 +515,12 @@ def test_cache_shrinks_toward_the_smallest_that_still_fails():
     assert f.signature not in (me.visit(one_less) or {})
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default (a test run started with ``nohup ... &``
+    inherits it ignored, and an ignored SIGINT stays ignored in cpsim as in any program)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_fuzz_keeps_its_summary_and_the_repros_so_far(tmp_path, sig, code):
     """Ctrl-C (or SIGTERM) once the first repro is on disk: one line, exit 130 / 143, and the summary says
@@ -523,7 +529,7 @@ def test_an_interrupted_fuzz_keeps_its_summary_and_the_repros_so_far(tmp_path, s
     proc = subprocess.Popen([sys.executable, "-m", "cpsim", "fuzz", "--inject", "stale-tail", "--paths", "v1",
                              "--max-examples", "100000", "--seed", "0", "--no-db", "--out", str(out)],
                             cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), CPSIM_KERNEL_WORKERS="1"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 240
         while not list(out.glob("repro-*.json")):
@@ -578,7 +584,8 @@ def test_an_interrupted_fuzz_with_two_jobs_keeps_every_jobs_findings_so_far(tmp_
                              "--jobs", "2", "--max-examples", "100000", "--seed", "0", "--no-db", "--out", str(out)],
                             cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT), CPSIM_KERNEL_WORKERS="1",
                                                    CPSIM_TEST_MARK=mark),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_sigint_default)
     try:
         deadline = time.monotonic() + 240
         while not list(out.glob("repro-*.json")):

@@ -23,6 +23,13 @@ import pytest
 
 from test_coordinator import world  # noqa: F401  (a fixture)
 
+
+def sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default. A test run started in the background
+    (``nohup ... &``) inherits SIGINT ignored, and cpsim, like any program, keeps an ignored SIGINT
+    ignored, so the rows that send one would test the launching shell instead of cpsim."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1"]
 
@@ -249,7 +256,8 @@ def cpsim(tmp_path: Path, args: list[str], during=None, timeout: float = 300) ->
     env = dict(os.environ, PYTHONPATH=str(ROOT), CPSIM_TEST_MARK=mark, CPSIM_TEST_PIDS=str(tmp_path / "pids"),
                COLUMNS="200", CPSIM_KERNEL_WORKERS="1")
     proc = subprocess.Popen([sys.executable, "-m", "cpsim", *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=sigint_default)
     if during is not None:
         during(proc, tmp_path)
     try:
