@@ -630,12 +630,16 @@ if "--multiprocessing-fork" in sys.argv and os.environ.get("BREAK_JOB"):
     def search(*a, **k):
         if os.environ["BREAK_JOB"] == "die":
             os._exit(7)
+        if os.environ["BREAK_JOB"] == "raise-slow-exit":
+            import atexit, time
+            atexit.register(time.sleep, 3)  # the parent's SIGTERM lands while this job is leaving
         raise RuntimeError("broken on purpose in the job")
     fz.search = search
 '''
 
 
 @pytest.mark.parametrize("how, cause", [("raise", "RuntimeError: broken on purpose in the job"),
+                                        ("raise-slow-exit", "RuntimeError: broken on purpose in the job"),
                                         ("die", "exit code 7")])
 def test_a_failed_fuzz_job_is_one_line_and_exit_3(how, cause, tmp_path):
     hook = tmp_path / "hook"
@@ -651,7 +655,7 @@ def test_a_failed_fuzz_job_is_one_line_and_exit_3(how, cause, tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "fuzz job " in lines[0] and cause in lines[0], proc.stderr
     traces = list(out.glob("fuzz-job-*-traceback.txt"))
-    if how == "raise":
+    if how.startswith("raise"):
         assert len(traces) == 1 and str(traces[0]) in lines[0]
         assert "broken on purpose in the job" in traces[0].read_text()
     else:

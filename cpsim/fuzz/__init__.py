@@ -806,7 +806,7 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
     end its result ("done") or its error ("failed"); so the parent holds every finding so far even if
     it has to stop this job. Ctrl-C is the parent's to handle (a terminal sends it to the whole group);
     SIGTERM, the parent's stop, ends the search with SystemExit, so this process's exit ends its own
-    kernel workers."""
+    kernel workers; once the search has ended, SIGTERM is ignored (the process is already leaving)."""
     import signal
     import sys
     import traceback
@@ -841,6 +841,11 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
         raise
     except BaseException:  # noqa: BLE001 - a bug in cpsim itself: the parent raises it
         queue.put(("failed", job, traceback.format_exc()))
+    finally:
+        # The job is leaving either way. A SIGTERM now (the parent stopping every job once one failed)
+        # would raise SystemExit inside the exit's own finalizers and print their traceback; the parent
+        # SIGKILLs a job that does not finish leaving within its bound.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def merge(results: list[FuzzResult]) -> list[Finding]:
