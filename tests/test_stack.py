@@ -303,15 +303,15 @@ def test_a_vllm_ascend_that_does_not_import_is_exit_2_with_the_reason(tmp_path, 
     assert "does not import here" in err and "ModuleNotFoundError" in err
 
 
-def test_stack_under_torchrun_is_exit_2_not_a_copy_per_rank(tmp_path, capsys, monkeypatch):
-    """Under torchrun every rank would drive the whole virtual world of host classes again; until the
-    runtime's own process groups are set up there, the run is refused with the reason."""
+def test_stack_under_torchrun_needs_whole_cp_groups(tmp_path, capsys, monkeypatch):
+    """Under torchrun each rank drives one CP rank (tests/test_stack_torchrun.py): a world that is not
+    a multiple of the CP size is exit 2 naming the field, before any process group."""
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    code, _ = run(tmp_path, *own("ascend_shape"))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    code, _ = run(tmp_path, "--dcp", "2", *own("ascend_shape"))
     assert code == 2
     err = capsys.readouterr().err
-    assert "--stack" in err and "under torchrun" in err and "Traceback" not in err
+    assert "--dcp/--pcp" in err and "world size 3" in err and "Traceback" not in err
 
 
 def test_a_missing_stack_source_is_exit_2(tmp_path, capsys):

@@ -62,12 +62,8 @@ def register(sub) -> None:
 
 def main(args) -> int:
     if getattr(args, "stack", None):
-        if launched_by_torchrun():  # each rank would drive every rank's classes again: refuse, never a silent copy
-            raise ConfigError("--stack", "drives the release's host classes in the virtual world (one child "
-                                         "process per CP rank); under torchrun the runtime's own process groups "
-                                         "are not set up yet: run it without torchrun")
-        from cpsim.cmd.stack_run import main_stack
-        return main_stack(args)
+        from cpsim.cmd.stack_run import main_stack, main_stack_torchrun
+        return main_stack_torchrun(args) if launched_by_torchrun() else main_stack(args)
     if launched_by_torchrun():
         return main_torchrun(args)
     from cpsim.run.dist import select_device

@@ -31,32 +31,173 @@ def add_stack_args(p) -> None:
                    "it, e.g. SDIST:VLLM_FOLDER for the vLLM it was built for")
 
 
-def main_stack(args) -> int:
-    from cpsim.stack import host
-    s = scenario_from_args(args)
+def _paths(args) -> list[str]:
     paths = ["v1", "v2"] if isinstance(args.paths, DefaultPaths) else parse_paths(args.paths)
     bad = [p for p in paths if p not in STACK_PATHS]
     if bad:
         raise ConfigError("--paths", f"with --stack the paths are the runtime's host classes: "
                                      f"{', '.join(STACK_PATHS)} (got {', '.join(bad)})")
-    console = Console()
+    return paths
+
+
+def main_stack(args) -> int:
+    from cpsim.stack import host
+    s = scenario_from_args(args)
+    paths = _paths(args)
     try:
         result = host.judge(host.drive(s, args.stack, paths, args.stack_python, args.stack_classes,
                                        source=args.stack_source), getattr(args, "profile", None))
     except RuntimeError as e:  # the release's code died or hung: never a pass
-        console.print(f"[bold red]FAIL[/bold red] {e}", highlight=False, soft_wrap=True)
+        Console().print(f"[bold red]FAIL[/bold red] {e}", highlight=False, soft_wrap=True)
         return 1
+    return _report(args, s, result)
+
+
+def _report(args, s, result, torchrun: dict | None = None, write_json: bool = True) -> int:
+    """The verdicts, the release, its profile and patches (under torchrun also where each rank sat in
+    the runtime's groups); the --json file."""
+    console = Console()
     verdicts = result.verdicts
     if args.quiet:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
     else:
-        report.print_report(console, result.scenario, verdicts, title=f"{s.name} on {result.release} host classes")
+        ranks = [r["rank"] for r in torchrun["ranks"]] if torchrun else []
+        where = (f"torchrun ranks {ranks[0]}-{ranks[-1]}, the runtime's own groups" if torchrun else "virtual world")
+        report.print_report(console, result.scenario, verdicts,
+                            title=f"{s.name} on {result.release} host classes ({where})")
         console.print(f"stack: {result.release}; profile: {result.profile or 'cpsim'}; patches:", highlight=False)
         for line in result.patches:
             console.print(f"  - {line}", highlight=False, soft_wrap=True)
-    if args.json:
-        report.write_json(args.json, report.to_dict(result.scenario, verdicts,
-                                                    {"stack": {"release": result.release,
-                                                               "profile": result.profile or "cpsim",
-                                                               "patches": result.patches}}))
+        if torchrun:
+            console.print("ranks: " + "; ".join(f"torchrun rank {r['rank']} -> DCP rank {r['dcp_rank']} of "
+                                                f"{r['dcp_world']}" if "dcp_rank" in r else
+                                                f"torchrun rank {r['rank']}: {r['error']}" for r in torchrun["ranks"]),
+                          highlight=False, soft_wrap=True)
+    if args.json and write_json:
+        stack = {"release": result.release, "profile": result.profile or "cpsim", "patches": result.patches}
+        if torchrun:
+            stack["torchrun"] = torchrun
+        report.write_json(args.json, report.to_dict(result.scenario, verdicts, {"stack": stack}))
     return 0 if coordinator.passed(verdicts) else 1
+
+
+# ---- under torchrun -----------------------------------------------------------------------
+
+def _rendezvous() -> str:
+    """A TCP address for the runtime's own groups (rank 0's machine, a port free now): torchrun's own
+    store stays cpsim's."""
+    import os
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}"
+
+
+def main_stack_torchrun(args) -> int:
+    """One CP rank per torchrun rank: each rank's driver child joins the runtime's own process groups
+    (:mod:`cpsim.stack.runtime_groups`: TP = the world, DCP = the scenario's) and drives the host
+    objects of the DCP rank they give it; the ranks all-gather what came back and rank 0 judges each
+    CP group (DCP groups of consecutive ranks, as vLLM lays them out at PCP 1; a world of several is
+    TP > DCP, each DCP rank held by several TP ranks) as the virtual world's run is judged.
+    Every wait is bounded by --timeout (the groups' setup and the host code in the child, and each
+    gather); a rank whose driver died or hung fails every path on that rank, named."""
+    from cpsim.cmd import stop_writer, torchrun_world
+    from cpsim.run.dist import Comm, Env, select_device
+    from cpsim.stack import host
+
+    s = scenario_from_args(args)
+    paths = _paths(args)
+    env = Env.from_environ()
+    torchrun_world(s.cp.world, f"the scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "--dcp/--pcp")
+    host.stack_python(args.stack_python)
+    host.stack_source(args.stack_source)
+    dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
+    comm = Comm.init(env, dev, args.timeout)
+    code = 1
+    try:
+        init_method = comm.all_gather_objects(_rendezvous() if comm.rank == 0 else None, "runtime rendezvous")[0]
+        dist = {"rank": comm.rank, "world": comm.world, "init_method": init_method, "timeout_s": args.timeout}
+        comm.state("driving the release's host classes")
+        # the child's own bound: the groups' setup and the host code, each --timeout, plus the imports
+        mine = host.drive_rank(s, args.stack, paths, dist, args.stack_python, args.stack_classes,
+                               args.stack_source, timeout=2 * args.timeout + 120)
+        ranks = comm.all_gather_objects(mine, "the ranks' host-class results")
+        code = _judge_world(args, s, paths, ranks) if comm.rank == 0 else 0
+    except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
+        title = f"{s.name} on --stack {args.stack} host classes, torchrun world {env.world}"
+        comm.fail(e, lambda message, named: stop_writer(args, title, {}, 1)([], [], message, named))
+    try:
+        comm.finish(code)
+    except BaseException as e:  # noqa: BLE001
+        comm.fail(e)
+
+
+def _judge_world(args, s, paths: list[str], ranks: list[dict]) -> int:
+    """Rank 0: every CP group judged, reported, and the --json written; the exit code."""
+    from rich.markup import escape
+
+    from cpsim.stack import host
+    refused = [x["refused"] for x in ranks if "refused" in x]
+    if refused:
+        Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(refused[0][0])}: {escape(refused[0][1])}",
+                                   highlight=False, soft_wrap=True)
+        return 2
+    n = s.cp.world
+    groups = []
+    for first in range(0, len(ranks), n):
+        try:
+            groups.append(_judge_group(args, s, paths, ranks[first: first + n], first))
+        except _Refused as e:
+            Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(e.field)}: {escape(e.rule)}",
+                                       highlight=False, soft_wrap=True)
+            return 2
+    if len(groups) == 1:
+        return _report(args, s, groups[0][0], groups[0][1])
+    codes = [_report(args, s, result, torchrun, write_json=False) for result, torchrun in groups]
+    if args.json:
+        report.write_json(args.json, {
+            "passed": not any(codes),
+            "stack": {"release": groups[0][0].release, "profile": groups[0][0].profile or "cpsim",
+                      "patches": groups[0][0].patches, "torchrun_world": len(ranks)},
+            "cp_groups": [report.to_dict(result.scenario, result.verdicts, {"torchrun": torchrun})
+                          for result, torchrun in groups]})
+    bad = sum(1 for c in codes if c)
+    Console().print(f"[bold red]{bad} of {len(groups)} CP group(s) fail[/bold red]" if bad else
+                    f"[bold green]all {len(groups)} CP group(s) pass[/bold green]")
+    return 1 if bad else 0
+
+
+class _Refused(Exception):
+    def __init__(self, field: str, rule: str):
+        super().__init__(f"{field}: {rule}")
+        self.field, self.rule = field, rule
+
+
+def _judge_group(args, s, paths: list[str], ranks: list[dict], first: int):
+    """One CP group (torchrun ranks ``first`` on): (StackResult, what the runtime's groups said)."""
+    from cpsim.stack import host
+    world = first + len(ranks)
+    try:
+        out, got = host.merge_ranks(s, ranks, paths, first)
+    except RuntimeError as e:  # no rank answered, or the runtime's layout is not the scenario's
+        result = host.StackResult("(no answer)", [], {}, scenario=s, failures={
+            p: host.KernelFailure(p, 0, "exited", f"torchrun ranks {first}-{world - 1}: {e}",
+                                  not_run=list(range(1, len(ranks)))) for p in paths})
+        return host.judge(result), {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]}
+    _, _, inputs = host.request([s], args.stack, paths, args.stack_classes, args.stack_source, None)
+    (job,) = host.jobs_from(out, got, [s], inputs, paths, args.stack)
+    if job.unsupported_paths:  # a run judges every path it was asked for, or none
+        raise _Refused(*next(iter(job.unsupported_paths.values())))
+    result = host.judge(host.StackResult(out["release"], out["patches"], job.steps, scenario=s, profile=job.profile,
+                                         failures=job.failures, path_profiles=job.path_profiles),
+                        getattr(args, "profile", None))
+    failed_on = {p: [first + r for r in f["ranks"]] for p, f in out["jobs"][0].get("failed", {}).items()}
+    for v in result.verdicts:  # every rank ran at once: the violation names each rank whose host code failed
+        if v.invariant == "kernel-completes" and v.path in failed_on:
+            for x in v.violations:
+                x.ranks, x.count = failed_on[v.path], len(failed_on[v.path])
+    placed = out["runtime_groups"]
+    return result, {"ranks": [
+        {"rank": first + r, **({"dcp_rank": placed[r]["dcp_rank"], "dcp_world": placed[r]["dcp_world"]} if r in placed
+                               else {"error": ranks[r].get("error", "no answer")})} for r in range(len(ranks))]}

@@ -43,9 +43,12 @@ def job_arrays(arrays: dict, k: int) -> dict:
 
 
 def drive_path(adapter, module, meta: dict, arrays: dict, path: str, k: int, at_rank) -> dict:
-    """Every rank of one path of one job; ``at_rank(r)`` is told each rank before it runs (crash reports)."""
+    """Every rank of one path of one job (under torchrun: this rank only, where the runtime's groups
+    placed it); ``at_rank(r)`` is told each rank before it runs (crash reports)."""
     out = {}
-    for rank in range(meta["cp"]["dcp"] * meta["cp"]["pcp"]):
+    runtime = meta.get("runtime_groups")
+    ranks = [runtime["dcp_rank"]] if runtime else range(meta["cp"]["dcp"] * meta["cp"]["pcp"])
+    for rank in ranks:
         at_rank(rank)
         tables, slots = adapter.drive(module, meta, arrays, path, rank)
         out[f"j{k}/{path}_r{rank}_slots"] = slots
@@ -146,11 +149,35 @@ def main(folder: str) -> int:
         return 3
     out: dict = {}
     timeout = float(top.get("job_timeout") or JOB_TIMEOUT)
+    dist = top.get("dist")
+    groups = None
+    if dist:  # under torchrun: one job, this rank's, in the runtime's own process groups
+        groups = _runtime_groups(dist, top["jobs"][0], module, where)
+        if groups is None:
+            return 0
+        for meta in top["jobs"]:
+            meta["runtime_groups"] = groups
     jobs = [run_job(adapter, module, meta, job_arrays(arrays, k), out, k, where, timeout)
             for k, meta in enumerate(top["jobs"])]
-    applied = adapter.patches() if hasattr(adapter, "patches") else list(adapter.PATCHES)
-    write(where, "out", {"release": release, "patches": applied, "jobs": jobs}, out)
+    applied = adapter.patches(runtime_groups=bool(dist))
+    if groups:
+        applied.append(groups["source"])
+    write(where, "out", {"release": release, "patches": applied, "jobs": jobs, "runtime_groups": groups}, out)
+    if dist:
+        from cpsim.stack import runtime_groups
+        runtime_groups.close(module)
     return 0
+
+
+def _runtime_groups(dist: dict, meta: dict, module, where: Path) -> dict | None:
+    """This rank's place in the runtime's groups; None once it answered why there is none (a raise in
+    the release's own setup: the rank's failure, reported like a crash of its host code)."""
+    from cpsim.stack import runtime_groups
+    try:
+        return runtime_groups.init(dist, meta, module)
+    except Exception as e:  # noqa: BLE001 - the release's (or the classes file's) setup failed: reported
+        write(where, "out", {"groups_failed": f"{type(e).__name__}: {e}{_where_raised(e)}"}, {})
+        return None
 
 
 if __name__ == "__main__":

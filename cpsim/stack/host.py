@@ -94,7 +94,7 @@ def stack_python(given: str | None) -> str:
     py = given or os.environ.get(PYTHON_ENV) or sys.executable
     if not Path(py).exists():
         raise ConfigError("--stack-python", f"{py} does not exist (make a side venv, docs/UPSTREAM.md)")
-    return py
+    return os.path.abspath(py)  # the child runs in a folder of its own; not resolved: a venv's python is a link
 
 
 @dataclass
@@ -138,11 +138,19 @@ def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python:
 
     A release that cannot be loaded is a ConfigError (exit 2); a dead or hung driver a RuntimeError;
     a job whose release code crashed, raised or hung carries it in ``Job.failures`` (kernel-completes)."""
+    top, arrays, inputs = request(scenarios, family, paths, classes, source, job_timeout)
+    out, got = call_driver(top, arrays, family, python, timeout)
+    return out["release"], out["patches"], jobs_from(out, got, scenarios, inputs, paths, family)
+
+
+def request(scenarios: list[Scenario], family: str, paths: list[str], classes: str | None, source: str | None,
+            job_timeout: float | None, dist: dict | None = None) -> tuple[dict, dict, list]:
+    """What the driver child is handed: (top, arrays, [(meta, arrays)] per scenario); ``dist``: this
+    torchrun rank and the rendezvous of the runtime's own groups (:mod:`cpsim.stack.runtime_groups`)."""
     if family not in FAMILIES:
         raise ConfigError("--stack", f"must be one of {', '.join(FAMILIES)}, got {family!r}")
-    py = stack_python(python)
     top = {"family": family, "classes": str(Path(classes).resolve()) if classes else None, "jobs": [],
-           "source": stack_source(source), "job_timeout": job_timeout}
+           "source": stack_source(source), "job_timeout": job_timeout, "dist": dist}
     arrays: dict = {}
     inputs = []
     for k, s in enumerate(scenarios):
@@ -150,23 +158,56 @@ def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python:
         top["jobs"].append(meta)
         arrays.update({f"j{k}/{n}": a for n, a in arr.items()})
         inputs.append((meta, arr))
+    return top, arrays, inputs
+
+
+def call_driver(top: dict, arrays: dict, family: str, python: str | None, timeout: float) -> tuple[dict, dict]:
+    """Run the driver child once: (its answer, its arrays). ConfigError when the release cannot be
+    loaded or its runtime groups cannot be set up on this rank's machine (exit 2); RuntimeError when
+    the child died, hung or could not answer."""
+    py = stack_python(python)
     with tempfile.TemporaryDirectory(prefix="cpsim-stack-") as tmp:
         where = Path(tmp)
         write(where, "in", top, arrays)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-        try:
-            proc = subprocess.run([py, "-m", "cpsim.stack.driver", str(where)], env=env, cwd=tmp,
-                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the stack driver ({family}) ran past {timeout:.0f} s and was killed") from None
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                     "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE"):
+            env.pop(name, None)  # torchrun's rendezvous is cpsim's; the runtime's groups get one of their own
+        code, stdout, stderr = _bounded([py, "-m", "cpsim.stack.driver", str(where)], env, tmp, timeout, family)
         out_json = where / "out.json"
-        if proc.returncode == 3 and out_json.exists():
+        if code == 3 and out_json.exists():
             u = read(where, "out")[0]["unsupported"]
             raise ConfigError(u["field"], u["rule"])
-        if proc.returncode != 0 or not out_json.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise RuntimeError(f"the stack driver ({family}) exited {proc.returncode}: " + " | ".join(tail))
+        if code != 0 or not out_json.exists():
+            tail = (stderr or stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"the stack driver ({family}) exited {code}: " + " | ".join(tail))
         out, got = read(where, "out")
+    if "groups_failed" in out:
+        raise RuntimeError(f"the runtime's process groups could not be set up: {out['groups_failed']}")
+    return out, got
+
+
+def _bounded(argv: list[str], env: dict, cwd: str, timeout: float, family: str) -> tuple[int, str, str]:
+    """Run the driver child, ``timeout`` seconds at most. Past it, or on any interruption (Ctrl-C,
+    torchrun's SIGTERM), the child's whole tree is ended (cpsim.run.reaper): its forked job and
+    whatever the release's code started would otherwise outlive it."""
+    from cpsim.run import reaper
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except BaseException as e:
+        reaper.end_trees([proc.pid])
+        proc.communicate()
+        if isinstance(e, subprocess.TimeoutExpired):
+            raise RuntimeError(f"the stack driver ({family}) ran past {timeout:.0f} s and was killed") from None
+        raise
+    return proc.returncode, stdout, stderr
+
+
+def jobs_from(out: dict, got: dict, scenarios: list[Scenario], inputs: list, paths: list[str],
+              family: str) -> list[Job]:
+    """The driver's answer as one Job per scenario (explicit steps, failures, what was refused)."""
     if len(out.get("jobs", [])) != len(scenarios):
         raise RuntimeError(f"the stack driver ({family}) answered {len(out.get('jobs', []))} of {len(scenarios)} jobs")
     jobs = []
@@ -175,8 +216,10 @@ def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python:
             jobs.append(Job(s, unsupported=(answer["unsupported"]["field"], answer["unsupported"]["rule"])))
             continue
         mine = {n[len(f"j{k}/"):]: a for n, a in got.items() if n.startswith(f"j{k}/")}
+        # virtual world: the ranks after the failed one were not run; under torchrun ("ranks": every
+        # failed rank, merged by merge_ranks) each rank ran at once
         failed = {p: KernelFailure(p, f["rank"], f["kind"], f"{family} host classes, {p}, {f['message']}",
-                                   not_run=list(range(f["rank"] + 1, s.cp.world)))
+                                   not_run=[] if "ranks" in f else list(range(f["rank"] + 1, s.cp.world)))
                   for p, f in answer.get("failed", {}).items()}
         sizes = answer.get("path_entry_sizes", {})
         refused = {p: (u["field"], u["rule"]) for p, u in answer.get("unsupported_paths", {}).items()}
@@ -184,7 +227,79 @@ def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python:
                  for p in paths if p not in failed and p not in refused}
         jobs.append(Job(s, steps, profile=answer.get("profile"), failures=failed,
                         path_profiles=answer.get("path_profiles", {}), unsupported_paths=refused))
-    return out["release"], out["patches"], jobs
+    return jobs
+
+
+# ---- under torchrun: one rank each, in the runtime's own groups ---------------------------------------
+
+def drive_rank(s: Scenario, family: str, paths: list[str], dist: dict, python: str | None = None,
+               classes: str | None = None, source: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """This torchrun rank's run of the release: its driver child sets up the runtime's own groups
+    (``dist``: rank, world, init_method, timeout_s) and drives the host objects of the DCP rank they
+    give it. Plain data for the all-gather: {"answer", "arrays"}, {"refused": (field, rule)} or
+    {"error": text} (the child died, hung, or the groups could not be set up)."""
+    top, arrays, _ = request([s], family, paths, classes, source, dist["timeout_s"], dist)
+    try:
+        out, got = call_driver(top, arrays, family, python, timeout)
+    except ConfigError as e:
+        return {"refused": (e.field, e.rule)}
+    except RuntimeError as e:
+        return {"error": str(e)}
+    answer = out["jobs"][0] if out.get("jobs") else {}
+    if "unsupported" in answer:
+        return {"refused": (answer["unsupported"]["field"], answer["unsupported"]["rule"])}
+    return {"answer": out, "arrays": got}
+
+
+def merge_ranks(s: Scenario, ranks: list[dict], paths: list[str], first: int = 0) -> tuple[dict, dict]:
+    """One CP group's :func:`drive_rank` answers (torchrun ranks ``first`` on, in order) as one driver
+    answer over the CP world, for :func:`jobs_from`. A path fails on every rank whose release code did
+    not complete there (the lowest named first, the others in its message); a rank whose driver died
+    fails every path. Each rank's arrays sit at the DCP rank the runtime's groups gave it; a DCP size
+    other than the scenario's, a rank outside it or two ranks at one DCP rank is a RuntimeError (the
+    runtime's layout is not the scenario's)."""
+    ok = [(i, x["answer"]) for i, x in enumerate(ranks) if "answer" in x]
+    if not ok:
+        raise RuntimeError("no rank's driver answered: " + "; ".join(f"rank {first + i}: {x['error']}"
+                                                                     for i, x in enumerate(ranks)))
+    placed: dict[int, int] = {}
+    for i, out in ok:
+        g = out["runtime_groups"]
+        if g["dcp_world"] != s.cp.dcp or not 0 <= g["dcp_rank"] < s.cp.dcp:
+            raise RuntimeError(f"the runtime put torchrun rank {first + i} at DCP rank {g['dcp_rank']} of "
+                               f"{g['dcp_world']}; the scenario has DCP {s.cp.dcp}")
+        if g["dcp_rank"] in placed:
+            raise RuntimeError(f"the runtime put torchrun ranks {first + placed[g['dcp_rank']]} and {first + i} "
+                               f"both at DCP rank {g['dcp_rank']}")
+        placed[g["dcp_rank"]] = i
+    head = ok[0][1]
+    answer = dict(head["jobs"][0])
+    failures: dict[str, list[dict]] = {}
+    for i, x in enumerate(ranks):
+        if "answer" in x:
+            for p, f in x["answer"]["jobs"][0].get("failed", {}).items():
+                said = f"rank {f['rank']}: "  # the child names the DCP rank it drove
+                text = f["message"][len(said):] if f["message"].startswith(said) else f["message"]
+                failures.setdefault(p, []).append({**f, "rank": i, "message": f"torchrun rank {first + i} "
+                                                   f"(DCP rank {f['rank']}): {text}"})
+        else:
+            for p in [p for p in paths if p not in head["jobs"][0].get("unsupported_paths", {})]:
+                failures.setdefault(p, []).append({"rank": i, "kind": "exited",
+                                                   "message": f"torchrun rank {first + i}: {x['error']}"})
+    answer["failed"] = {p: _merged_failure(fs, first) for p, fs in failures.items()}
+    got: dict = {}
+    for x in ranks:
+        got.update(x.get("arrays", {}))
+    merged = {"release": head["release"], "patches": head["patches"], "jobs": [answer],
+              "runtime_groups": {i: out["runtime_groups"] for i, out in ok}}
+    return merged, got
+
+
+def _merged_failure(fs: list[dict], first: int) -> dict:
+    fs = sorted(fs, key=lambda f: f["rank"])
+    also = ", ".join(f"torchrun rank {first + f['rank']} ({f['kind']})" for f in fs[1:])
+    return {**fs[0], "message": fs[0]["message"] + (f"; also failed on {also}" if also else ""),
+            "ranks": [f["rank"] for f in fs]}
 
 
 def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,

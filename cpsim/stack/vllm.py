@@ -58,6 +58,9 @@ RELEASE_RULES = {
                "profile": "vllm-0.33"},
 }
 RELEASES = tuple(RELEASE_RULES)
+GROUPS_PATCH = ("get_dcp_group / get_pcp_group in vllm.v1.worker.block_table answered per rank (world_size DCP, "
+                "rank_in_group = the CP rank being built; PCP 1/0): the virtual world has no process groups "
+                "(under torchrun vLLM's own groups answer: cpsim.stack.runtime_groups)")
 PATCHES = (
     "CUDA_VISIBLE_DEVICES='' and TRITON_INTERPRET=1 before vLLM is imported: with no CUDA device vLLM's "
     "triton_utils would hand out a placeholder (kernels as plain functions); an empty list keeps real Triton, "
@@ -67,8 +70,7 @@ PATCHES = (
     "0.28 .uva is an attribute, so the stand-in follows the release's form) and "
     "is_uva_available answered True there: UVA views need a CUDA device; the MRV2 tables' staged writes go "
     "through them",
-    "get_dcp_group / get_pcp_group in vllm.v1.worker.block_table answered per rank (world_size DCP, "
-    "rank_in_group = the CP rank being built; PCP 1/0): the virtual world has no process groups",
+    GROUPS_PATCH,
 )
 
 H2D_PATCH = ("vllm.v1.worker.gpu.buffer_utils.async_tensor_h2d called with pin_memory=False (0.18 passes "
@@ -81,9 +83,10 @@ CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
 _applied: list[str] = []
 
 
-def patches() -> list[str]:
-    """What was patched in this child (the driver reports it): PATCHES, and what only some releases need."""
-    return list(PATCHES) + _applied
+def patches(runtime_groups: bool = False) -> list[str]:
+    """What was patched in this child (the driver reports it): PATCHES, and what only some releases need;
+    under torchrun (``runtime_groups``) the groups are vLLM's own and not answered."""
+    return [p for p in PATCHES if not (runtime_groups and p == GROUPS_PATCH)] + _applied
 
 
 def check_supported(meta: dict, path: str) -> None:
@@ -242,8 +245,9 @@ def _config(meta: dict):
 def drive(mod, meta: dict, arrays: dict, path: str, rank: int):
     """One rank: build the release's host object, fill it, compute slots; (tables, slots [G, entries])."""
     meta["release_version"] = mod.version
-    mod.v1.get_dcp_group = lambda: _Group(meta["cp"]["dcp"], rank)
-    mod.v1.get_pcp_group = lambda: _Group(1, 0)
+    if not meta.get("runtime_groups"):  # under torchrun the block table asks vLLM's own groups
+        mod.v1.get_dcp_group = lambda: _Group(meta["cp"]["dcp"], rank)
+        mod.v1.get_pcp_group = lambda: _Group(1, 0)
     return (_drive_v1 if path == "v1" else _drive_v2)(mod, meta, arrays, rank)
 
 

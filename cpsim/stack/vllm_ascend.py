@@ -68,12 +68,14 @@ V2_PROFILE = "vllm-0.26"
 OWN_SHAPE = "0.23.0.post1"  # host classes of your own are driven in this release's shape
 
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "VLLM_PLUGINS": ""}
+GROUPS_PATCH = ("get_dcp_group / get_pcp_group / get_total_cp_world_size in vllm_ascend.worker.block_table "
+                "answered per rank (DCP world size and the rank being built; PCP 1/0): the virtual world has no "
+                "process groups (under torchrun the paired vLLM's own groups answer: cpsim.stack.runtime_groups)")
 PATCHES_ALWAYS = (
     "CUDA_VISIBLE_DEVICES='' and TRITON_INTERPRET=1 before vLLM is imported (as for the vllm adapter: vLLM's "
     "triton_utils then keeps real Triton); VLLM_PLUGINS='' so that an installed vllm-ascend's platform plugin "
     "(NPUPlatform, which imports torch_npu) is not loaded by vLLM's platform detection",
-    "get_dcp_group / get_pcp_group / get_total_cp_world_size in vllm_ascend.worker.block_table answered per "
-    "rank (DCP world size and the rank being built; PCP 1/0): the virtual world has no process groups",
+    GROUPS_PATCH,
     "pin_memory=False and device cpu passed to the constructor (the NPU runner passes its NPU device)",
 )
 PIN_PATCH = ("torch.Tensor.pin_memory a no-op returning the tensor: 0.23.0.post1's "
@@ -85,9 +87,10 @@ NO_TORCH_NPU = ("no torch_npu stub: the imports of vllm_ascend.worker.block_tabl
 _applied: list[str] = []
 
 
-def patches() -> list[str]:
-    """What was patched in this child (the driver reports it)."""
-    return list(PATCHES_ALWAYS) + _applied
+def patches(runtime_groups: bool = False) -> list[str]:
+    """What was patched in this child (the driver reports it); under torchrun (``runtime_groups``) the
+    groups are the paired vLLM's own (or the classes file's) and not answered."""
+    return [p for p in PATCHES_ALWAYS if not (runtime_groups and p == GROUPS_PATCH)] + _applied
 
 
 def _rules(meta: dict) -> dict:
@@ -304,8 +307,8 @@ def drive(mod, meta: dict, arrays: dict, path: str, rank: int):
 def _drive_v1(mod, meta: dict, arrays: dict, rank: int):
     import torch
     rules = _rules(meta)
-    home = sys.modules[mod.bt.MultiGroupBlockTable.__module__]
-    _answer_groups(home, meta["cp"]["dcp"], rank)
+    if not meta.get("runtime_groups"):  # under torchrun the table asks the runtime's own groups
+        _answer_groups(sys.modules[mod.bt.MultiGroupBlockTable.__module__], meta["cp"]["dcp"], rank)
     lim, groups = meta["limits"], meta["groups"]
     kernel_sizes = [[0] if g["kind"] == "mamba" else [g["kernel_block_size"]] for g in groups]
     extra = {"kv_cache_groups": _groups(mod, meta)} if rules["groups_arg"] else {}

@@ -24,8 +24,34 @@ def cdiv(a, b):
     return -(-a // b)
 
 
+class Group:
+    def __init__(self, world_size, rank_in_group, group):
+        self.world_size, self.rank_in_group, self.device_group = world_size, rank_in_group, group
+
+
+_DCP = None  # set under torchrun by init_distributed; in the virtual world the adapter answers per rank
+
+
+def init_distributed(world_size, rank, init_method, dcp, timeout_s):
+    """Our groups, as a runtime sets them up: one gloo world, DCP groups of consecutive ranks."""
+    global _DCP
+    from datetime import timedelta
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=init_method, world_size=world_size, rank=rank,
+                            timeout=timedelta(seconds=timeout_s))
+    groups = [dist.new_group(list(range(first, first + dcp))) for first in range(0, world_size, dcp)]
+    _DCP = Group(dcp, rank % dcp, groups[rank // dcp])
+
+
+def destroy_distributed():
+    import torch.distributed as dist
+    dist.destroy_process_group()
+
+
 def get_dcp_group():
-    raise AssertionError("the adapter answers the DCP group per rank")
+    if _DCP is None:
+        raise AssertionError("the adapter answers the DCP group per rank")
+    return _DCP
 
 
 class AttentionSpec:
