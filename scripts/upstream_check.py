@@ -47,6 +47,12 @@ ASCEND_HOSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 # default plus the presets that show a finding on 0.18.0 / 0.23.0.post1 (docs/UPSTREAM.md results).
 ASCEND_HOST_PRESETS = ("default", "mtp", "hybrid-interleave", "huge-cache")
 KERNEL_PRESETS = ("default", "mtp", "hybrid-mamba", "decode-heavy")
+# Host classes under torchrun in the runtime's own process groups (cpsim.stack.runtime_groups): one vLLM and
+# one vllm-ascend release, (release, family, the vLLM folder, the sdist or None); TORCHRUN_WORLD ranks as
+# TP = the world, DCP = TORCHRUN_DCP: two DCP groups, each DCP rank held by two TP ranks.
+TORCHRUN_HOSTS = (("vllm 0.33.0", "vllm", "0.33.0", None),
+                  ("vllm-ascend 0.23.0.post1", "vllm-ascend", "0.23.0", "0.23.0.post1"))
+TORCHRUN_WORLD, TORCHRUN_DCP = 4, 2
 FUZZ_EXAMPLES = 8
 JOB_TIMEOUT = 300
 RUN_TIMEOUT = 900
@@ -348,7 +354,8 @@ def ascend_source(version: str, venvs: Path) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--venvs", default=str(ROOT / ".venv-upstream"))
-    ap.add_argument("--only", default="", help="comma-separated subjects: host,kernel,ascend,ascend-host (default all)")
+    ap.add_argument("--only", default="", help="comma-separated subjects: host,kernel,ascend,ascend-host,torchrun "
+                                               "(default all)")
     ap.add_argument("--vllm", default=",".join(VLLM), help=f"vLLM releases (default {','.join(VLLM)})")
     ap.add_argument("--vllm-kernels", default=",".join(VLLM_KERNELS_ONLY),
                     help=f"vLLM releases whose kernels only run (default {','.join(VLLM_KERNELS_ONLY)})")
@@ -362,13 +369,15 @@ def main() -> int:
     if args.rejudge:
         return finish([r for f in args.rejudge.split(",") for r in json.loads(Path(f).read_text())], args, time.time())
     venvs = Path(args.venvs).resolve()
-    only = set(filter(None, args.only.split(","))) or {"host", "kernel", "ascend", "ascend-host"}
+    only = set(filter(None, args.only.split(","))) or {"host", "kernel", "ascend", "ascend-host", "torchrun"}
     out = ROOT / "build" / "upstream"
     out.mkdir(parents=True, exist_ok=True)
     t0, rows, times = time.time(), [], []
     wanted = [v for v in args.vllm.split(",") if v] if only & {"host", "kernel"} else []
     if "ascend-host" in only:
         wanted += [p for a, p, _ in ASCEND_HOSTS if a in args.ascend.split(",") and p not in wanted]
+    if "torchrun" in only:
+        wanted += [v for _, _, v, _ in TORCHRUN_HOSTS if v not in wanted]
     installed = install(venvs, wanted, times)
     python = str(venvs / "base" / "bin" / "python")
     for version in [v for v in args.vllm.split(",") if v] if only & {"host", "kernel"} else []:
@@ -409,6 +418,12 @@ def main() -> int:
             print(times[-1], flush=True)
     if "ascend-host" in only:
         rows += check_ascend_hosts(args, venvs, times)
+    if "torchrun" in only:
+        for release, family, vllm_version, ascend in TORCHRUN_HOSTS:
+            t = time.time()
+            rows += torchrun_rows(release, family, venvs, vllm_version, ascend, out)
+            times.append(f"{release} host under torchrun: {time.time() - t:.0f} s")
+            print(times[-1], flush=True)
     Path(args.rows).write_text(json.dumps(rows, indent=1) + "\n")
     print("; ".join(times), flush=True)
     return finish(rows, args, t0)
@@ -452,6 +467,42 @@ def check_ascend_hosts(args, venvs: Path, times: list[str]) -> list[dict]:
                             os.pathsep.join([str(src), str(folder)]))
         times.append(f"vllm-ascend {version} host (beside vllm {vllm_version}): {time.time() - t:.0f} s")
         print(times[-1], flush=True)
+    return rows
+
+
+def torchrun_rows(release: str, family: str, venvs: Path, vllm_version: str, ascend: str | None,
+                  out: Path) -> list[dict]:
+    """The release's host classes under torchrun on CPU (TORCHRUN_WORLD ranks, gloo), each rank's driver
+    child in the runtime's own process groups: one row per path, the failures of every CP group."""
+    folder = venvs / f"vllm-{vllm_version}"
+    subject = f"host torchrun (TP {TORCHRUN_WORLD}, DCP {TORCHRUN_DCP})"
+    try:
+        source = [str(ascend_source(ascend, venvs))] if ascend else []
+    except (subprocess.SubprocessError, OSError) as e:
+        return [row(release, subject, "default", "*", "broken", detail=str(e))]
+    if not (folder / ".cpsim-upstream").exists():
+        return [row(release, subject, "default", "*", "broken", detail="upstream_install.py failed")]
+    js = out / f"{release}-torchrun.json".replace(" ", "_")
+    js.unlink(missing_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={TORCHRUN_WORLD}",
+            "-m", "cpsim", "run", "--scenario", "default", "--dcp", str(TORCHRUN_DCP), "--stack", family,
+            "--stack-python", str(venvs / "base" / "bin" / "python"),
+            "--stack-source", os.pathsep.join(source + [str(folder)]), "--timeout", "240", "--quiet", "--json", str(js)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                           timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return [row(release, subject, "default", "*", "broken", detail=f"ran past {RUN_TIMEOUT} s")]
+    if p.returncode not in (0, 1) or not js.exists():
+        tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])
+        return [row(release, subject, "default", "*", "broken", detail=f"exit {p.returncode}: {tail}")]
+    groups = json.loads(js.read_text())["cp_groups"]
+    rows = []
+    for path in ("v1", "v2"):
+        fails = {f"{v['invariant']}:{w['group']}" for g in groups for v in g["verdicts"]
+                 if v["path"] == path and v["status"] == "fail" for w in v["violations"]}
+        rows.append(row(release, subject, "default", path, "fail" if fails else "pass", fails))
     return rows
 
 
