@@ -694,3 +694,29 @@ def test_messages_written_together_read_back_one_by_one(sizes):
     here.close()
     with pytest.raises(EOFError):  # the end comes next: nothing but the messages was written
         there.recv_bytes()
+
+
+def test_a_reply_cut_off_by_the_worker_s_death_reads_as_its_death_not_a_wait():
+    """The worker died mid-reply and a process its kernel forked still holds the pipe open: the parent
+    reads what is there (a length header promising more) and calls it the death, without waiting."""
+    import socket
+    import struct
+    import subprocess
+    import threading
+    from multiprocessing.connection import Connection
+
+    from cpsim.run.isolation import Worker
+
+    here, there = socket.socketpair()
+    w = Worker()
+    w.conn = Connection(here.detach())
+    w.proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    w.proc.wait()
+    there.sendall(struct.pack("!i", 1000) + b"x" * 10)  # 10 of the 1000 bytes promised; `there` stays open
+    got = []
+    reader = threading.Thread(target=lambda: got.append(w._read()), daemon=True)
+    reader.start()
+    reader.join(10)
+    answered = list(got)
+    there.close()  # ends a reader still waiting (the failure this guards against)
+    assert answered == [("dead",)]

@@ -277,6 +277,10 @@ class Worker:
         try:
             if not self.conn.poll(0):
                 return ("dead",)
+            if not self.alive():
+                # Ended: what it wrote is all there will be (a process the kernel forked may hold the
+                # pipe open), so a reply cut off by its death reads as the death, not a wait forever.
+                os.set_blocking(self.conn.fileno(), False)
             return self.conn.recv()
         except (EOFError, OSError):
             return ("dead",)
