@@ -99,19 +99,46 @@ def _drivers_under(folder: Path) -> list[int]:
 
 
 def test_a_rank_whose_host_code_hangs_is_named_and_nothing_of_it_is_left(tmp_path):
-    """Rank 1's host code sleeps: rank 0 waits at the gather for --timeout, names rank 1 (its heartbeat
-    alive), writes its --json saying the run stopped; torchrun then stops rank 1, whose driver child and
-    forked job are ended as a tree."""
+    """Rank 1's host code sleeps: its job is killed at half of --timeout, while rank 0 still waits at the
+    gather, so the run is judged: kernel-completes fails on rank 1 (a timeout), rank 0's --json says so,
+    and nothing of rank 1's driver is left."""
     js, tmp = tmp_path / "r.json", tmp_path / "tmp"
     tmp.mkdir()
     start = time.monotonic()
-    proc = cpu_sim(2, "--dcp", "2", *own(hostile(tmp_path, "time.sleep(3600)", 1)), "--timeout", "15",
+    proc = cpu_sim(2, "--dcp", "2", *own(hostile(tmp_path, "time.sleep(3600)", 1)), "--timeout", "30",
                    "--quiet", "--json", str(js), env=_env(TMPDIR=tmp), timeout=240)
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
     assert time.monotonic() - start < 200
     rep = json.loads(js.read_text())
+    (kc,) = [v for v in rep["verdicts"] if v["invariant"] == "kernel-completes"]
+    vio = kc["violations"][0]
+    assert kc["status"] == "fail" and vio["ranks"] == [1], kc
+    assert "torchrun rank 1" in vio["message"] and "ran past 15 s" in vio["message"], vio
+    deadline = time.monotonic() + 10
+    while _drivers_under(tmp) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _drivers_under(tmp) == []
+
+
+def test_a_rank_that_never_reaches_the_gather_is_named_and_rank_0_writes_its_report(tmp_path):
+    """Rank 1's classes hang while setting up their groups (past the gather's --timeout, inside the
+    child's own bound): rank 0 names rank 1 at the gather, heartbeat alive, and its --json says the run
+    stopped; torchrun then stops rank 1, whose driver child is ended as a tree."""
+    bad = tmp_path / "hangs_in_init.py"
+    bad.write_text(f"import sys\nsys.path.insert(0, {str(HOSTS)!r})\nfrom ascend_shape import *\n"
+                   "import time, ascend_shape\n"
+                   "_init = ascend_shape.init_distributed\n"
+                   "def init_distributed(world_size, rank, *a):\n"
+                   "    if rank == 1:\n"
+                   "        time.sleep(3600)\n"
+                   "    return _init(world_size, rank, *a)\n")
+    js, tmp = tmp_path / "r.json", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = cpu_sim(2, "--dcp", "2", *own(bad), "--timeout", "15", "--quiet", "--json", str(js),
+                   env=_env(TMPDIR=tmp), timeout=240)
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    rep = json.loads(js.read_text())
     assert rep["passed"] is False and rep["stopped"]["ranks"] == [1], rep.get("stopped")
-    assert "rank 1" in rep["stopped"]["message"]
     deadline = time.monotonic() + 10
     while _drivers_under(tmp) and time.monotonic() < deadline:
         time.sleep(0.2)
