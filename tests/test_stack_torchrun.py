@@ -170,3 +170,11 @@ def test_vllm_033_real_classes_in_vllm_own_groups_judge_as_the_virtual_world(tmp
     assert "vLLM's own init_distributed_environment" in " ".join(a["stack"]["patches"])
     assert not any("answered per rank" in p for p in a["stack"]["patches"])
     assert [r["dcp_rank"] for r in a["stack"]["torchrun"]["ranks"]] == [0, 1]
+
+
+def test_a_scenario_the_release_cannot_express_is_exit_2_on_every_rank_in_one_line(tmp_path):
+    proc = cpu_sim(2, "--dcp", "2", "--scenario", "hybrid-mamba", *own("ascend_shape"), "--timeout", "60", "--quiet")
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "groups.swa.kind" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -100,8 +100,9 @@ def main_stack_torchrun(args) -> int:
     objects of the DCP rank they give it; the ranks all-gather what came back and rank 0 judges each
     CP group (DCP groups of consecutive ranks, as vLLM lays them out at PCP 1; a world of several is
     TP > DCP, each DCP rank held by several TP ranks) as the virtual world's run is judged.
-    Every wait is bounded by --timeout (the groups' setup and the host code in the child, and each
-    gather); a rank whose driver died or hung fails every path on that rank, named."""
+    Every wait is bounded: the groups' setup and each gather by --timeout, the host code by half of it
+    (:func:`cpsim.stack.host.drive_rank`); a rank whose driver died or hung fails every path on that
+    rank, named; a rank that never reaches the gather is named by the gather."""
     from cpsim.cmd import stop_writer, torchrun_world
     from cpsim.run.dist import Comm, Env, select_device
     from cpsim.stack import host
@@ -119,7 +120,7 @@ def main_stack_torchrun(args) -> int:
         init_method = comm.all_gather_objects(_rendezvous() if comm.rank == 0 else None, "runtime rendezvous")[0]
         dist = {"rank": comm.rank, "world": comm.world, "init_method": init_method, "timeout_s": args.timeout}
         comm.state("driving the release's host classes")
-        # the child's own bound: the groups' setup and the host code, each --timeout, plus the imports
+        # the child's own bound: the groups' setup (--timeout), the host code (half of it), the imports
         mine = host.drive_rank(s, args.stack, paths, dist, args.stack_python, args.stack_classes,
                                args.stack_source, timeout=2 * args.timeout + 120)
         ranks = comm.all_gather_objects(mine, "the ranks' host-class results")
@@ -138,20 +139,17 @@ def _judge_world(args, s, paths: list[str], ranks: list[dict]) -> int:
     from rich.markup import escape
 
     from cpsim.stack import host
-    refused = [x["refused"] for x in ranks if "refused" in x]
-    if refused:
-        Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(refused[0][0])}: {escape(refused[0][1])}",
-                                   highlight=False, soft_wrap=True)
+    try:
+        refused = [x["refused"] for x in ranks if "refused" in x]
+        if refused:
+            raise ConfigError(*refused[0])
+        _, _, inputs = host.request([s], args.stack, paths, args.stack_classes, args.stack_source, None)
+        n = s.cp.world
+        groups = [_judge_group(args, s, paths, inputs, ranks[first: first + n], first)
+                  for first in range(0, len(ranks), n)]
+    except ConfigError as e:
+        Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
-    n = s.cp.world
-    groups = []
-    for first in range(0, len(ranks), n):
-        try:
-            groups.append(_judge_group(args, s, paths, ranks[first: first + n], first))
-        except _Refused as e:
-            Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(e.field)}: {escape(e.rule)}",
-                                       highlight=False, soft_wrap=True)
-            return 2
     if len(groups) == 1:
         return _report(args, s, groups[0][0], groups[0][1])
     codes = [_report(args, s, result, torchrun, write_json=False) for result, torchrun in groups]
@@ -168,13 +166,7 @@ def _judge_world(args, s, paths: list[str], ranks: list[dict]) -> int:
     return 1 if bad else 0
 
 
-class _Refused(Exception):
-    def __init__(self, field: str, rule: str):
-        super().__init__(f"{field}: {rule}")
-        self.field, self.rule = field, rule
-
-
-def _judge_group(args, s, paths: list[str], ranks: list[dict], first: int):
+def _judge_group(args, s, paths: list[str], inputs: list, ranks: list[dict], first: int):
     """One CP group (torchrun ranks ``first`` on): (StackResult, what the runtime's groups said)."""
     from cpsim.stack import host
     world = first + len(ranks)
@@ -185,10 +177,9 @@ def _judge_group(args, s, paths: list[str], ranks: list[dict], first: int):
             p: host.KernelFailure(p, 0, "exited", f"torchrun ranks {first}-{world - 1}: {e}",
                                   not_run=list(range(1, len(ranks)))) for p in paths})
         return host.judge(result), {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]}
-    _, _, inputs = host.request([s], args.stack, paths, args.stack_classes, args.stack_source, None)
     (job,) = host.jobs_from(out, got, [s], inputs, paths, args.stack)
     if job.unsupported_paths:  # a run judges every path it was asked for, or none
-        raise _Refused(*next(iter(job.unsupported_paths.values())))
+        raise ConfigError(*next(iter(job.unsupported_paths.values())))
     result = host.judge(host.StackResult(out["release"], out["patches"], job.steps, scenario=s, profile=job.profile,
                                          failures=job.failures, path_profiles=job.path_profiles),
                         getattr(args, "profile", None))
