@@ -395,17 +395,17 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
     assert next(isolation._tokens) == before + 1  # collected, not started again
 
 
-def _lose_first_batch(monkeypatch, instead=("dead",)):
+def _lose_first_batch(monkeypatch, instead=None):
     """The parent sees the child die before it answers the first batched chunk (as when a kernel
     crashed it mid-chunk), or gets ``instead``; every later reply is read as usual."""
-    from cpsim.run import isolation
+    from cpsim.run import isolation, wire
     real, lost = isolation.Worker._read, []
 
-    def read(self):
-        reply = real(self)
-        if reply[0] == "batch" and not lost:
+    def read(self, *a):
+        reply = real(self, *a)
+        if isinstance(reply, wire.Batch) and not lost:
             lost.append(reply)
-            return instead
+            return instead or wire.Dead()
         return reply
     monkeypatch.setattr(isolation.Worker, "_read", read)
     return lost
@@ -442,7 +442,7 @@ def test_a_lost_batched_chunk_that_fails_again_names_the_rank(monkeypatch):
     real = isolation.Worker.answer
 
     def answer(self, reply, path, rank, kernel):
-        if reply[0] == "ok" and path == "v1" and rank == 1:
+        if type(reply).__name__ == "RankDone" and path == "v1" and rank == 1:
             raise isolation._fail("crashed", "crashed with SIGSEGV", path, rank, kernel)
         return real(self, reply, path, rank, kernel)
     monkeypatch.setattr(isolation.Worker, "answer", answer)
@@ -473,7 +473,9 @@ def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(mo
     from cpsim.run import isolation
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
-    _lose_first_batch(monkeypatch, ("lost", "AcceleratorError", "CUDA error: an illegal memory access was encountered"))
+    from cpsim.run import wire
+    _lose_first_batch(monkeypatch, wire.LostOnReadback("AcceleratorError",
+                                                       "CUDA error: an illegal memory access was encountered"))
     got = isolation.run_paths(s, ["v1"], allocs, "cpu", knobs, {})
     f = got["v1"]
     assert isinstance(f, KernelFailure) and f.kind == "raised"
@@ -719,4 +721,4 @@ def test_a_reply_cut_off_by_the_worker_s_death_reads_as_its_death_not_a_wait():
     reader.join(10)
     answered = list(got)
     there.close()  # ends a reader still waiting (the failure this guards against)
-    assert answered == [("dead",)]
+    assert [type(a).__name__ for a in answered] == ["Dead"]

@@ -263,7 +263,7 @@ class LoadFailure:
     """A kernel whose import (or lookup) did not complete in the worker: it raised, exited, hung or
     crashed. Every rank run of its path is a ``kernel-completes`` failure naming it."""
 
-    kind: str      # "raised" | "exited" | "timeout" | "crashed"
+    kind: str      # "raised" | "exited" | "timeout" | "crashed" | "garbled" (no well-formed reply)
     message: str   # "raised ValueError: ..." / "called sys.exit(0)" / ...
 
 

@@ -66,7 +66,7 @@ class KernelFailure:
 
     path: str
     rank: int
-    kind: str                 # "raised" | "crashed" | "timeout" | "exited"
+    kind: str                 # "raised" | "crashed" | "timeout" | "exited" | "garbled"
     message: str              # one line naming the kernel's deed, the rank and (when known) the group
     group: str = "*"
     not_run: list[int] = field(default_factory=list)  # ranks of the path left unrun after it

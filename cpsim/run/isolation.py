@@ -48,12 +48,13 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.reduction import ForkingPickler
 from typing import Callable
 
+import numpy as np
 import torch
 
 from cpsim import recording
 from cpsim.errors import ConfigError, DistError
 from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure, prep, run_path
-from cpsim.run import reaper
+from cpsim.run import reaper, wire
 
 DEFAULT_TIMEOUT_S = 300.0
 STARTUP_S = 120.0  # bound for starting the worker and importing Triton there (not the kernel's time)
@@ -229,19 +230,22 @@ class Worker:
 
     def ready(self) -> None:
         reply = self._recv(STARTUP_S)
-        if reply[0] == "ok":
+        if isinstance(reply, wire.Ready):
             return
         code = self.proc.poll() if self.proc is not None else None
         self.stop()
-        if reply[0] == "config":
-            raise ConfigError(reply[1], reply[2])
-        if reply[0] == "dead":
+        if isinstance(reply, wire.Refused):
+            raise ConfigError(reply.field, reply.rule)
+        if isinstance(reply, wire.Dead):
             why = (f"exited with code {code}" if code is None or code >= 0 else f"was killed ({_exit_text(code)[1]})")
             raise DistError(f"the kernel worker process {why} while it started, before any kernel ran (its "
                             f"error is printed above); check that `{_python()} -c 'import cpsim.run.kernel_worker'` "
                             f"works, or set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
-        raise DistError(f"the kernel worker process did not start within {STARTUP_S:g} s ({reply[0]}); the machine "
-                        f"may be overloaded; set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
+        if isinstance(reply, wire.Timeout):
+            raise DistError(f"the kernel worker process did not start within {STARTUP_S:g} s; the machine "
+                            f"may be overloaded; set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
+        raise DistError(f"the kernel worker process answered its start with {reply}; set "
+                        f"CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
 
     def start(self, device: str) -> None:
         self.spawn(device)
@@ -270,45 +274,51 @@ class Worker:
             os.close(self.pidfd)
         self.proc = self.conn = self.pidfd = None
 
-    def _read(self):
-        """The next reply, known to be there or the child ended (``_readable``); ("dead",) when the
-        child is gone. Woken by its end with nothing to read, the pipe may still be open: a process
-        the kernel forked holds the child's end of it."""
+    def _read(self, timeout: float = STARTUP_S):
+        """The next reply, known to be there or the child ended (``_readable``), as a ``wire``
+        message; ``Dead`` when the child is gone before a whole reply came (a process the kernel
+        forked may hold the pipe open: the child's end is watched too), ``Timeout`` when a reply
+        begun is not whole within ``timeout``, ``Garbled`` when what came is no well-formed reply."""
         try:
-            if not self.conn.poll(0):
-                return ("dead",)
-            if not self.alive():
-                # Ended: what it wrote is all there will be (a process the kernel forked may hold the
-                # pipe open), so a reply cut off by its death reads as the death, not a wait forever.
-                os.set_blocking(self.conn.fileno(), False)
-            return self.conn.recv()
+            frame = wire.read_frame(self.conn.fileno(), timeout, lambda: not self.alive(), self.pidfd)
+            return wire.decode(frame)
+        except TimeoutError:  # before OSError, of which it is a kind
+            return wire.Timeout()
         except (EOFError, OSError):
-            return ("dead",)
+            return wire.Dead()
+        except wire.Malformed as e:
+            return wire.Garbled(str(e))
 
     def _recv(self, timeout: float):
-        """The next reply; ("timeout",) when the child did not answer in time, ("dead",) when it died."""
+        """The next reply; ``Timeout`` when the child did not answer in time, ``Dead`` when it died."""
+        import time
+        deadline = time.monotonic() + timeout
         try:
             if not _readable([self], timeout):
-                return ("timeout",)
+                return wire.Timeout()
         except OSError:
-            return ("dead",)
-        return self._read()
+            return wire.Dead()
+        return self._read(max(0.0, deadline - time.monotonic()))
 
     def _ask(self, msg, timeout: float):
         try:
             self.conn.send(msg)
         except (EOFError, OSError):
-            return ("dead",)
+            return wire.Dead()
         return self._recv(timeout)
 
     def lost(self, reply, path: str, rank: int, kernel, timeout: float) -> KernelFailed:
         """The failure for a child that timed out or died on ``rank``, or lost a batched chunk (a fault
         surfaced when its outputs were read back); the child is gone after it."""
-        if reply[0] == "lost":
+        if isinstance(reply, wire.LostOnReadback):
             self.stop()
-            return _fail("raised", f"raised {reply[1]}" + (f": {reply[2]}" if reply[2] else "")
+            return _fail("raised", f"raised {reply.name}" + (f": {reply.text}" if reply.text else "")
                          + " when the outputs were read back", path, rank, kernel)
-        if reply[0] == "timeout":
+        if isinstance(reply, wire.Garbled):
+            self.stop()
+            return _fail("garbled", f"process sent a reply that is not well-formed plain data ({reply.why}; "
+                                    f"worker killed, nothing of it was unpickled)", path, rank, kernel)
+        if isinstance(reply, wire.Timeout):
             self.stop()
             return _fail("timeout", f"exceeded {timeout:g} s (worker killed)", path, rank, kernel)
         try:
@@ -324,32 +334,40 @@ class Worker:
         if self.ensure(device):
             self.ready()
         reply = self._ask(("run", path, s, allocs, rank, device, knobs, _record(kernel)), timeout)
-        if reply[0] in ("timeout", "dead"):
+        if isinstance(reply, LOST):
             raise self.lost(reply, path, rank, kernel, timeout)
         return self.answer(reply, path, rank, kernel)
 
     def answer(self, reply, path: str, rank: int, kernel):
-        """A rank run's output from the child's reply, or the failure it names."""
+        """A rank run's output from the child's reply, or the failure it names. A reply that is not
+        one a rank run answers with, or that answers for another path or rank, is the kernel's
+        doing (it owns the child's socket): a failure on this rank, and the child is stopped."""
         from cpsim.run.kernel_worker import unpack
-        what = reply[0]
-        if what == "ok":
-            for note in reply[2]:
+        if isinstance(reply, wire.RankDone):
+            if (reply.path, reply.rank) != (path, rank):
+                raise self.lost(wire.Garbled(f"it answered for path {reply.path[:40]!r} rank {reply.rank}"),
+                                path, rank, kernel, 0)
+            for note in reply.notes:
                 kernel.note(note)
-            return unpack(reply[1])
-        if what == "value":  # a ``call``'s result
-            for note in reply[2]:
+            return unpack(reply.output)
+        if isinstance(reply, wire.Value):  # a ``call``'s result
+            for note in reply.notes:
                 kernel.note(note)
-            return reply[1]
-        if what == "config":
-            raise ConfigError(reply[1], reply[2])
-        if what == "raised":
-            raise _fail("raised", raised_text(reply[1], reply[2]), path, rank,
-                        kernel, reply[3])
-        if what == "exit":
-            raise _fail("exited", f"called sys.exit({reply[1]})", path, rank, kernel, reply[2])
-        if what == "unloaded":  # its import raised or exited in this child (the probe's child had it load)
-            raise _fail(reply[1], reply[2], path, rank, kernel)
-        raise AssertionError(f"unknown worker reply {what!r}")
+            return np.array(reply.array)
+        if isinstance(reply, wire.Refused):
+            raise ConfigError(reply.field, reply.rule)
+        if isinstance(reply, wire.Raised):
+            raise _fail("raised", raised_text(reply.name, reply.text), path, rank, kernel, reply.group)
+        if isinstance(reply, wire.Exited):
+            raise _fail("exited", f"called sys.exit({reply.code})", path, rank, kernel, reply.group)
+        if isinstance(reply, wire.Unloaded):  # its import raised or exited in this child (the probe's child had it load)
+            raise _fail(reply.kind, reply.message, path, rank, kernel)
+        raise self.lost(reply if isinstance(reply, wire.Garbled) else
+                        wire.Garbled(f"a {type(reply).__name__} where a rank run's reply was due"),
+                        path, rank, kernel, 0)
+
+
+LOST = (wire.Timeout, wire.Dead, wire.Garbled)  # the child did not answer, or answered with no well-formed reply
 
 
 def _record(kernel) -> dict | None:
@@ -455,7 +473,7 @@ def probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
     a ``LoadFailure`` when the import raised, exited, hung or crashed. This process never imports it
     (the oracle stays out of the kernel's reach: the worker is another process, and what it sends
     back is plain data). In-process where isolation is off."""
-    from cpsim.kernels.under_test import LoadFailure, inspect_here
+    from cpsim.kernels.under_test import LoadFailure, Signature, inspect_here
     if not _config.process:
         from cpsim.kernels.under_test import KernelImportError
         try:
@@ -467,16 +485,21 @@ def probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
         _worker.ready()
     timeout = _config.timeout_s
     reply = _worker._ask(("probe", spec, path, shim_vllm, device, where), timeout)
-    if reply[0] == "sig":
-        return reply[1]
-    if reply[0] == "config":
-        raise ConfigError(reply[1], reply[2])
-    if reply[0] == "unloaded":
-        return LoadFailure(reply[1], reply[2])
+    if isinstance(reply, wire.SignatureRead):
+        return Signature(reply.name, reply.triton, reply.is_callable, tuple(reply.params), reply.origin)
+    if isinstance(reply, wire.Refused):
+        raise ConfigError(reply.field, reply.rule)
+    if isinstance(reply, wire.Unloaded):
+        return LoadFailure(reply.kind, reply.message)
     what = f"{'file ' + spec.rpartition(':')[0] if ':' in spec else spec}"
-    if reply[0] == "timeout":
+    if isinstance(reply, wire.Timeout):
         _worker.stop()
         return LoadFailure("timeout", f"did not finish importing {what} within {timeout:g} s (worker killed)")
+    if not isinstance(reply, wire.Dead):
+        _worker.stop()
+        why = reply.why if isinstance(reply, wire.Garbled) else f"a {type(reply).__name__}"
+        return LoadFailure("garbled", f"sent a reply that is not well-formed plain data ({why}) while {what} "
+                                      f"was imported (worker killed, nothing of it was unpickled)")
     try:
         code = _worker.proc.wait(5)
     except Exception:  # noqa: BLE001
@@ -517,7 +540,7 @@ def call(fn: Callable, path: str, kernel, *args, rank: int = 0, device: str = "c
         _worker.ready()
     timeout = _config.timeout_s
     reply = _worker._ask(("call", fn, path, _record(kernel), device, args), timeout)
-    if reply[0] in ("timeout", "dead"):
+    if isinstance(reply, LOST):
         raise _worker.lost(reply, path, rank, kernel, timeout)
     return _worker.answer(reply, path, rank, kernel)
 
@@ -801,12 +824,12 @@ def _collect(run: _Run, live: set) -> None:
         path, ranks, batched = queue[0]
         kernel = run.kernels.get(path)
         if w in ready:
-            reply = w._read()
+            reply = w._read(max(1.0, run.deadline[w] - time.monotonic()))
         elif time.monotonic() >= run.deadline[w]:
-            reply = ("timeout",)
+            reply = wire.Timeout()
         else:
             continue
-        lost = reply[0] in ("timeout", "dead", "lost")
+        lost = isinstance(reply, (*LOST, wire.LostOnReadback))
         if lost and batched:
             # Which rank of the chunk crashed or hung is unknown: a fresh child runs its ranks again,
             # one reply each, and names it. Should they all complete, the loss is still reported.
@@ -820,7 +843,7 @@ def _collect(run: _Run, live: set) -> None:
             run.fails[path].append(w.lost(reply, path, ranks[0], kernel, _config.timeout_s).failure)
             ranks.clear()
         else:
-            for one in (reply[1] if reply[0] == "batch" else [reply]):
+            for one in (reply.replies if isinstance(reply, wire.Batch) and batched else [reply]):
                 if not _answered(run, w, path, ranks, kernel, one):
                     break
         if not ranks:

@@ -2,14 +2,13 @@
 
 It imports no Triton at module level (the forkserver preloads this module; Triton
 must see ``TRITON_INTERPRET=1`` first, which ``prepare_triton`` sets for CPU
-devices). Every reply is a tuple whose first item says what happened; anything
-the kernel does that ends the process shows up on the parent's side as a closed
-pipe and an exit status instead.
+devices). Every reply is one of ``cpsim.run.wire``'s messages, sent as plain data (a JSON
+header and raw array bytes, never pickle: the parent judges what comes back and must not run
+anything of the kernel's); anything the kernel does that ends the process shows up on the
+parent's side as a closed pipe and an exit status instead.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import os
 
@@ -18,27 +17,33 @@ import torch
 
 from cpsim.errors import ConfigError
 from cpsim.paths import RankOutput, prep, run_path
-from cpsim.run import reaper
+from cpsim.run import reaper, wire
 
 
-def pack(out: RankOutput | None) -> dict[str, Any] | None:
-    """A RankOutput as plain numpy data: pickles by value, whatever torch's sharing strategy."""
+def pack(out: RankOutput | None) -> wire.RankOutputData | None:
+    """A RankOutput as arrays and lists (what ``wire`` sends)."""
     if out is None:
         return None
-    return {"slots": out.slots.detach().cpu().numpy(), "enabled": list(out.enabled), "widths": list(out.widths),
-            "entry_sizes": list(out.entry_sizes),
-            "guard": None if out.guard is None else out.guard.cpu().numpy(),
-            "written": None if out.written is None else out.written.numpy(),
-            "output_faults": out.output_faults}
+    return wire.RankOutputData(
+        out.slots.detach().cpu().numpy().astype(np.int64, copy=False), [bool(e) for e in out.enabled],
+        [int(w) for w in out.widths], [int(e) for e in out.entry_sizes],
+        None if out.guard is None else out.guard.cpu().numpy().astype(np.int64, copy=False),
+        None if out.written is None else out.written.numpy().astype(np.int64, copy=False),
+        None if out.output_faults is None else [int(f) for f in out.output_faults])
 
 
-def unpack(data: dict[str, Any] | None) -> RankOutput | None:
+def unpack(data: wire.RankOutputData | None) -> RankOutput | None:
+    """The parent's ``RankOutput`` of a validated reply (the arrays are copied: the frame's bytes are read-only)."""
     if data is None:
         return None
-    written = data.get("written")
-    return RankOutput(torch.from_numpy(np.ascontiguousarray(data["slots"])), data["enabled"], data["widths"],
-                      data["entry_sizes"], None if data["guard"] is None else torch.from_numpy(data["guard"]),
-                      None if written is None else torch.from_numpy(written), data.get("output_faults"))
+    return RankOutput(torch.from_numpy(data.slots.copy()), list(data.enabled), list(data.widths),
+                      list(data.entry_sizes), None if data.guard is None else torch.from_numpy(data.guard.copy()),
+                      None if data.written is None else torch.from_numpy(data.written.copy()),
+                      None if data.output_faults is None else list(data.output_faults))
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0][:wire.MAX_TEXT // 2] if str(e) else ""
 
 
 def _kernel(cache: dict, path: str, record: dict | None, device: str):
@@ -66,17 +71,19 @@ def main(fd: int, parent_pid: int, authkey: str) -> None:
         reaper.end_descendants()
 
 
-def _probe(spec: str, path: str, shim_vllm: bool, device: str, where: str) -> tuple:
+def _probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
     """Import SPEC here and send back its signature as plain data (the parent never imports it)."""
     from cpsim.kernels.under_test import KernelImportError, inspect_here
     try:
-        return ("sig", inspect_here(spec, path, shim_vllm, device, where).plain())
+        sig = inspect_here(spec, path, shim_vllm, device, where)
     except ConfigError as e:
-        return ("config", e.field, e.rule)
+        return wire.Refused(e.field, e.rule)
     except KernelImportError as e:
-        return ("unloaded", e.failure.kind, e.failure.message)
+        return wire.Unloaded(e.failure.kind, e.failure.message)
     except BaseException as e:  # noqa: BLE001  (reading the kernel's signature raised: its failure, named)
-        return ("unloaded", "raised", f"raised {type(e).__name__} while its signature was read: {e}")
+        return wire.Unloaded("raised", f"raised {type(e).__name__} while its signature was read: {_first_line(e)}")
+    return wire.SignatureRead(sig.name, sig.triton, sig.is_callable, [(n, bool(d)) for n, d in sig.params],
+                              sig.origin)
 
 
 def _die_with(parent_pid: int) -> None:
@@ -102,6 +109,10 @@ def _die_with(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="cpsim-parent-watch").start()
 
 
+def _send(conn, msg) -> None:
+    conn.send_bytes(wire.encode(msg))
+
+
 def serve(conn, parent_pid: int | None = None) -> None:
     """Answer requests until the parent closes the pipe (or dies)."""
     if parent_pid is not None:
@@ -110,17 +121,17 @@ def serve(conn, parent_pid: int | None = None) -> None:
     loaded: tuple = (None, None, {})  # (token, scenario, rank -> allocations): the scenario in hand
     while True:
         try:
-            msg = conn.recv()
+            msg = conn.recv()  # the parent's request: pickled by the parent, which this process trusts
         except (EOFError, OSError):
             return
         if msg[0] == "prepare":
-            conn.send(_prepare(*msg[1:]))
+            _send(conn, _prepare(*msg[1:]))
         elif msg[0] == "probe":
-            conn.send(_probe(*msg[1:]))
+            _send(conn, _probe(*msg[1:]))
         elif msg[0] == "run":
-            conn.send(_run(kernels, *msg[1:]))
+            _send(conn, _run(kernels, *msg[1:]))
         elif msg[0] == "call":
-            conn.send(_call(kernels, *msg[1:]))
+            _send(conn, _call(kernels, *msg[1:]))
         elif msg[0] == "load":
             loaded = msg[1:]
         elif msg[0] == "run_ranks":
@@ -130,12 +141,12 @@ def serve(conn, parent_pid: int | None = None) -> None:
 def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks: list[int], device: str,
                knobs: list, record: dict | None, batch: bool = False) -> None:
     """Every listed rank of one path of the loaded scenario, in order, a reply per rank (``batch``:
-    all of them in one ("batch", replies) message at the end); stops after the first rank that does
-    not complete, as the in-process loop would. One message per path, and the scenario itself once
+    all of them in one ``Batch`` message at the end); stops after the first rank that does not
+    complete, as the in-process loop would. One message per path, and the scenario itself once
     per scenario (``load``): the parent is not woken in between."""
     have, s, allocs = loaded
     if have != token:  # cannot happen while the parent sends "load" first; a reply names it if it does
-        conn.send(("raised", "RuntimeError", f"kernel worker holds scenario {have}, asked for {token}", "*"))
+        _send(conn, wire.Raised("RuntimeError", f"kernel worker holds scenario {have}, asked for {token}"))
         return
     replies = []
     stage = prep.for_ranks(s, {r: allocs[r] for r in ranks}, device, builtin=record is None, defer=batch)
@@ -145,21 +156,20 @@ def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks:
         if batch:
             replies.append(reply)
         else:
-            conn.send(reply)
-        if reply[0] != "ok":
+            _send(conn, reply)
+        if not isinstance(reply, wire.RankDone):
             break
     if batch:
         try:
             stage.settle()  # every rank's outputs at once; a device fault of any of them surfaces here
         except Exception as e:  # noqa: BLE001  (the parent runs the ranks again one by one to name the rank)
-            conn.send(("lost", type(e).__name__, str(e).splitlines()[0] if str(e) else ""))
+            _send(conn, wire.LostOnReadback(type(e).__name__, _first_line(e)))
             return
-    if batch:
-        conn.send(("batch", [(r[0], pack(r[1]), *r[2:]) if r[0] == "ok" else r for r in replies]))
+        _send(conn, wire.Batch([wire.RankDone(r.path, r.rank, pack(r.output), r.notes)
+                                if isinstance(r, wire.RankDone) else r for r in replies]))
 
 
-
-def _prepare(device: str, threads: int | None = None) -> tuple:
+def _prepare(device: str, threads: int | None = None):
     """``threads``: the parent's intra-op thread count (fuzz uses 1: its tensors are tiny, and a
     worker with one thread per core spends more time waking threads than computing)."""
     if threads:
@@ -169,59 +179,59 @@ def _prepare(device: str, threads: int | None = None) -> tuple:
             from cpsim.paths._inputs import prepare_triton
             prepare_triton(torch.device(device))
     except ConfigError as e:
-        return ("config", e.field, e.rule)
+        return wire.Refused(e.field, e.rule)
     except Exception as e:  # noqa: BLE001  (reported to the parent, which names it)
-        return ("raised", type(e).__name__, str(e), "*")
-    return ("ok",)
+        return wire.Raised(type(e).__name__, _first_line(e))
+    return wire.Ready()
 
 
 def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, record: dict | None,
-         packed: bool = True, inputs: prep.PerRank | None = None) -> tuple:
-    """One rank run's reply; ``packed``: its output as plain data (else the ``RankOutput`` itself).
-    ``inputs``: the run's preparation (a stage's, for a chunk of ranks); else one made for it alone."""
+         packed: bool = True, inputs: prep.PerRank | None = None):
+    """One rank run's reply; ``packed``: its output as plain data (else the ``RankOutput`` itself, packed
+    once the batch has settled). ``inputs``: the run's preparation (a stage's, for a chunk of ranks);
+    else one made for it alone."""
     from cpsim.kernels.under_test import KernelImportError
     try:
         k = _kernel(kernels, path, record, device)
     except ConfigError as e:
-        return ("config", e.field, e.rule)
+        return wire.Refused(e.field, e.rule)
     except KernelImportError as e:
-        return ("unloaded", e.failure.kind, e.failure.message)
+        return wire.Unloaded(e.failure.kind, e.failure.message)
     failed = None if k is None else k.load_failure
     if failed is not None:
-        return ("unloaded", failed.kind, failed.message)
+        return wire.Unloaded(failed.kind, failed.message)
     inputs = inputs if inputs is not None else prep.PerRank(s, device)
     try:
         out = run_path(path, s, allocs, rank, device, knobs, k, inputs)
     except ConfigError as e:
-        return ("config", e.field, e.rule)
+        return wire.Refused(e.field, e.rule)
     except SystemExit as e:
-        return ("exit", repr(e.code), inputs.launching)
+        return wire.Exited(repr(e.code)[:200], inputs.launching)
     except BaseException as e:  # noqa: BLE001  (KeyboardInterrupt, GeneratorExit too: the kernel's, named)
         from cpsim.kernels.under_test import where_raised
-        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
-        return ("raised", type(e).__name__, text, inputs.launching)
-    return ("ok", pack(out) if packed else out, list(k.notes) if k is not None else [])
+        return wire.Raised(type(e).__name__[:200], (_first_line(e) + where_raised(k, e))[:wire.MAX_TEXT],
+                           inputs.launching)
+    return wire.RankDone(path, rank, pack(out) if packed else out, list(k.notes) if k is not None else [])
 
 
-def _call(kernels: dict, fn, path: str, record: dict, device: str, args: tuple) -> tuple:
+def _call(kernels: dict, fn, path: str, record: dict, device: str, args: tuple):
     """``fn(kernel, *args)`` with the user's kernel loaded here (``cpsim.run.isolation.call``): its
-    result, plain data the parent unpickles without running anything of the kernel's."""
+    result, an integer array sent as plain data."""
     from cpsim.kernels.under_test import KernelImportError, where_raised
     try:
         k = _kernel(kernels, path, record, device)
     except ConfigError as e:
-        return ("config", e.field, e.rule)
+        return wire.Refused(e.field, e.rule)
     except KernelImportError as e:
-        return ("unloaded", e.failure.kind, e.failure.message)
+        return wire.Unloaded(e.failure.kind, e.failure.message)
     if k.load_failure is not None:
-        return ("unloaded", k.load_failure.kind, k.load_failure.message)
+        return wire.Unloaded(k.load_failure.kind, k.load_failure.message)
     try:
-        value = fn(k, *args)
+        value = np.asarray(fn(k, *args))
     except ConfigError as e:
-        return ("config", e.field, e.rule)
+        return wire.Refused(e.field, e.rule)
     except SystemExit as e:
-        return ("exit", repr(e.code), "*")
+        return wire.Exited(repr(e.code)[:200])
     except BaseException as e:  # noqa: BLE001  (the kernel's exception, KeyboardInterrupt too, becomes a violation)
-        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
-        return ("raised", type(e).__name__, text, "*")
-    return ("value", value, list(k.notes))
+        return wire.Raised(type(e).__name__[:200], (_first_line(e) + where_raised(k, e))[:wire.MAX_TEXT])
+    return wire.Value(value, list(k.notes))
