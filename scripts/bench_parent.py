@@ -44,6 +44,7 @@ def fake_main(fd: int, parent_pid: int, authkey: str) -> None:
     import signal
     from multiprocessing.connection import Connection
     from cpsim.run import kernel_worker as kw
+    from cpsim.run import wire
     multiprocessing.current_process().authkey = bytes.fromhex(authkey)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with open(os.environ["CPSIM_BENCH_REPLIES"], "rb") as f:
@@ -58,14 +59,14 @@ def fake_main(fd: int, parent_pid: int, authkey: str) -> None:
         except (EOFError, OSError):
             return
         if msg[0] == "prepare":
-            conn.send(("ok",))
+            kw._send(conn, wire.Ready())
         elif msg[0] == "load":
             loaded = msg[1:]
         elif msg[0] == "run_ranks":
             path, token, ranks, device, knobs, record, batch = msg[1:]
             got = replies.get((loaded[1].fingerprint(), path))
             if got is not None and batch and loaded[0] == token:
-                conn.send(("batch", [("ok", got[r], []) for r in ranks]))
+                kw._send(conn, wire.Batch([wire.RankDone(path, r, got[r], []) for r in ranks]))
                 continue
             print(f"bench_parent: scenario {loaded[1].fingerprint()} path {path} not recorded: run on CPU",
                   file=sys.stderr, flush=True)
@@ -74,7 +75,7 @@ def fake_main(fd: int, parent_pid: int, authkey: str) -> None:
                 prepared = True
             kw._run_ranks(conn, kernels, loaded, path, token, ranks, "cpu", knobs, record, batch)
         else:
-            conn.send(("raised", "RuntimeError", f"bench_parent fake worker: no {msg[0]!r}", "*"))
+            kw._send(conn, wire.Raised("RuntimeError", f"bench_parent fake worker: no {msg[0]!r}"))
 
 
 # ---- recording the kernels' outputs (not timed) -------------------------------------------
