@@ -160,23 +160,31 @@ def _edit(change) -> bytes:
     return _with_header(frame, h)
 
 
+def _enabled_two() -> bytes:
+    frame = bytearray(wire.encode(_done()))
+    (n,) = struct.unpack_from("!I", frame, 4)
+    struct.pack_into("=q", frame, 8 + n, 2)  # the first per-group number: group 0's enabled flag
+    return bytes(frame)
+
+
 BAD = {
     "a pickle": lambda: __import__("pickle").dumps(("ok", None, [])),
     "empty": lambda: b"",
     "cut in the header": lambda: wire.encode(_done())[:20],
-    "cut in the arrays": lambda: wire.encode(_done())[:-1],
+    "cut in the numbers": lambda: wire.encode(_done())[:-8],
     "a byte too many": lambda: wire.encode(_done()) + b"\0",
+    "a number too many": lambda: wire.encode(_done()) + b"\0" * 8,
     "unknown type": lambda: _edit(lambda h: h.update(type="Exec")),
-    "object dtype": lambda: _edit(lambda h: h["arrays"][0].update(dtype="object")),
-    "float slots": lambda: _edit(lambda h: h["arrays"][0].update(dtype="float64", shape=[2, 3])),
-    "shape past the bytes": lambda: _edit(lambda h: h["arrays"][0].update(shape=[2, 1000])),
-    "negative size": lambda: _edit(lambda h: h["arrays"][0].update(shape=[-2, -3])),
+    "a dtype of its own": lambda: _edit(lambda h: h.update(arrays=[{"dtype": "object", "shape": [1]}])),
+    "more entries than sent": lambda: _edit(lambda h: h["fields"]["output"].update(entries=1000)),
+    "negative size": lambda: _edit(lambda h: h["fields"]["output"].update(groups=-2)),
+    "size not an integer": lambda: _edit(lambda h: h["fields"]["output"].update(entries=3.0)),
     "an extra field": lambda: _edit(lambda h: h["fields"].update(evil=1)),
     "a missing field": lambda: _edit(lambda h: h["fields"].pop("notes")),
     "rank not an integer": lambda: _edit(lambda h: h["fields"].update(rank="1")),
-    "enabled too short": lambda: _edit(lambda h: h["fields"]["output"].update(enabled=[True])),
-    "array used twice": lambda: _edit(lambda h: h["fields"]["output"].update(guard={"array": 0})),
-    "array out of range": lambda: _edit(lambda h: h["fields"]["output"].update(slots={"array": 9})),
+    "enabled not 0 or 1": _enabled_two,
+    "a batch in a batch": lambda: wire.encode(wire.Batch([wire.Batch([])])),
+    "an unknown load kind": lambda: wire.encode(wire.Unloaded("pickled", "m")),
     "huge header length": lambda: b"CPW1" + struct.pack("!I", 1 << 31) + b"{}",
 }
 

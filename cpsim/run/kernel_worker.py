@@ -33,13 +33,17 @@ def pack(out: RankOutput | None) -> wire.RankOutputData | None:
 
 
 def unpack(data: wire.RankOutputData | None) -> RankOutput | None:
-    """The parent's ``RankOutput`` of a validated reply (the arrays are copied: the frame's bytes are read-only)."""
+    """The parent's ``RankOutput`` of a validated reply (views of the frame's bytes where they are writable)."""
     if data is None:
         return None
-    return RankOutput(torch.from_numpy(data.slots.copy()), list(data.enabled), list(data.widths),
-                      list(data.entry_sizes), None if data.guard is None else torch.from_numpy(data.guard.copy()),
-                      None if data.written is None else torch.from_numpy(data.written.copy()),
+    return RankOutput(_tensor(data.slots), list(data.enabled), list(data.widths), list(data.entry_sizes),
+                      None if data.guard is None else _tensor(data.guard),
+                      None if data.written is None else _tensor(data.written),
                       None if data.output_faults is None else list(data.output_faults))
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 def _first_line(e: BaseException) -> str:

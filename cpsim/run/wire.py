@@ -4,12 +4,13 @@ The worker imports and runs the kernel under test, so everything it writes on it
 the kernel's own bytes. Unpickling them would run the kernel's code in the judge (a ``__reduce__``
 payload can exit 0 or patch the oracle). So a reply is a frame of plain data:
 
-    b"CPW1" | header length (4 bytes, big-endian) | JSON header | raw array bytes
+    b"CPW1" | header length (4 bytes, big-endian) | JSON header | int64 numbers (the machine's order)
 
-The header names one message type of this module and its fields; an array field is a reference
-``{"array": i}`` to the i-th entry of the header's ``arrays`` list (dtype and shape), whose bytes
-follow the header in order. ``decode`` accepts only the types below, only their fields, only the
-dtypes in ``DTYPES``, and only sizes that add up; anything else raises ``Malformed``, which the
+The header names one message type of this module and its fields, with the sizes of the arrays it
+holds; the arrays' numbers follow the header in the order of the fields (every array a reply
+carries is int64: slots, guard entries, input-write counts). ``decode`` accepts only the types
+below, only their fields, and only sizes that add up to the numbers sent, with nothing after them;
+anything else raises ``Malformed``, which the
 parent turns into a ``kernel-completes`` violation on the rank it was waiting for. A worker taken
 over by its kernel can still send a well-formed reply with its own rank's slots: those are judged
 like any other output. It cannot run code here, and cannot answer for a rank it was not asked
@@ -36,7 +37,6 @@ MAX_HEADER = 1 << 20          # bytes of JSON in one reply
 MAX_REPLY = 1 << 30           # bytes of one reply, header and arrays together
 MAX_TEXT = 16384              # characters of one string field
 MAX_LIST = 1 << 16            # items of one list field
-DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "float32", "float64")
 
 
 class Malformed(Exception):
@@ -45,12 +45,12 @@ class Malformed(Exception):
 
 # ---- the messages -------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass
 class Ready:
     """The worker has prepared its device (``prepare``)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class RankOutputData:
     """One rank's ``RankOutput`` as arrays and lists (``cpsim.paths.RankOutput`` holds tensors)."""
 
@@ -63,7 +63,7 @@ class RankOutputData:
     output_faults: list[int] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class RankDone:
     """A rank run that completed: its output (None where the path produced none) and the kernel's notes."""
 
@@ -73,14 +73,14 @@ class RankDone:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Batch:
     """Every rank of a chunk of cpsim's own kernels, in rank order, in one message."""
 
     replies: list
 
 
-@dataclass(frozen=True)
+@dataclass
 class Refused:
     """The run's input was refused (a ``ConfigError`` in the worker): exit 2 in the parent."""
 
@@ -88,7 +88,7 @@ class Refused:
     rule: str
 
 
-@dataclass(frozen=True)
+@dataclass
 class Unloaded:
     """The kernel's import (or lookup) raised, exited or failed in the worker."""
 
@@ -96,7 +96,7 @@ class Unloaded:
     message: str
 
 
-@dataclass(frozen=True)
+@dataclass
 class Raised:
     """The rank run raised ``name`` (``text``: its first line and where); ``group``: the group launching."""
 
@@ -105,7 +105,7 @@ class Raised:
     group: str = "*"
 
 
-@dataclass(frozen=True)
+@dataclass
 class Exited:
     """The rank run called ``sys.exit(code)`` (``code`` as its repr)."""
 
@@ -113,7 +113,7 @@ class Exited:
     group: str = "*"
 
 
-@dataclass(frozen=True)
+@dataclass
 class LostOnReadback:
     """A batched chunk's outputs raised when they were read back (a device fault)."""
 
@@ -121,7 +121,7 @@ class LostOnReadback:
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass
 class SignatureRead:
     """A kernel's signature, read where it was imported (``cpsim.kernels.under_test.Signature``)."""
 
@@ -132,7 +132,7 @@ class SignatureRead:
     origin: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Value:
     """A ``call``'s result: one integer array, and the kernel's notes."""
 
@@ -141,17 +141,17 @@ class Value:
 
 
 # The parent's own readings of a worker that did not answer (never sent by a worker).
-@dataclass(frozen=True)
+@dataclass
 class Timeout:
     """No reply within the bound."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Dead:
     """The worker ended (or closed its socket) before a whole reply came."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Garbled:
     """The worker sent something that is not a well-formed reply (``why``)."""
 
@@ -164,36 +164,52 @@ LOAD_KINDS = ("raised", "exited", "timeout", "crashed")
 
 
 # ---- encoding (the worker's side) ---------------------------------------------------------------
+#
+# Every number a reply carries is an int64 (slots, guard and input-write counts, a group's flags and
+# widths): they travel as one int64 body, read in order. The JSON header says how many each field
+# takes; lists of a group's numbers travel in the body too, so a batch of eight ranks is one JSON
+# parse and one ``frombuffer``, not dozens of validated lists.
 
 def encode(msg) -> bytes:
     """One message as a frame."""
-    arrays: list[np.ndarray] = []
-    header = {"type": type(msg).__name__, "fields": _plain(msg, arrays),
-              "arrays": [{"dtype": a.dtype.name, "shape": list(a.shape)} for a in arrays]}
-    head = json.dumps(header, separators=(",", ":")).encode()
-    return b"".join([MAGIC, _LEN.pack(len(head)), head, *(a.tobytes() for a in arrays)])
+    numbers: list[np.ndarray] = []
+    head = json.dumps({"type": type(msg).__name__, "fields": _fields(msg, numbers)},
+                      separators=(",", ":")).encode()
+    body = np.concatenate([a.ravel() for a in numbers]) if numbers else np.zeros(0, np.int64)
+    return b"".join([MAGIC, _LEN.pack(len(head)), head, body.astype(np.int64, copy=False).tobytes()])
 
 
-def _plain(value, arrays: list):
-    if isinstance(value, np.ndarray):
-        arrays.append(np.ascontiguousarray(value))
-        return {"array": len(arrays) - 1}
-    if isinstance(value, (Ready, RankOutputData, RankDone, Batch, Refused, Unloaded, Raised, Exited,
-                          LostOnReadback, SignatureRead, Value)):
-        if isinstance(value, Batch):
-            return {"replies": [{"type": type(r).__name__, "fields": _plain(r, arrays)} for r in value.replies]}
-        return {k: _plain(v, arrays) for k, v in value.__dict__.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, arrays) for v in value]
-    if isinstance(value, (np.integer, np.bool_)):
-        return value.item()
-    return value
+def _fields(msg, numbers: list) -> dict:
+    if isinstance(msg, Batch):
+        return {"replies": [{"type": type(r).__name__, "fields": _fields(r, numbers)} for r in msg.replies]}
+    if isinstance(msg, RankDone):
+        return {"path": msg.path, "rank": msg.rank, "notes": msg.notes,
+                "output": None if msg.output is None else _output_fields(msg.output, numbers)}
+    if isinstance(msg, Value):
+        numbers.append(np.asarray(msg.array, dtype=np.int64))
+        return {"shape": list(msg.array.shape), "notes": msg.notes}
+    if isinstance(msg, SignatureRead):
+        return {**msg.__dict__, "params": [list(p) for p in msg.params]}
+    return dict(msg.__dict__)
+
+
+def _output_fields(o: RankOutputData, numbers: list) -> dict:
+    groups, entries = o.slots.shape
+    per_group = [o.enabled, o.widths, o.entry_sizes] + ([] if o.output_faults is None else [o.output_faults])
+    numbers += [np.asarray(per_group, np.int64).reshape(len(per_group), groups), o.slots]
+    for extra in (o.guard, o.written):
+        if extra is not None:
+            numbers.append(extra)
+    return {"groups": groups, "entries": entries,
+            "guard": -1 if o.guard is None else o.guard.shape[1],
+            "written": -1 if o.written is None else o.written.shape[1], "faults": o.output_faults is not None}
 
 
 # ---- decoding (the judge's side) ----------------------------------------------------------------
 
-def decode(frame: bytes) -> object:
-    """The message in ``frame``; ``Malformed`` naming the first thing wrong with it."""
+def decode(frame: bytes | bytearray) -> object:
+    """The message in ``frame``; ``Malformed`` naming the first thing wrong with it. The arrays it
+    holds are views of ``frame`` (writable when ``frame`` is a bytearray)."""
     if len(frame) > MAX_REPLY:
         raise Malformed(f"a reply of {len(frame)} bytes (at most {MAX_REPLY})")
     if frame[:4] != MAGIC:
@@ -204,60 +220,53 @@ def decode(frame: bytes) -> object:
     if n > MAX_HEADER or 8 + n > len(frame):
         raise Malformed(f"a header of {n} bytes in a reply of {len(frame)}")
     try:
-        header = json.loads(frame[8:8 + n])
+        header = json.loads(bytes(frame[8:8 + n]))
     except (UnicodeDecodeError, ValueError) as e:
         raise Malformed(f"a header that is not JSON ({e})") from None
-    _keys(header, {"type", "fields", "arrays"}, "the header")
-    arrays = _arrays(header["arrays"], memoryview(frame)[8 + n:])
-    used: set[int] = set()
-    msg = _message(header, arrays, used)
-    if used != set(range(len(arrays))):
-        raise Malformed("arrays no field refers to")
+    if (len(frame) - 8 - n) % 8:
+        raise Malformed(f"a body of {len(frame) - 8 - n} bytes, not whole int64 numbers")
+    numbers = _Numbers(np.frombuffer(frame, dtype=np.int64, offset=8 + n))
+    _keys(header, {"type", "fields"}, "the header")
+    msg = _message(header, numbers)
+    if numbers.at != len(numbers.all):
+        raise Malformed(f"{len(numbers.all) - numbers.at} numbers no field takes")
     return msg
 
 
-def _arrays(specs, body: memoryview) -> list[np.ndarray]:
-    if not isinstance(specs, list) or len(specs) > MAX_LIST:
-        raise Malformed("header.arrays is not a list")
-    out, at = [], 0
-    for i, spec in enumerate(specs):
-        _keys(spec, {"dtype", "shape"}, f"arrays[{i}]")
-        dtype, shape = spec["dtype"], spec["shape"]
-        if dtype not in DTYPES:
-            raise Malformed(f"arrays[{i}] has dtype {str(dtype)[:40]!r} (allowed: {', '.join(DTYPES)})")
-        if (not isinstance(shape, list) or len(shape) > 4
-                or not all(type(d) is int and 0 <= d <= MAX_REPLY for d in shape)):
-            raise Malformed(f"arrays[{i}] has shape {str(shape)[:60]} (up to 4 sizes, each >= 0)")
-        nbytes = int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize
-        if at + nbytes > len(body):
-            raise Malformed(f"arrays[{i}] needs {nbytes} bytes, {len(body) - at} left in the reply")
-        out.append(np.frombuffer(body[at:at + nbytes], dtype=dtype).reshape(shape))
-        at += nbytes
-    if at != len(body):
-        raise Malformed(f"{len(body) - at} bytes after the last array")
-    return out
+class _Numbers:
+    """The body's int64 numbers, taken in order."""
+
+    def __init__(self, all_: np.ndarray):
+        self.all, self.at = all_, 0
+
+    def take(self, shape: tuple[int, ...], where: str) -> np.ndarray:
+        count = 1
+        for d in shape:
+            count *= d
+        if self.at + count > len(self.all):
+            raise Malformed(f"{where} needs {count} numbers, {len(self.all) - self.at} left in the reply")
+        got = self.all[self.at:self.at + count].reshape(shape)
+        self.at += count
+        return got
 
 
-def _keys(d, allowed: set, where: str, optional: frozenset = frozenset()) -> None:
+def _keys(d, allowed: set, where: str) -> None:
     if not isinstance(d, dict):
         raise Malformed(f"{where} is not an object")
-    extra, missing = set(d) - allowed, allowed - optional - set(d)
-    if extra or missing:
+    if d.keys() != allowed:
+        extra, missing = set(d) - allowed, allowed - set(d)
         raise Malformed(f"{where} has fields {sorted(map(str, extra))[:5]} it should not have"
                         if extra else f"{where} lacks {sorted(missing)}")
 
 
-def _message(header, arrays: list, used: set):
+def _message(header, numbers: _Numbers):
     kind = header.get("type") if isinstance(header, dict) else None
     if kind not in MESSAGES:
         raise Malformed(f"a message of unknown type {str(kind)[:40]!r}")
     f = header["fields"]
-    if kind == "Ready":
-        _keys(f, set(), "Ready")
-        return Ready()
     if kind == "RankDone":
         _keys(f, {"path", "rank", "output", "notes"}, "RankDone")
-        out = None if f["output"] is None else _output(f["output"], arrays, used)
+        out = None if f["output"] is None else _output(f["output"], numbers)
         return RankDone(_text(f["path"], "path"), _int(f["rank"], "rank"), out, _texts(f["notes"], "notes"))
     if kind == "Batch":
         _keys(f, {"replies"}, "Batch")
@@ -266,27 +275,12 @@ def _message(header, arrays: list, used: set):
             raise Malformed("Batch.replies is not a list")
         for i, r in enumerate(replies):
             _keys(r, {"type", "fields"}, f"Batch.replies[{i}]")
-        got = [_message(r, arrays, used) for r in replies]
-        if any(isinstance(r, Batch) for r in got):
-            raise Malformed("a Batch inside a Batch")
-        return Batch(got)
-    if kind == "Refused":
-        _keys(f, {"field", "rule"}, kind)
-        return Refused(_text(f["field"], "field"), _text(f["rule"], "rule"))
-    if kind == "Unloaded":
-        _keys(f, {"kind", "message"}, kind)
-        if f["kind"] not in LOAD_KINDS:
-            raise Malformed(f"Unloaded.kind {str(f['kind'])[:40]!r}")
-        return Unloaded(f["kind"], _text(f["message"], "message"))
-    if kind == "Raised":
-        _keys(f, {"name", "text", "group"}, kind)
-        return Raised(_text(f["name"], "name"), _text(f["text"], "text"), _text(f["group"], "group"))
-    if kind == "Exited":
-        _keys(f, {"code", "group"}, kind)
-        return Exited(_text(f["code"], "code"), _text(f["group"], "group"))
-    if kind == "LostOnReadback":
-        _keys(f, {"name", "text"}, kind)
-        return LostOnReadback(_text(f["name"], "name"), _text(f["text"], "text"))
+            if r["type"] == "Batch":
+                raise Malformed("a Batch inside a Batch")
+        return Batch([_message(r, numbers) for r in replies])
+    if kind == "Value":
+        _keys(f, {"shape", "notes"}, "Value")
+        return Value(numbers.take(_shape(f["shape"], "Value.shape"), "Value"), _texts(f["notes"], "notes"))
     if kind == "SignatureRead":
         _keys(f, {"name", "triton", "is_callable", "params", "origin"}, kind)
         params = f["params"]
@@ -296,48 +290,43 @@ def _message(header, arrays: list, used: set):
         return SignatureRead(_text(f["name"], "name"), _bool(f["triton"], "triton"),
                              _bool(f["is_callable"], "is_callable"),
                              [(_text(n, "params"), d) for n, d in params], _text(f["origin"], "origin"))
-    _keys(f, {"array", "notes"}, "Value")
-    return Value(_array(f["array"], arrays, used, "Value.array", ndim=None, integer=True),
-                 _texts(f["notes"], "notes"))
+    return _plain_message(kind, f)
 
 
-def _output(f, arrays: list, used: set) -> RankOutputData:
-    _keys(f, {"slots", "enabled", "widths", "entry_sizes", "guard", "written", "output_faults"}, "output")
-    slots = _array(f["slots"], arrays, used, "output.slots", ndim=2, dtype="int64")
-    groups = slots.shape[0]
-    enabled = f["enabled"]
-    if not isinstance(enabled, list) or len(enabled) != groups or not all(isinstance(e, bool) for e in enabled):
-        raise Malformed(f"output.enabled is not {groups} booleans")
-    guard = None if f["guard"] is None else _array(f["guard"], arrays, used, "output.guard", ndim=2, dtype="int64")
-    written = (None if f["written"] is None
-               else _array(f["written"], arrays, used, "output.written", ndim=2, dtype="int64"))
-    for name, a in (("guard", guard), ("written", written)):
-        if a is not None and a.shape[0] != groups:
-            raise Malformed(f"output.{name} has {a.shape[0]} rows for {groups} groups")
-    faults = f["output_faults"]
-    if faults is not None:
-        faults = _ints(faults, "output.output_faults", groups)
-    return RankOutputData(slots, enabled, _ints(f["widths"], "output.widths", groups),
-                          _ints(f["entry_sizes"], "output.entry_sizes", groups), guard, written, faults)
+def _plain_message(kind: str, f):
+    """The messages of strings only."""
+    cls = MESSAGES[kind]
+    names = {"Ready": (), "Refused": ("field", "rule"), "Unloaded": ("kind", "message"),
+             "Raised": ("name", "text", "group"), "Exited": ("code", "group"),
+             "LostOnReadback": ("name", "text")}[kind]
+    _keys(f, set(names), kind)
+    if kind == "Unloaded" and f["kind"] not in LOAD_KINDS:
+        raise Malformed(f"Unloaded.kind {str(f['kind'])[:40]!r}")
+    return cls(*(_text(f[n], f"{kind}.{n}") for n in names))
 
 
-def _array(ref, arrays: list, used: set, where: str, ndim: int | None, dtype: str | None = None,
-           integer: bool = False) -> np.ndarray:
-    if not isinstance(ref, dict) or set(ref) != {"array"} or type(ref["array"]) is not int \
-            or not 0 <= ref["array"] < len(arrays):
-        raise Malformed(f"{where} is not a reference to one of the reply's arrays")
-    i = ref["array"]
-    if i in used:
-        raise Malformed(f"{where} refers to an array another field uses")
-    used.add(i)
-    a = arrays[i]
-    if dtype is not None and a.dtype.name != dtype:
-        raise Malformed(f"{where} has dtype {a.dtype.name}, not {dtype}")
-    if integer and a.dtype.kind not in "iu":
-        raise Malformed(f"{where} has dtype {a.dtype.name}, not an integer type")
-    if ndim is not None and a.ndim != ndim:
-        raise Malformed(f"{where} has {a.ndim} dimensions, not {ndim}")
-    return a
+def _output(f, numbers: _Numbers) -> RankOutputData:
+    _keys(f, {"groups", "entries", "guard", "written", "faults"}, "output")
+    groups, entries = _int(f["groups"], "output.groups"), _int(f["entries"], "output.entries")
+    guard, written = _int(f["guard"], "output.guard"), _int(f["written"], "output.written")
+    if not (0 <= groups <= MAX_LIST and 0 <= entries <= MAX_REPLY and -1 <= guard <= MAX_LIST
+            and -1 <= written <= MAX_LIST) or not isinstance(f["faults"], bool):
+        raise Malformed(f"output sizes {groups}, {entries}, {guard}, {written} out of range")
+    per_group = numbers.take((4 if f["faults"] else 3, groups), "output's per-group numbers").tolist()
+    enabled = per_group[0]
+    if not all(e == 0 or e == 1 for e in enabled):
+        raise Malformed("output.enabled is not 0 or 1 for every group")
+    slots = numbers.take((groups, entries), "output.slots")
+    g = None if guard < 0 else numbers.take((groups, guard), "output.guard")
+    w = None if written < 0 else numbers.take((groups, written), "output.written")
+    return RankOutputData(slots, [e == 1 for e in enabled], per_group[1], per_group[2], g, w,
+                          per_group[3] if f["faults"] else None)
+
+
+def _shape(v, where: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or len(v) > 4 or not all(type(d) is int and 0 <= d <= MAX_REPLY for d in v):
+        raise Malformed(f"{where} is not up to 4 sizes, each >= 0")
+    return tuple(v)
 
 
 def _text(v, where: str) -> str:
@@ -358,12 +347,6 @@ def _int(v, where: str) -> int:
     return v
 
 
-def _ints(v, where: str, n: int) -> list[int]:
-    if not isinstance(v, list) or len(v) != n or not all(type(x) is int for x in v):
-        raise Malformed(f"{where} is not {n} integers")
-    return v
-
-
 def _bool(v, where: str) -> bool:
     if not isinstance(v, bool):
         raise Malformed(f"{where} is not true or false")
@@ -376,7 +359,7 @@ _MP_LEN = struct.Struct("!i")   # ``multiprocessing.connection``'s framing, whic
 _MP_LONG = struct.Struct("!Q")
 
 
-def read_frame(fd: int, timeout: float, ended: Callable[[], bool], pidfd: int | None = None) -> bytes:
+def read_frame(fd: int, timeout: float, ended: Callable[[], bool], pidfd: int | None = None) -> bytearray:
     """One whole message from the socket ``fd`` (the worker's ``send_bytes`` framing), within
     ``timeout`` seconds. ``TimeoutError`` when it does not come whole in time (a kernel that wrote half
     a reply and sleeps), ``EOFError`` when the worker ends first (``ended``; ``pidfd`` becomes
@@ -392,7 +375,7 @@ def read_frame(fd: int, timeout: float, ended: Callable[[], bool], pidfd: int | 
     return _read_exactly(fd, n, deadline, ended, pidfd)
 
 
-def _read_exactly(fd: int, n: int, deadline: float, ended: Callable[[], bool], pidfd: int | None) -> bytes:
+def _read_exactly(fd: int, n: int, deadline: float, ended: Callable[[], bool], pidfd: int | None) -> bytearray:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     poller = select.poll()
@@ -414,7 +397,7 @@ def _read_exactly(fd: int, n: int, deadline: float, ended: Callable[[], bool], p
         if k == 0:
             raise EOFError
         got += k
-    return bytes(buf)
+    return buf
 
 
 def _pending(fd: int) -> bool:
