@@ -161,6 +161,9 @@ class Garbled:
 MESSAGES = {c.__name__: c for c in (Ready, RankDone, Batch, Refused, Unloaded, Raised, Exited, LostOnReadback,
                                     SignatureRead, Value)}
 LOAD_KINDS = ("raised", "exited", "timeout", "crashed")
+_HEADER = frozenset({"type", "fields"})
+_RANK_DONE = frozenset({"path", "rank", "output", "notes"})
+_OUTPUT = frozenset({"groups", "entries", "guard", "written", "faults"})
 
 
 # ---- encoding (the worker's side) ---------------------------------------------------------------
@@ -226,7 +229,7 @@ def decode(frame: bytes | bytearray) -> object:
     if (len(frame) - 8 - n) % 8:
         raise Malformed(f"a body of {len(frame) - 8 - n} bytes, not whole int64 numbers")
     numbers = _Numbers(np.frombuffer(frame, dtype=np.int64, offset=8 + n))
-    _keys(header, {"type", "fields"}, "the header")
+    _keys(header, _HEADER, "the header")
     msg = _message(header, numbers)
     if numbers.at != len(numbers.all):
         raise Malformed(f"{len(numbers.all) - numbers.at} numbers no field takes")
@@ -250,7 +253,7 @@ class _Numbers:
         return got
 
 
-def _keys(d, allowed: set, where: str) -> None:
+def _keys(d, allowed: frozenset | set, where: str) -> None:
     if not isinstance(d, dict):
         raise Malformed(f"{where} is not an object")
     if d.keys() != allowed:
@@ -265,7 +268,7 @@ def _message(header, numbers: _Numbers):
         raise Malformed(f"a message of unknown type {str(kind)[:40]!r}")
     f = header["fields"]
     if kind == "RankDone":
-        _keys(f, {"path", "rank", "output", "notes"}, "RankDone")
+        _keys(f, _RANK_DONE, "RankDone")
         out = None if f["output"] is None else _output(f["output"], numbers)
         return RankDone(_text(f["path"], "path"), _int(f["rank"], "rank"), out, _texts(f["notes"], "notes"))
     if kind == "Batch":
@@ -274,7 +277,7 @@ def _message(header, numbers: _Numbers):
         if not isinstance(replies, list) or len(replies) > MAX_LIST:
             raise Malformed("Batch.replies is not a list")
         for i, r in enumerate(replies):
-            _keys(r, {"type", "fields"}, f"Batch.replies[{i}]")
+            _keys(r, _HEADER, "Batch.replies[]")
             if r["type"] == "Batch":
                 raise Malformed("a Batch inside a Batch")
         return Batch([_message(r, numbers) for r in replies])
@@ -306,7 +309,7 @@ def _plain_message(kind: str, f):
 
 
 def _output(f, numbers: _Numbers) -> RankOutputData:
-    _keys(f, {"groups", "entries", "guard", "written", "faults"}, "output")
+    _keys(f, _OUTPUT, "output")
     groups, entries = _int(f["groups"], "output.groups"), _int(f["entries"], "output.entries")
     guard, written = _int(f["guard"], "output.guard"), _int(f["written"], "output.written")
     if not (0 <= groups <= MAX_LIST and 0 <= entries <= MAX_REPLY and -1 <= guard <= MAX_LIST
@@ -366,38 +369,42 @@ def read_frame(fd: int, timeout: float, ended: Callable[[], bool], pidfd: int | 
     readable then: a process the kernel forked may hold the socket open after the worker died),
     ``Malformed`` when the length is past ``MAX_REPLY``. Never blocks past the deadline, and never
     allocates more than the length allows."""
-    deadline = time.monotonic() + timeout
-    (n,) = _MP_LEN.unpack(_read_exactly(fd, _MP_LEN.size, deadline, ended, pidfd))
+    reader = _Reader(fd, time.monotonic() + timeout, ended, pidfd)
+    (n,) = _MP_LEN.unpack(reader.exactly(_MP_LEN.size))
     if n == -1:
-        (n,) = _MP_LONG.unpack(_read_exactly(fd, _MP_LONG.size, deadline, ended, pidfd))
+        (n,) = _MP_LONG.unpack(reader.exactly(_MP_LONG.size))
     if not 0 <= n <= MAX_REPLY:
         raise Malformed(f"a reply announcing {n} bytes (at most {MAX_REPLY})")
-    return _read_exactly(fd, n, deadline, ended, pidfd)
+    return reader.exactly(n)
 
 
-def _read_exactly(fd: int, n: int, deadline: float, ended: Callable[[], bool], pidfd: int | None) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    if pidfd is not None:
-        poller.register(pidfd, select.POLLIN)
-    while got < n:
-        left = deadline - time.monotonic()
-        # Without a pidfd the worker's end is looked for every 0.2 s.
-        wait = max(0.0, left if pidfd is not None else min(left, 0.2))
-        fds = {f for f, _ in poller.poll(int(wait * 1000))}
-        if fd not in fds:
-            if (pidfd in fds or ended()) and not _pending(fd):
+class _Reader:
+    def __init__(self, fd: int, deadline: float, ended: Callable[[], bool], pidfd: int | None):
+        self.fd, self.deadline, self.ended, self.pidfd = fd, deadline, ended, pidfd
+        self.poller = select.poll()
+        self.poller.register(fd, select.POLLIN)
+        if pidfd is not None:
+            self.poller.register(pidfd, select.POLLIN)
+
+    def exactly(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view, got, fd = memoryview(buf), 0, self.fd
+        while got < n:
+            left = self.deadline - time.monotonic()
+            # Without a pidfd the worker's end is looked for every 0.2 s.
+            wait = max(0.0, left if self.pidfd is not None else min(left, 0.2))
+            fds = {f for f, _ in self.poller.poll(int(wait * 1000))}
+            if fd not in fds:
+                if (self.pidfd in fds or self.ended()) and not _pending(fd):
+                    raise EOFError
+                if left <= 0:
+                    raise TimeoutError
+                continue
+            k = os.readv(fd, [view[got:]])
+            if k == 0:
                 raise EOFError
-            if left <= 0:
-                raise TimeoutError
-            continue
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            raise EOFError
-        got += k
-    return buf
+            got += k
+        return buf
 
 
 def _pending(fd: int) -> bool:
