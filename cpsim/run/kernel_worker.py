@@ -126,20 +126,24 @@ def serve(conn, parent_pid: int | None = None) -> None:
     while True:
         try:
             msg = conn.recv()  # the parent's request: pickled by the parent, which this process trusts
-        except (EOFError, OSError):
+            _answer(conn, kernels, msg, loaded)
+        except (EOFError, OSError):  # the parent is gone (or closed the pipe): nothing to answer to
             return
-        if msg[0] == "prepare":
-            _send(conn, _prepare(*msg[1:]))
-        elif msg[0] == "probe":
-            _send(conn, _probe(*msg[1:]))
-        elif msg[0] == "run":
-            _send(conn, _run(kernels, *msg[1:]))
-        elif msg[0] == "call":
-            _send(conn, _call(kernels, *msg[1:]))
-        elif msg[0] == "load":
+        if msg[0] == "load":
             loaded = msg[1:]
-        elif msg[0] == "run_ranks":
-            _run_ranks(conn, kernels, loaded, *msg[1:])
+
+
+def _answer(conn, kernels: dict, msg, loaded: tuple) -> None:
+    if msg[0] == "prepare":
+        _send(conn, _prepare(*msg[1:]))
+    elif msg[0] == "probe":
+        _send(conn, _probe(*msg[1:]))
+    elif msg[0] == "run":
+        _send(conn, _run(kernels, *msg[1:]))
+    elif msg[0] == "call":
+        _send(conn, _call(kernels, *msg[1:]))
+    elif msg[0] == "run_ranks":
+        _run_ranks(conn, kernels, loaded, *msg[1:])
 
 
 def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks: list[int], device: str,
