@@ -122,9 +122,9 @@ def _dq(s: str) -> str:
 
 def scratch(tmp: Path) -> dict[str, str]:
     """A working directory like the repository's root, and an environment whose cpsim is this tree."""
-    shutil.copytree(ROOT / "docs", tmp / "docs", ignore=shutil.ignore_patterns("bench", "runs"))
+    shutil.copytree(ROOT / "docs", tmp / "docs")
     shutil.copytree(ROOT / "tests" / "kernels", tmp / "tests" / "kernels")
-    for name in ("launch", "scripts", "Makefile", "pyproject.toml"):
+    for name in ("data", "launch", "scripts", "Makefile", "pyproject.toml"):
         (tmp / name).symlink_to(ROOT / name)
     bin_dir = tmp / ".bin"
     bin_dir.mkdir()
@@ -216,6 +216,24 @@ def test_front_page_limits():
     assert len((ROOT / "docs" / "BENCHMARKS.md").read_text().encode()) <= 15 * 1024
     first = next(b for b in re.findall(r"```[^\n]*\n(.*?)```", readme, re.S))
     assert [c.split("#")[0].strip() for c in _commands(first.splitlines())] == ["make run", "make test"]
+
+
+def stray_data(docs: Path) -> list[str]:
+    """Files under docs/ that are neither a page, an example the pages run, nor an image they show."""
+    return sorted(str(p.relative_to(docs)) for p in docs.rglob("*") if p.is_file()
+                  and not (p.parent == docs and p.suffix == ".md")
+                  and p.relative_to(docs).parts[0] not in ("examples", "img"))
+
+
+def test_docs_hold_no_data():
+    assert stray_data(ROOT / "docs") == [], "data belongs in data/ (data/README.md), not docs/"
+
+
+def test_stray_data_is_found(tmp_path: Path):
+    for name in ("A.md", "examples/x.json", "img/y.png", "bench/raw.json", "known.json", "runs/r/README.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert stray_data(tmp_path) == ["bench/raw.json", "known.json", "runs/r/README.md"]
 
 
 def sample_rows(readme: str) -> list[str]:
