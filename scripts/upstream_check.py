@@ -11,7 +11,7 @@ MRV2 kernel from the sdist (``ascend-v2-0.18``), and their v1 and MRV2 host clas
 the unpacked sdist first on the child's sys.path, then the folder of the vLLM release it was built
 for) on ``ASCEND_HOST_PRESETS``.
 
-Writes the release x subject x scenario x path matrix into docs/UPSTREAM.md and each failing
+Writes the release x subject x scenario x path matrix into data/upstream/matrix.md and each failing
 step as an explicit batch under data/upstream/repros/. Exit 1 when a release cannot be loaded or
 judged, or a failure is not in data/upstream/known.json; known findings keep it at 0.
 """
@@ -57,7 +57,7 @@ FUZZ_EXAMPLES = 8
 JOB_TIMEOUT = 300
 RUN_TIMEOUT = 900
 KNOWN = ROOT / "data" / "upstream" / "known.json"
-DOC = ROOT / "docs" / "UPSTREAM.md"
+DOC = ROOT / "data" / "upstream" / "matrix.md"
 REPROS = ROOT / "data" / "upstream" / "repros"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 # The released kernels, first that exists in the release (docs/UPSTREAM_ABIS.md).
@@ -362,7 +362,7 @@ def main() -> int:
                     help=f"vLLM releases whose kernels only run (default {','.join(VLLM_KERNELS_ONLY)})")
     ap.add_argument("--ascend", default=",".join(sorted({*ASCEND_KERNELS, *(a for a, _, _ in ASCEND_HOSTS)})),
                     help="vllm-ascend releases whose kernels (ASCEND_KERNELS) and host classes (ASCEND_HOSTS) run")
-    ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave docs/UPSTREAM.md alone")
+    ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave data/upstream/matrix.md alone")
     ap.add_argument("--rows", default=str(ROOT / "build" / "upstream" / "rows.json"), help="where the rows go")
     ap.add_argument("--rejudge", metavar="ROWS", help="judge the rows a run saved (build/upstream/rows.json) "
                                                       "(comma-separated files) against data/upstream/known.json again, running nothing")

@@ -205,7 +205,11 @@ def test_there_are_runnable_blocks():
     assert any(b.page == "README.md" for b in ALL_BLOCKS)
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+# Generated or data pages the docs link to: their links (the matrix's repros) are checked too.
+DATA_PAGES = (ROOT / "data" / "README.md", ROOT / "data" / "upstream" / "matrix.md")
+
+
+@pytest.mark.parametrize("page", [*pages(), *DATA_PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_exist(page: Path):
     assert broken_links(page) == []
 

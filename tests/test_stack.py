@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -494,6 +495,12 @@ def test_upstream_check_fails_on_a_new_finding_or_a_broken_release_and_passes_kn
     table = uc.markdown([ok, finding, broken], known)
     assert "mismatch: no draft reserve" in table and "cannot load or judge" in table
     assert "**NEW**" in uc.markdown([finding], {})
+    kept = uc.REPROS / "r.json"                                      # a kept repro: linked from the matrix's own folder
+    saved = uc.row("vllm 0.33.0", "host", "default", "v2", "fail", ["padding:attn"], repro=str(kept.relative_to(uc.ROOT)))
+    link = re.search(r"\[r\.json\]\(([^)]+)\)", uc.markdown([saved], {}))[1]
+    assert (uc.DOC.parent / link).resolve() == kept.resolve()
+    elsewhere_kept = uc.row("vllm 0.33.0", "host", "default", "v2", "fail", ["padding:attn"], repro="build/upstream/r.json")
+    assert "`build/upstream/r.json` (not shrunk, not kept)" in uc.markdown([elsewhere_kept], {})
     doc = tmp_path / "UPSTREAM.md"
     doc.write_text(f"head\n{uc.BEGIN}\nold\n{uc.END}\ntail\n")
     uc.write_matrix(doc, table)
