@@ -1,4 +1,5 @@
-"""Regenerate the generated sections of docs/BUGS.md from the catalogue itself.
+"""Regenerate the generated sections of docs/BUGS.md (the catalogue) and data/bugs/matrix.md (the
+detection matrix and trigger times) from the catalogue itself.
 
     python scripts/update_bugs_doc.py [--jobs N] [--matrix FILE]
 
@@ -17,13 +18,15 @@ import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "BUGS.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "BUGS.md"
+MATRIX = ROOT / "data" / "bugs" / "matrix.md"
 
 
 def replace(text: str, key: str, body: str) -> str:
     pat = re.compile(rf"(<!-- {key}:begin -->\n).*?(<!-- {key}:end -->)", re.S)
     if not pat.search(text):
-        raise SystemExit(f"marker {key} missing in {DOC}")
+        raise SystemExit(f"marker {key} missing")
     return pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
 
 
@@ -65,9 +68,10 @@ def main() -> None:
         t0 = time.perf_counter()
         _, matrix = cli(["bugs", "matrix", "--markdown", "--jobs", str(args.jobs)])
         how = f"`cpsim bugs matrix --markdown --jobs {args.jobs}` on {stamp}, {time.perf_counter() - t0:.0f} s"
-    text = replace(text, "bugs-matrix", f"{how}:\n\n{matrix}")
-    text = replace(text, "bugs-timing", f"Measured on {stamp} (virtual world, all four paths):\n\n{timings()}")
     DOC.write_text(text)
+    data = replace(MATRIX.read_text(), "bugs-matrix", f"{how}:\n\n{matrix}")
+    data = replace(data, "bugs-timing", f"Measured on {stamp} (virtual world, all four paths):\n\n{timings()}")
+    MATRIX.write_text(data)
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def test_there_are_runnable_blocks():
 
 
 # Generated or data pages the docs link to: their links (the matrix's repros) are checked too.
-DATA_PAGES = (ROOT / "data" / "README.md", ROOT / "data" / "upstream" / "matrix.md")
+DATA_PAGES = (ROOT / "data" / "README.md", ROOT / "data" / "upstream" / "matrix.md", ROOT / "data" / "bugs" / "matrix.md")
 
 
 @pytest.mark.parametrize("page", [*pages(), *DATA_PAGES], ids=lambda p: str(p.relative_to(ROOT)))
