@@ -44,7 +44,7 @@ ASCEND_HOSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("0.13.0", "0.13.0", ("v1",)),          # no vllm_ascend/worker/v2/block_table.py in 0.13.0
     ("0.18.0", "0.18.0", ("v1", "v2")),
     ("0.23.0.post1", "0.23.0", ("v1", "v2")))
-# default plus the presets that show a finding on 0.18.0 / 0.23.0.post1 (docs/UPSTREAM.md results).
+# default plus the presets that show a finding on 0.18.0 / 0.23.0.post1 (data/upstream/matrix.md).
 ASCEND_HOST_PRESETS = ("default", "mtp", "hybrid-interleave", "huge-cache")
 KERNEL_PRESETS = ("default", "mtp", "hybrid-mamba", "decode-heavy")
 # Host classes under torchrun in the runtime's own process groups (cpsim.stack.runtime_groups): one vLLM and

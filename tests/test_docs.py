@@ -254,6 +254,31 @@ def test_unmapped_page_is_found(tmp_path: Path):
     assert prose_bytes(tmp_path) == 2
 
 
+NAMED_PATH = re.compile(r"(?<![\w/.])(?:docs/(?:[A-Z_]+\.md|examples/[\w.-]*\w|img/[\w.-]*\w)|data/[\w./-]*\w)")
+CODE = ("cpsim", "scripts", "tests", "launch", ".ci", "Makefile", "pyproject.toml")
+
+
+def missing_paths(root: Path) -> list[str]:
+    """docs/ and data/ paths that code, scripts, tests and build files name but that do not exist."""
+    files = [f for name in CODE for f in ([root / name] if (root / name).is_file() else (root / name).rglob("*"))
+             if f.is_file() and f.suffix in ("", ".py", ".sh", ".toml", ".cfg") and f.name != "test_docs.py"
+             and "__pycache__" not in f.parts]
+    named = {m for f in files for m in NAMED_PATH.findall(f.read_text(errors="replace"))}
+    return sorted(n for n in named if not (root / n).exists())
+
+
+def test_paths_named_in_code_exist():
+    assert missing_paths(ROOT) == []
+
+
+def test_missing_path_is_found(tmp_path: Path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kept.json").write_text("{}")
+    (tmp_path / "scripts" / "s.py").write_text('A = "data/kept.json"\nB = "docs/GONE.md"\nC = "data/bench/gone.json"\n')
+    assert missing_paths(tmp_path) == ["data/bench/gone.json", "docs/GONE.md"]
+
+
 def stray_data(docs: Path) -> list[str]:
     """Files under docs/ that are neither a page, an example the pages run, nor an image they show."""
     return sorted(str(p.relative_to(docs)) for p in docs.rglob("*") if p.is_file()

@@ -137,7 +137,7 @@ def test_kv_manager_blocks_are_shared_by_ranks_and_never_the_null_block():
 
 
 # Findings on the unmodified release beyond the universal ones: none since the vllm-0.33 profile models the
-# draft reserve of its slot buffer and MRV2's slot-computed mamba groups (docs/UPSTREAM.md, upstream-known).
+# draft reserve of its slot buffer and MRV2's slot-computed mamba groups (docs/UPSTREAM.md, data/upstream/known.json).
 VLLM_033_KNOWN: set[tuple[str, str]] = set()
 
 
