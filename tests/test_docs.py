@@ -224,7 +224,7 @@ def test_front_page_limits():
 
 # Prose under docs/ (every page, `du -cb docs/*.md`). Issue 36 asks for 150 KB; this is where the
 # pages stand, so that they only shrink from here: lower it as they do.
-PROSE_LIMIT = 210 * 1024
+PROSE_LIMIT = 200 * 1024
 
 
 def prose_bytes(docs: Path) -> int:
