@@ -1,5 +1,5 @@
-"""Regenerate the generated sections of docs/BUGS.md (the catalogue) and data/bugs/matrix.md (the
-detection matrix and trigger times) from the catalogue itself.
+"""Regenerate data/bugs/matrix.md (the catalogue's entries, its detection matrix and trigger times)
+from the catalogue itself; docs/BUGS.md links it.
 
     python scripts/update_bugs_doc.py [--jobs N] [--matrix FILE]
 
@@ -19,7 +19,6 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOC = ROOT / "docs" / "BUGS.md"
 MATRIX = ROOT / "data" / "bugs" / "matrix.md"
 
 
@@ -57,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     from cpsim.kernels import use_interpreter
     use_interpreter()
-    text = DOC.read_text()
+    text = MATRIX.read_text()
     _, listing = cli(["bugs", "list", "--markdown"])
     text = replace(text, "bugs-list", listing)
     stamp = f"{platform.node()} ({platform.processor() or platform.machine()}), {datetime.date.today()}"
@@ -68,10 +67,9 @@ def main() -> None:
         t0 = time.perf_counter()
         _, matrix = cli(["bugs", "matrix", "--markdown", "--jobs", str(args.jobs)])
         how = f"`cpsim bugs matrix --markdown --jobs {args.jobs}` on {stamp}, {time.perf_counter() - t0:.0f} s"
-    DOC.write_text(text)
-    data = replace(MATRIX.read_text(), "bugs-matrix", f"{how}:\n\n{matrix}")
-    data = replace(data, "bugs-timing", f"Measured on {stamp} (virtual world, all four paths):\n\n{timings()}")
-    MATRIX.write_text(data)
+    text = replace(text, "bugs-matrix", f"{how}:\n\n{matrix}")
+    text = replace(text, "bugs-timing", f"Measured on {stamp} (virtual world, all four paths):\n\n{timings()}")
+    MATRIX.write_text(text)
 
 
 if __name__ == "__main__":
