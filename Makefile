@@ -55,8 +55,8 @@ ascend-check: $(STAMP) ascend-venv
 
 # Released vLLM host block tables and kernels (one shared base venv under $(UPSTREAM_VENVS), never $(VENV),
 # and each release in a --target folder of its own), vllm-ascend's released kernels and host classes from
-# its sdists, each beside the vLLM it was built for; writes docs/UPSTREAM.md's matrix.
-# Exit 1 on a release cpsim cannot load or judge, or a finding not in docs/upstream-known.json.
+# its sdists, each beside the vLLM it was built for; writes data/upstream/matrix.md.
+# Exit 1 on a release cpsim cannot load or judge, or a finding not in data/upstream/known.json.
 UPSTREAM_VENVS ?= .venv-upstream
 UPSTREAM_ARGS ?=
 upstream-check: $(STAMP)

@@ -8,7 +8,7 @@ upstream shipped live there: a mamba width divided by CP (vllm-ascend #9724) and
 buffer without the MTP draft reserve (vllm-ascend #14024). ``--sizing SPEC`` plugs in a
 function of that arithmetic so that ``block-sizing`` and ``capacity`` judge it.
 
-The ABI is plain data in and out (docs/TESTING_YOUR_KERNEL.md, "Host sizing"):
+The ABI is plain data in and out (docs/KERNEL_REFERENCE.md, "Host sizing ABI"):
 ``sizing(host: dict) -> {"table_widths": [int per group], "slot_buffer_len": int}`` with
 ``host`` as :func:`host_input` builds it. Widths count KV (physical) blocks per row — the
 ``max_num_blocks_per_req`` a constructor ends with; cpsim multiplies by B/b where its path

@@ -1,4 +1,5 @@
-"""Regenerate the generated sections of docs/BUGS.md from the catalogue itself.
+"""Regenerate data/bugs/matrix.md (the catalogue's entries, its detection matrix and trigger times)
+from the catalogue itself; docs/BUGS.md links it.
 
     python scripts/update_bugs_doc.py [--jobs N] [--matrix FILE]
 
@@ -17,13 +18,14 @@ import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "BUGS.md"
+ROOT = Path(__file__).resolve().parents[1]
+MATRIX = ROOT / "data" / "bugs" / "matrix.md"
 
 
 def replace(text: str, key: str, body: str) -> str:
     pat = re.compile(rf"(<!-- {key}:begin -->\n).*?(<!-- {key}:end -->)", re.S)
     if not pat.search(text):
-        raise SystemExit(f"marker {key} missing in {DOC}")
+        raise SystemExit(f"marker {key} missing")
     return pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
 
 
@@ -54,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     from cpsim.kernels import use_interpreter
     use_interpreter()
-    text = DOC.read_text()
+    text = MATRIX.read_text()
     _, listing = cli(["bugs", "list", "--markdown"])
     text = replace(text, "bugs-list", listing)
     stamp = f"{platform.node()} ({platform.processor() or platform.machine()}), {datetime.date.today()}"
@@ -67,7 +69,7 @@ def main() -> None:
         how = f"`cpsim bugs matrix --markdown --jobs {args.jobs}` on {stamp}, {time.perf_counter() - t0:.0f} s"
     text = replace(text, "bugs-matrix", f"{how}:\n\n{matrix}")
     text = replace(text, "bugs-timing", f"Measured on {stamp} (virtual world, all four paths):\n\n{timings()}")
-    DOC.write_text(text)
+    MATRIX.write_text(text)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ MRV2 kernel from the sdist (``ascend-v2-0.18``), and their v1 and MRV2 host clas
 the unpacked sdist first on the child's sys.path, then the folder of the vLLM release it was built
 for) on ``ASCEND_HOST_PRESETS``.
 
-Writes the release x subject x scenario x path matrix into docs/UPSTREAM.md and each failing
-step as an explicit batch under docs/upstream/. Exit 1 when a release cannot be loaded or
-judged, or a failure is not in docs/upstream-known.json; known findings keep it at 0.
+Writes the release x subject x scenario x path matrix into data/upstream/matrix.md and each failing
+step as an explicit batch under data/upstream/repros/. Exit 1 when a release cannot be loaded or
+judged, or a failure is not in data/upstream/known.json; known findings keep it at 0.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ ASCEND_HOSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("0.13.0", "0.13.0", ("v1",)),          # no vllm_ascend/worker/v2/block_table.py in 0.13.0
     ("0.18.0", "0.18.0", ("v1", "v2")),
     ("0.23.0.post1", "0.23.0", ("v1", "v2")))
-# default plus the presets that show a finding on 0.18.0 / 0.23.0.post1 (docs/UPSTREAM.md results).
+# default plus the presets that show a finding on 0.18.0 / 0.23.0.post1 (data/upstream/matrix.md).
 ASCEND_HOST_PRESETS = ("default", "mtp", "hybrid-interleave", "huge-cache")
 KERNEL_PRESETS = ("default", "mtp", "hybrid-mamba", "decode-heavy")
 # Host classes under torchrun in the runtime's own process groups (cpsim.stack.runtime_groups): one vLLM and
@@ -56,9 +56,9 @@ TORCHRUN_WORLD, TORCHRUN_DCP = 4, 2
 FUZZ_EXAMPLES = 8
 JOB_TIMEOUT = 300
 RUN_TIMEOUT = 900
-KNOWN = ROOT / "docs" / "upstream-known.json"
-DOC = ROOT / "docs" / "UPSTREAM.md"
-REPROS = ROOT / "docs" / "upstream"
+KNOWN = ROOT / "data" / "upstream" / "known.json"
+DOC = ROOT / "data" / "upstream" / "matrix.md"
+REPROS = ROOT / "data" / "upstream" / "repros"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
 # The released kernels, first that exists in the release (docs/UPSTREAM_ABIS.md).
 V1_KERNELS = ("vllm/v1/worker/block_table.py:ComputeSlotMappingKernel",
@@ -151,8 +151,9 @@ def markdown(rows: list[dict], known: dict) -> str:
             note = "**cpsim cannot load or judge it**"
         repro = ""
         if r.get("repro"):
-            repro = (f"[{Path(r['repro']).name}]({Path(r['repro']).relative_to('docs')})"
-                     if r["repro"].startswith("docs/") else f"`{r['repro']}` (not shrunk, not kept)")
+            kept = ROOT / r["repro"]
+            repro = (f"[{kept.name}]({os.path.relpath(kept, DOC.parent)})"
+                     if kept.is_relative_to(REPROS) else f"`{r['repro']}` (not shrunk, not kept)")
         detail = r["detail"].replace("|", "/")
         lines.append(f"| {r['release']} | {r['subject']} | {r['scenario']} | {r['path']} | {r['verdict']} | "
                      f"{detail} | {repro} | {note} |")
@@ -191,14 +192,14 @@ def host_scenarios() -> list[tuple[str, sc.Scenario]]:
 
 def save_repro(step, release: str, subject: str, scenario: str, path: str) -> str:
     """The failing step, shrunk (cpsim.capture.shrink: fewer tokens, groups and tail while its first
-    failing invariant still fails), as an explicit batch under docs/upstream/."""
+    failing invariant still fails), as an explicit batch under data/upstream/repros/."""
     from cpsim.capture.batch import save
     from cpsim.capture.shrink import shrink
     from cpsim.errors import ConfigError
     where = REPROS
     try:
         step, _ = shrink(step, max_checks=400)
-    except ConfigError:  # the shrinker's check does not see it fail: the whole step, kept out of docs/
+    except ConfigError:  # the shrinker's check does not see it fail: the whole step, kept out of data/
         where = ROOT / "build" / "upstream"
     stem = "-".join(x.replace(" ", "_").replace("(", "").replace(")", "") for x in (release, subject, scenario, path))
     where.mkdir(parents=True, exist_ok=True)
@@ -361,10 +362,10 @@ def main() -> int:
                     help=f"vLLM releases whose kernels only run (default {','.join(VLLM_KERNELS_ONLY)})")
     ap.add_argument("--ascend", default=",".join(sorted({*ASCEND_KERNELS, *(a for a, _, _ in ASCEND_HOSTS)})),
                     help="vllm-ascend releases whose kernels (ASCEND_KERNELS) and host classes (ASCEND_HOSTS) run")
-    ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave docs/UPSTREAM.md alone")
+    ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave data/upstream/matrix.md alone")
     ap.add_argument("--rows", default=str(ROOT / "build" / "upstream" / "rows.json"), help="where the rows go")
     ap.add_argument("--rejudge", metavar="ROWS", help="judge the rows a run saved (build/upstream/rows.json) "
-                                                      "(comma-separated files) against docs/upstream-known.json again, running nothing")
+                                                      "(comma-separated files) against data/upstream/known.json again, running nothing")
     args = ap.parse_args()
     if args.rejudge:
         return finish([r for f in args.rejudge.split(",") for r in json.loads(Path(f).read_text())], args, time.time())

@@ -122,9 +122,9 @@ def _dq(s: str) -> str:
 
 def scratch(tmp: Path) -> dict[str, str]:
     """A working directory like the repository's root, and an environment whose cpsim is this tree."""
-    shutil.copytree(ROOT / "docs", tmp / "docs", ignore=shutil.ignore_patterns("bench", "runs"))
+    shutil.copytree(ROOT / "docs", tmp / "docs")
     shutil.copytree(ROOT / "tests" / "kernels", tmp / "tests" / "kernels")
-    for name in ("launch", "scripts", "Makefile", "pyproject.toml"):
+    for name in ("data", "launch", "scripts", "Makefile", "pyproject.toml"):
         (tmp / name).symlink_to(ROOT / name)
     bin_dir = tmp / ".bin"
     bin_dir.mkdir()
@@ -205,7 +205,11 @@ def test_there_are_runnable_blocks():
     assert any(b.page == "README.md" for b in ALL_BLOCKS)
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+# Generated or data pages the docs link to: their links (the matrix's repros) are checked too.
+DATA_PAGES = (ROOT / "data" / "README.md", ROOT / "data" / "upstream" / "matrix.md", ROOT / "data" / "bugs" / "matrix.md")
+
+
+@pytest.mark.parametrize("page", [*pages(), *DATA_PAGES], ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_exist(page: Path):
     assert broken_links(page) == []
 
@@ -216,6 +220,81 @@ def test_front_page_limits():
     assert len((ROOT / "docs" / "BENCHMARKS.md").read_text().encode()) <= 15 * 1024
     first = next(b for b in re.findall(r"```[^\n]*\n(.*?)```", readme, re.S))
     assert [c.split("#")[0].strip() for c in _commands(first.splitlines())] == ["make run", "make test"]
+
+
+# Prose under docs/ (every page, `du -cb docs/*.md`). Issue 36 asks for 150 KB; this is where the
+# pages stand, so that they only shrink from here: lower it as they do.
+PROSE_LIMIT = 200 * 1024
+
+
+def prose_bytes(docs: Path) -> int:
+    return sum(len(p.read_bytes()) for p in docs.glob("*.md"))
+
+
+def test_docs_prose_within_limit():
+    assert prose_bytes(ROOT / "docs") <= PROSE_LIMIT
+
+
+def unmapped(readme: str, docs: Path) -> list[str]:
+    """Pages under docs/ that README's "Map of docs/" table does not list."""
+    section = readme.split("## Map of docs/", 1)[1]
+    listed = set(re.findall(r"\]\(docs/([A-Z_]+\.md)\)", section))
+    return sorted(p.name for p in docs.glob("*.md") if p.name not in listed)
+
+
+def test_readme_map_lists_every_page():
+    assert unmapped((ROOT / "README.md").read_text(), ROOT / "docs") == []
+
+
+def test_unmapped_page_is_found(tmp_path: Path):
+    for name in ("A.md", "B.md"):
+        (tmp_path / name).write_text("x")
+    readme = "# x\n## Map of docs/\n| [A.md](docs/A.md) | a |\n"
+    assert unmapped(readme, tmp_path) == ["B.md"]
+    assert prose_bytes(tmp_path) == 2
+
+
+NAMED_PATH = re.compile(r"(?<![\w/.])(?:docs/(?:[A-Z_]+\.md|examples/[\w.-]*\w|img/[\w.-]*\w)|data/[\w./-]*\w)")
+CODE = ("cpsim", "scripts", "tests", "launch", ".ci", "Makefile", "pyproject.toml")
+
+
+def missing_paths(root: Path) -> list[str]:
+    """docs/ and data/ paths that code, scripts, tests and build files name but that do not exist."""
+    files = [f for name in CODE for f in ([root / name] if (root / name).is_file() else (root / name).rglob("*"))
+             if f.is_file() and f.suffix in ("", ".py", ".sh", ".toml", ".cfg") and f.name != "test_docs.py"
+             and "__pycache__" not in f.parts]
+    named = {m for f in files for m in NAMED_PATH.findall(f.read_text(errors="replace"))}
+    return sorted(n for n in named if not (root / n).exists())
+
+
+def test_paths_named_in_code_exist():
+    assert missing_paths(ROOT) == []
+
+
+def test_missing_path_is_found(tmp_path: Path):
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kept.json").write_text("{}")
+    (tmp_path / "scripts" / "s.py").write_text('A = "data/kept.json"\nB = "docs/GONE.md"\nC = "data/bench/gone.json"\n')
+    assert missing_paths(tmp_path) == ["data/bench/gone.json", "docs/GONE.md"]
+
+
+def stray_data(docs: Path) -> list[str]:
+    """Files under docs/ that are neither a page, an example the pages run, nor an image they show."""
+    return sorted(str(p.relative_to(docs)) for p in docs.rglob("*") if p.is_file()
+                  and not (p.parent == docs and p.suffix == ".md")
+                  and p.relative_to(docs).parts[0] not in ("examples", "img"))
+
+
+def test_docs_hold_no_data():
+    assert stray_data(ROOT / "docs") == [], "data belongs in data/ (data/README.md), not docs/"
+
+
+def test_stray_data_is_found(tmp_path: Path):
+    for name in ("A.md", "examples/x.json", "img/y.png", "bench/raw.json", "known.json", "runs/r/README.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert stray_data(tmp_path) == ["bench/raw.json", "known.json", "runs/r/README.md"]
 
 
 def sample_rows(readme: str) -> list[str]:

@@ -237,10 +237,10 @@ def test_docs_catalogue_table_is_current():
     from pathlib import Path
 
     from cpsim.cmd.bugs import list_markdown
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "BUGS.md").read_text()
-    section = doc.split("<!-- bugs-list:begin -->\n")[1].split("<!-- bugs-list:end -->")[0]
+    data = (Path(__file__).resolve().parents[1] / "data" / "bugs" / "matrix.md").read_text()
+    section = data.split("<!-- bugs-list:begin -->\n")[1].split("<!-- bugs-list:end -->")[0]
     assert section.strip() == list_markdown().strip(), "run scripts/update_bugs_doc.py"
-    matrix = doc.split("<!-- bugs-matrix:begin -->\n")[1].split("<!-- bugs-matrix:end -->")[0]
+    matrix = data.split("<!-- bugs-matrix:begin -->\n")[1].split("<!-- bugs-matrix:end -->")[0]
     assert f"caught {len(NAMES)}/{len(NAMES)}" in matrix
     assert all(f"`{n}`" in matrix for n in NAMES)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,7 +137,7 @@ def test_kv_manager_blocks_are_shared_by_ranks_and_never_the_null_block():
 
 
 # Findings on the unmodified release beyond the universal ones: none since the vllm-0.33 profile models the
-# draft reserve of its slot buffer and MRV2's slot-computed mamba groups (docs/UPSTREAM.md, upstream-known).
+# draft reserve of its slot buffer and MRV2's slot-computed mamba groups (docs/UPSTREAM.md, data/upstream/known.json).
 VLLM_033_KNOWN: set[tuple[str, str]] = set()
 
 
@@ -494,6 +495,12 @@ def test_upstream_check_fails_on_a_new_finding_or_a_broken_release_and_passes_kn
     table = uc.markdown([ok, finding, broken], known)
     assert "mismatch: no draft reserve" in table and "cannot load or judge" in table
     assert "**NEW**" in uc.markdown([finding], {})
+    kept = uc.REPROS / "r.json"                                      # a kept repro: linked from the matrix's own folder
+    saved = uc.row("vllm 0.33.0", "host", "default", "v2", "fail", ["padding:attn"], repro=str(kept.relative_to(uc.ROOT)))
+    link = re.search(r"\[r\.json\]\(([^)]+)\)", uc.markdown([saved], {}))[1]
+    assert (uc.DOC.parent / link).resolve() == kept.resolve()
+    elsewhere_kept = uc.row("vllm 0.33.0", "host", "default", "v2", "fail", ["padding:attn"], repro="build/upstream/r.json")
+    assert "`build/upstream/r.json` (not shrunk, not kept)" in uc.markdown([elsewhere_kept], {})
     doc = tmp_path / "UPSTREAM.md"
     doc.write_text(f"head\n{uc.BEGIN}\nold\n{uc.END}\ntail\n")
     uc.write_matrix(doc, table)
