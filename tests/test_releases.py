@@ -265,3 +265,20 @@ def test_stack_run_on_a_bumped_copy_of_0_34_0_and_its_twin(tmp_path, capsys):
 def _link(src, dst):
     import os
     os.link(src, dst)
+
+
+def test_under_torchrun_the_merged_answer_keeps_the_release_it_came_from():
+    """Each rank's driver names the release it loaded; the merged answer keeps it, so a torchrun report
+    says whose contract judged (a listed release here: 0.34.0 itself)."""
+    from cpsim import scenario as sc
+    from cpsim.stack import host
+    s = sc.preset("default", dcp=2)
+    installed = {"project": "vllm", "version": "0.34.0", "root": None}
+    ranks = [{"answer": {"release": "vllm 0.34.0", "patches": [], "installed": installed,
+                         "runtime_groups": {"dcp_world": 2, "dcp_rank": r},
+                         "jobs": [{"entry_sizes": [], "failed": {}, "absent_paths": {"v1": "gone"}}]}, "arrays": {}}
+             for r in range(2)]
+    merged, _ = host.merge_ranks(s, ranks, ["v1", "v2"])
+    st = host.standing(merged, "vllm")
+    assert st is not None and st.listed and st.version == "0.34.0" and st.absent_paths == ("v1",)
+    assert host.standing({"installed": None}, "vllm") is None            # host classes of your own

@@ -314,7 +314,7 @@ def merge_ranks(s: Scenario, ranks: list[dict], paths: list[str], first: int = 0
     for x in ranks:
         got.update(x.get("arrays", {}))
     merged = {"release": head["release"], "patches": head["patches"], "jobs": [answer],
-              "runtime_groups": {i: out["runtime_groups"] for i, out in ok}}
+              "runtime_groups": {i: out["runtime_groups"] for i, out in ok}, "installed": head.get("installed")}
     return merged, got
 
 
