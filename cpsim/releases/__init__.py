@@ -144,9 +144,16 @@ def abi_profiles() -> dict[str, str]:
     return out
 
 
-def span(versions: list[str]) -> str:
-    versions = sorted(versions, key=version_key)
-    return versions[0] if len(versions) == 1 else f"{versions[0]}-{versions[-1]}"
+def span(versions: list[str], listed: list[str]) -> str:
+    """``versions`` as runs of consecutive ``listed`` releases: "0.19.0-0.25.0", "0.28.0, 0.31.0"."""
+    at = sorted(listed.index(v) for v in versions)
+    runs: list[list[int]] = []
+    for i in at:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(listed[r[0]] if len(r) == 1 else f"{listed[r[0]]}-{listed[r[-1]]}" for r in runs)
 
 
 def abi_releases(abi: str) -> str:
@@ -156,7 +163,7 @@ def abi_releases(abi: str) -> str:
         found = [r.version for r in proj.releases.values() for c in r.paths.values() if c.abi == abi]
         if found:
             kernel = proj.abi_kernels.get(abi)
-            return f"{proj.label} {span(found)}" + (f" ({kernel})" if kernel else "")
+            return f"{proj.label} {span(found, proj.listed())}" + (f" ({kernel})" if kernel else "")
     return ""
 
 
@@ -171,7 +178,7 @@ def profile_releases(profile: str) -> str:
         per_path = {p: v for p, v in per_path.items() if v}
         if not per_path:
             continue
-        spans = {p: span(v) for p, v in per_path.items()}
+        spans = {p: span(v, proj.listed()) for p, v in per_path.items()}
         if len(set(spans.values())) == 1 and len(spans) == len(PATHS):
             parts.append(f"{proj.label} {spans['v1']}")
         else:

@@ -78,10 +78,15 @@ CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
 _applied: list[str] = []
 
 
+NO_V1 = "no v1 block table in this release (0.34.0 on): get_dcp_group / get_pcp_group not answered, nothing to patch"
+
+
 def patches(runtime_groups: bool = False) -> list[str]:
     """What was patched in this child (the driver reports it): PATCHES, and what only some releases need;
-    under torchrun (``runtime_groups``) the groups are vLLM's own and not answered."""
-    return [p for p in PATCHES if not (runtime_groups and p == GROUPS_PATCH)] + _applied
+    under torchrun (``runtime_groups``) the groups are vLLM's own and not answered, and a release without
+    a v1 block table has none to answer them in."""
+    skip = runtime_groups or NO_V1 in _applied
+    return [p for p in PATCHES if not (skip and p == GROUPS_PATCH)] + [p for p in _applied if p != NO_V1]
 
 
 def check_supported(meta: dict, path: str) -> None:
@@ -221,6 +226,8 @@ def load(classes):
     rel = releases.release(PROJECT, st.contract)
     files = releases.project(PROJECT).path_files
     gone = {p: rel.path(p).absent or f"vLLM {vllm.__version__} has no {', '.join(files[p])}" for p in st.absent_paths}
+    if "v1" in gone:
+        _applied.append(NO_V1)
     try:
         _applied.extend(patch_mrv2_buffers()[2:])
         from vllm.v1 import kv_cache_interface as kvi
