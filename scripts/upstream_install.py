@@ -11,8 +11,11 @@
   base has 5.x) is installed into that folder too, at X's range, and so are those of its own
   requirements the base does not satisfy; the folder shadows the base for that release only.
 
-A module still missing on import is installed into the release's folder and named in the output
-(add it to ``NEEDS``). Each part is stamped; a stamped part is left alone. The timings printed are
+The probe imports only the host modules the release table lists for the release (cpsim/releases/PROJECT.json;
+for a release it does not list, the nearest listed release's modules that the folder has). A third-party
+module still missing on import is installed into the release's folder and named in the output (add it to
+``NEEDS``); a module of the release itself that is missing, one that its install did not bring, or any other
+import error is one line, ``RELEASE: broken: WHY``, and exit 1 (the other releases are still set up). Each part is stamped; a stamped part is left alone. The timings printed are
 per part (pip's cache may be warm: a second fresh run downloads nothing).
 """
 
