@@ -25,33 +25,33 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import time
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))  # upstream_plan
 
+import upstream_plan as plan  # noqa: E402
+from cpsim import releases  # noqa: E402
 from cpsim import scenario as sc  # noqa: E402
 
-VLLM = ("0.23.0", "0.28.0", "0.31.0", "0.33.0")
-VLLM_KERNELS_ONLY = ("0.26.0",)  # releases whose kernels run (from the wheel, unpacked), host classes not driven
-ASCEND_KERNELS = ("0.18.0", "0.23.0.post1")
+# The releases come from the release table (cpsim/releases/*.json "matrix"; scripts/upstream_plan.py).
+VLLM = plan.matrix("vllm", "host")
+VLLM_KERNELS_ONLY = plan.matrix("vllm", "kernels_only")  # kernels run (from the wheel), host classes not driven
+ASCEND_KERNELS = plan.matrix("vllm-ascend", "kernels")
 # vllm-ascend host classes: (release, the vLLM release it was built for, its paths). The pairing is read
-# from each sdist: vllm_version_is("X") throughout vllm_ascend/ and docs/source/conf.py's ci_vllm_version.
-ASCEND_HOSTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("0.13.0", "0.13.0", ("v1",)),          # no vllm_ascend/worker/v2/block_table.py in 0.13.0
-    ("0.18.0", "0.18.0", ("v1", "v2")),
-    ("0.23.0.post1", "0.23.0", ("v1", "v2")))
+# from each sdist (vllm_version_is("X") throughout vllm_ascend/, docs/source/conf.py's ci_vllm_version)
+# into the table's "built_for".
+ASCEND_HOSTS = plan.ascend_hosts()
 # default plus the presets that show a finding on 0.18.0 / 0.23.0.post1 (data/upstream/matrix.md).
 ASCEND_HOST_PRESETS = ("default", "mtp", "hybrid-interleave", "huge-cache")
 KERNEL_PRESETS = ("default", "mtp", "hybrid-mamba", "decode-heavy")
 # Host classes under torchrun in the runtime's own process groups (cpsim.stack.runtime_groups): one vLLM and
 # one vllm-ascend release, (release, family, the vLLM folder, the sdist or None); TORCHRUN_WORLD ranks as
 # TP = the world, DCP = TORCHRUN_DCP: two DCP groups, each DCP rank held by two TP ranks.
-TORCHRUN_HOSTS = (("vllm 0.33.0", "vllm", "0.33.0", None),
-                  ("vllm-ascend 0.23.0.post1", "vllm-ascend", "0.23.0", "0.23.0.post1"))
+TORCHRUN_HOSTS = plan.torchrun_hosts()
 TORCHRUN_WORLD, TORCHRUN_DCP = 4, 2
 FUZZ_EXAMPLES = 8
 JOB_TIMEOUT = 300
@@ -60,11 +60,6 @@ KNOWN = ROOT / "data" / "upstream" / "known.json"
 DOC = ROOT / "data" / "upstream" / "matrix.md"
 REPROS = ROOT / "data" / "upstream" / "repros"
 BEGIN, END = "<!-- matrix:begin -->", "<!-- matrix:end -->"
-# The released kernels, first that exists in the release (docs/UPSTREAM_ABIS.md).
-V1_KERNELS = ("vllm/v1/worker/block_table.py:ComputeSlotMappingKernel",
-              "vllm/v1/worker/block_table.py:_compute_slot_mapping_kernel")
-V2_KERNEL = "vllm/v1/worker/gpu/block_table.py:_compute_slot_mappings_kernel"
-ASCEND_V2_KERNEL = "vllm_ascend/worker/v2/block_table.py:_compute_slot_mappings_kernel"
 
 
 # ---- rows and the verdict of the check (pure; tests/test_stack.py feeds them fake rows) ----------------
@@ -134,7 +129,9 @@ def classify(rows: list[dict], known: dict) -> tuple[list[dict], list[dict]]:
 
 def exit_code(rows: list[dict], known: dict) -> int:
     new, broken = classify(rows, known)
-    return 1 if new or broken or not rows else 0
+    if new or broken or not rows:
+        return 1
+    return releases.UNREAD_CHANGES_EXIT if any(r["verdict"] == plan.UNREAD for r in rows) else 0
 
 
 def markdown(rows: list[dict], known: dict) -> str:
@@ -149,6 +146,8 @@ def markdown(rows: list[dict], known: dict) -> str:
             note = "**NEW**" if k is None else f"{kind}: {k.get('reason', '')}"
         elif r["verdict"] == "broken":
             note = "**cpsim cannot load or judge it**"
+        elif r["verdict"] == plan.UNREAD:
+            note = "**judged with the nearest listed release's contract: unread changes**"
         repro = ""
         if r.get("repro"):
             kept = ROOT / r["repro"]
@@ -223,6 +222,9 @@ def check_hosts(release: str, family: str, python: str, named=None, paths=("v1",
                             detail=f"{job.unsupported[0]}: {job.unsupported[1]}"))
             continue
         for path in paths:
+            if path in job.absent_paths:
+                rows.append(row(label, "host", name, path, plan.NOT_IN_RELEASE, detail=job.absent_paths[path]))
+                continue
             if path in job.unsupported_paths:
                 rows.append(row(label, "host", name, path, "not expressible",
                                 detail=": ".join(job.unsupported_paths[path])))
@@ -290,64 +292,32 @@ def fuzz_row(release: str, subject: str, path: str, kernel: str, out: Path) -> d
                detail=", ".join(sigs) if sigs else ("" if code == 0 else "fuzz exit 1, no signature"), repro=repro)
 
 
-def released_kernel(site: Path, choices: tuple[str, ...]) -> str | None:
-    """The first choice whose file defines the name (0.29+ a class, before it a module function)."""
-    for spec in choices:
-        file, name = site / spec.split(":")[0], spec.split(":")[1]
-        if file.exists() and re.search(rf"^(class|def) {name}\b", file.read_text(), re.M):
-            return f"{file}:{name}"
-    return None
-
-
-def check_kernels(release: str, site: Path, out: Path) -> list[dict]:
+def check_kernels(release: str, site: Path, out: Path, project: str = "vllm") -> list[dict]:
+    """The release's kernels (the table's, or the nearest listed release's for one it does not list) from
+    ``site``: a path the release does not have is a "not in this release" row; a kernel file missing where
+    the release should have it is one broken row."""
     rows = []
-    for path, choices in (("v1", V1_KERNELS), ("v2", (V2_KERNEL,))):
-        k = released_kernel(site, choices)
-        if k is None:
-            rows.append(row(release, "kernel", "*", path, "broken", detail=f"no released kernel at {choices}"))
+    for path, (spec, absent) in plan.kernel_plan(project, release.split(" ")[1]).items():
+        if absent:
+            rows.append(row(release, "kernel", "*", path, plan.NOT_IN_RELEASE, detail=absent))
             continue
+        file = site / spec.split(":")[0]
+        if not file.exists():
+            rows.append(row(release, "kernel", "*", path, "broken", detail=f"no released kernel at {spec}"))
+            continue
+        k = f"{file}:{spec.split(':')[1]}"
         rows += sweep_rows(release, "kernel", path, k, out)
         rows.append(fuzz_row(release, "kernel", path, k, out))
     return rows
 
 
 def vllm_kernel_files(version: str, venvs: Path) -> Path:
-    """The release's two block-table files from its wheel (downloaded once, never installed)."""
-    top = venvs / "src" / f"vllm-{version}"
-    files = ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py")
-    if all((top / f).exists() for f in files):
-        return top
-    src = venvs / "src"
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
-                    "-d", str(src), f"vllm=={version}"], check=True, timeout=RUN_TIMEOUT)
-    (wheel,) = src.glob(f"vllm-{version}-*.whl")
-    with zipfile.ZipFile(wheel) as z:
-        for f in files:
-            z.extract(f, top)
-    wheel.unlink()
-    return top
+    """The release's kernel and contract files from its wheel (downloaded once, never installed)."""
+    return plan.extract_wheel(version, venvs / "src", venvs / "src" / f"vllm-{version}", RUN_TIMEOUT)
 
 
 def ascend_source(version: str, venvs: Path) -> Path:
-    """The unpacked vllm-ascend sdist (downloaded once, never installed). pip prepares an sdist's
-    metadata before it keeps the file: without build isolation, in a small venv of setuptools, and
-    with the release's setup.py told not to compile its NPU kernels (SOC_VERSION, COMPILE_CUSTOM_KERNELS)."""
-    src = venvs / "src"
-    top = src / f"vllm_ascend-{version}"
-    if top.exists():
-        return top
-    dl = venvs / "sdist-download"
-    if not (dl / "bin" / "python").exists():
-        subprocess.run(["python3.11", "-m", "venv", str(dl)], check=True)
-        subprocess.run([str(dl / "bin" / "python"), "-m", "pip", "install", "-q", "setuptools", "setuptools_scm",
-                        "wheel", "packaging"], check=True)
-    env = dict(os.environ, SOC_VERSION="ascend910b1", COMPILE_CUSTOM_KERNELS="0")
-    subprocess.run([str(dl / "bin" / "python"), "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                    "--no-build-isolation", "-d", str(src), f"vllm-ascend=={version}"], check=True, env=env,
-                   timeout=RUN_TIMEOUT)
-    with tarfile.open(src / f"vllm_ascend-{version}.tar.gz") as tar:
-        tar.extractall(src, filter="data")
-    return top
+    return plan.ascend_source(version, venvs, RUN_TIMEOUT)
 
 
 # ---- main -------------------------------------------------------------------------------------------
@@ -357,18 +327,27 @@ def main() -> int:
     ap.add_argument("--venvs", default=str(ROOT / ".venv-upstream"))
     ap.add_argument("--only", default="", help="comma-separated subjects: host,kernel,ascend,ascend-host,torchrun "
                                                "(default all)")
-    ap.add_argument("--vllm", default=",".join(VLLM), help=f"vLLM releases (default {','.join(VLLM)})")
+    ap.add_argument("--vllm", default=",".join(VLLM), help=f"vLLM releases (default {','.join(VLLM)}); one the "
+                                                           "release table does not list is judged with the nearest "
+                                                           "listed release's contract (a contract row says how)")
     ap.add_argument("--vllm-kernels", default=",".join(VLLM_KERNELS_ONLY),
                     help=f"vLLM releases whose kernels only run (default {','.join(VLLM_KERNELS_ONLY)})")
-    ap.add_argument("--ascend", default=",".join(sorted({*ASCEND_KERNELS, *(a for a, _, _ in ASCEND_HOSTS)})),
+    ap.add_argument("--latest", action="store_true", help="add the newest release of each project on the registry "
+                                                          "(pip index versions) to --vllm and to the vllm-ascend kernels")
+    ap.add_argument("--ascend", default=",".join(plan.default_ascend()),
                     help="vllm-ascend releases whose kernels (ASCEND_KERNELS) and host classes (ASCEND_HOSTS) run")
-    ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave data/upstream/matrix.md alone")
+    ap.add_argument("--no-doc", action="store_true", help="print the matrix, leave data/upstream/matrix.md alone (a "
+                                                          "narrowed run always leaves it alone)")
     ap.add_argument("--rows", default=str(ROOT / "build" / "upstream" / "rows.json"), help="where the rows go")
     ap.add_argument("--rejudge", metavar="ROWS", help="judge the rows a run saved (build/upstream/rows.json) "
                                                       "(comma-separated files) against data/upstream/known.json again, running nothing")
     args = ap.parse_args()
+    args.ascend_unlisted = []
     if args.rejudge:
         return finish([r for f in args.rejudge.split(",") for r in json.loads(Path(f).read_text())], args, time.time())
+    args.full = plan.full_default(args)
+    if args.latest:
+        plan.add_latest(args)
     venvs = Path(args.venvs).resolve()
     only = set(filter(None, args.only.split(","))) or {"host", "kernel", "ascend", "ascend-host", "torchrun"}
     out = ROOT / "build" / "upstream"
@@ -387,6 +366,9 @@ def main() -> int:
         if version not in installed:
             rows.append(row(f"vllm {version}", "install", "*", "*", "broken", detail="upstream_install.py failed"))
             continue
+        st = plan.standing("vllm", version, folder, hosts=True)
+        if st is not None:
+            rows.append(plan.contract_row(row, f"vllm {version}", st))
         if "host" in only:
             rows += check_hosts(f"vllm {version}", "vllm", python, source=str(folder))
         if "kernel" in only:
@@ -398,23 +380,24 @@ def main() -> int:
             t = time.time()
             try:
                 top = vllm_kernel_files(version, venvs)
-            except (subprocess.SubprocessError, OSError, ValueError) as e:
+            except (subprocess.SubprocessError, OSError, ValueError, zipfile.BadZipFile) as e:
                 rows.append(row(f"vllm {version}", "kernel", "*", "*", "broken", detail=str(e)))
                 continue
+            st = plan.standing("vllm", version, top, hosts=False)
+            if st is not None:
+                rows.append(plan.contract_row(row, f"vllm {version}", st))
             rows += check_kernels(f"vllm {version}", top, out)
             times.append(f"vllm {version}: kernels {time.time() - t:.0f} s")
             print(times[-1], flush=True)
     if "ascend" in only:
-        for version in [v for v in args.ascend.split(",") if v in ASCEND_KERNELS]:
+        for version in [v for v in args.ascend.split(",") if v in ASCEND_KERNELS or v in args.ascend_unlisted]:
             t = time.time()
             try:
                 src = ascend_source(version, venvs)
             except (subprocess.SubprocessError, OSError) as e:
                 rows.append(row(f"vllm-ascend {version}", "kernel", "*", "v2", "broken", detail=str(e)))
                 continue
-            k = f"{src / ASCEND_V2_KERNEL.split(':')[0]}:{ASCEND_V2_KERNEL.split(':')[1]}"
-            rows += sweep_rows(f"vllm-ascend {version}", "kernel", "v2", k, out)
-            rows.append(fuzz_row(f"vllm-ascend {version}", "kernel", "v2", k, out))
+            rows += check_kernels(f"vllm-ascend {version}", src, out, "vllm-ascend")
             times.append(f"vllm-ascend {version}: kernels {time.time() - t:.0f} s")
             print(times[-1], flush=True)
     if "ascend-host" in only:
@@ -495,12 +478,13 @@ def torchrun_rows(release: str, family: str, venvs: Path, vllm_version: str, asc
                            timeout=RUN_TIMEOUT)
     except subprocess.TimeoutExpired:
         return [row(release, subject, "default", "*", "broken", detail=f"ran past {RUN_TIMEOUT} s")]
-    if p.returncode not in (0, 1) or not js.exists():
+    if p.returncode not in (0, 1, releases.UNREAD_CHANGES_EXIT) or not js.exists():
         tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])
         return [row(release, subject, "default", "*", "broken", detail=f"exit {p.returncode}: {tail}")]
-    groups = json.loads(js.read_text())["cp_groups"]
-    rows = []
-    for path in ("v1", "v2"):
+    got = json.loads(js.read_text())
+    groups, gone = got["cp_groups"], got.get("stack", {}).get("absent_paths", {})
+    rows = [row(release, subject, "default", p, plan.NOT_IN_RELEASE, detail=gone[p]) for p in gone]
+    for path in [p for p in ("v1", "v2") if p not in gone]:
         fails = {f"{v['invariant']}:{w['group']}" for g in groups for v in g["verdicts"]
                  if v["path"] == path and v["status"] == "fail" for w in v["violations"]}
         rows.append(row(release, subject, "default", path, "fail" if fails else "pass", fails))
@@ -511,8 +495,11 @@ def finish(rows: list[dict], args, t0: float) -> int:
     known = json.loads(KNOWN.read_text()) if KNOWN.exists() else {}
     table = markdown(rows, known)
     print(table)
-    if not args.no_doc:
+    if not args.no_doc and getattr(args, "full", False):
         write_matrix(DOC, table)
+    elif not args.no_doc:
+        print(f"a narrowed run: {DOC.relative_to(ROOT)} left alone (only a run of the full default set rewrites "
+              f"its matrix; this run's rows are in {args.rows})")
     new, broken = classify(rows, known)
     for r in broken:
         print(f"cannot load or judge {r['release']} {r['subject']} {r['scenario']} {r['path']}: {r['detail']}")

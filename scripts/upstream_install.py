@@ -11,8 +11,11 @@
   base has 5.x) is installed into that folder too, at X's range, and so are those of its own
   requirements the base does not satisfy; the folder shadows the base for that release only.
 
-A module still missing on import is installed into the release's folder and named in the output
-(add it to ``NEEDS``). Each part is stamped; a stamped part is left alone. The timings printed are
+The probe imports only the host modules the release table lists for the release (cpsim/releases/PROJECT.json;
+for a release it does not list, the nearest listed release's modules that the folder has). A third-party
+module still missing on import is installed into the release's folder and named in the output (add it to
+``NEEDS``); a module of the release itself that is missing, one that its install did not bring, or any other
+import error is one line, ``RELEASE: broken: WHY``, and exit 1 (the other releases are still set up). Each part is stamped; a stamped part is left alone. The timings printed are
 per part (pip's cache may be warm: a second fresh run downloads nothing).
 """
 
@@ -26,6 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cpsim import releases  # noqa: E402
+
 BASE = ["torch==2.13.0", "triton==3.6.0", "numpy>=1.24,<2.3"]
 # Found by trial on vLLM 0.33.0 (import vllm.v1.worker.block_table, vllm.v1.worker.gpu.block_table).
 NEEDS = ["packaging", "psutil", "pyzmq", "urllib3", "regex", "pydantic", "cbor2", "transformers", "aiohttp",
@@ -35,7 +42,7 @@ NEEDS = ["packaging", "psutil", "pyzmq", "urllib3", "regex", "pydantic", "cbor2"
 NEVER_BESIDE = {"torch", "triton", "numpy"}  # cpsim's own, one version for every release
 MODULE_TO_DIST = {"yaml": "pyyaml", "zmq": "pyzmq", "google": "protobuf", "PIL": "pillow",
                   "cpuinfo": "py-cpuinfo", "cv2": "opencv-python-headless"}
-IMPORTS = {"vllm": "import vllm.v1.worker.block_table, vllm.v1.worker.gpu.block_table"}
+# The modules the probe imports are the release's host modules in cpsim/releases/PROJECT.json (probe_modules).
 ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
 BASE_STAMP = ".cpsim-upstream-base"
 STAMP = ".cpsim-upstream"
@@ -104,12 +111,39 @@ def pip(py: str, *args: str) -> None:
     subprocess.run([py, "-m", "pip", "install", "-q", *args], check=True)
 
 
-def missing_module(py: str, folder: Path, family: str) -> str | None:
-    r = subprocess.run([py, "-c", IMPORTS[family]], capture_output=True, text=True, cwd="/", env=env_with(folder))
-    m = re.search(r"No module named '([^'.]+)", r.stderr)
-    if r.returncode and not m:
-        raise SystemExit(f"{family} in {folder} does not import: {r.stderr.strip().splitlines()[-1]}")
-    return m.group(1) if m else None
+class InstallError(Exception):
+    """A release that cannot be set up: one line, the release's row is broken (never a traceback)."""
+
+
+def probe_modules(family: str, version: str, folder: Path) -> list[str]:
+    """The host modules release ``version`` has: the table's for a listed release; for another, those of
+    the nearest listed release whose files are in ``folder`` (a path it no longer has is not probed)."""
+    rel = releases.release(family, version)
+    if rel is not None:
+        return rel.host_modules()
+    return [m for m in releases.nearest(family, version).host_modules()
+            if (folder / (m.replace(".", "/") + ".py")).is_file()]
+
+
+def missing_module(py: str, folder: Path, family: str, version: str) -> str | None:
+    """The third-party module the release's host modules still lack (None: they import). A module of the
+    release itself that is missing, or any other import error, is an InstallError."""
+    mods = probe_modules(family, version, folder)
+    if not mods:
+        raise InstallError(f"{family}=={version}: none of the host modules cpsim drives is in {folder}")
+    r = subprocess.run([py, "-c", "import " + ", ".join(mods)], capture_output=True, text=True, cwd="/",
+                       env=env_with(folder))
+    if not r.returncode:
+        return None
+    m = re.search(r"No module named '([^']+)'", r.stderr)
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
+    if not m:
+        raise InstallError(f"{family}=={version} in {folder} does not import: {last}")
+    top = m.group(1).split(".")[0]
+    if norm(top) == norm(releases.project(family).package) or top == releases.project(family).package:
+        raise InstallError(f"{family}=={version} has no module {m.group(1)} (the table lists "
+                           f"{', '.join(mods)} for it): {last}")
+    return top
 
 
 def install_base(base: Path, newest: str, folder_of_newest: Path) -> float:
@@ -144,7 +178,10 @@ def put_beside(py: str, folder: Path, reqs: list[str], release: str) -> list[str
 def unpack(py: str, folder: Path, release: str) -> None:
     """The release's wheel into ``folder`` (no dependencies), unless it is there already."""
     if not list(folder.glob("*.dist-info")):
-        pip(py, "--no-deps", "--upgrade", "--target", str(folder), release)
+        try:
+            pip(py, "--no-deps", "--upgrade", "--target", str(folder), release)
+        except subprocess.CalledProcessError as e:
+            raise InstallError(f"{release}: pip could not install it (exit {e.returncode})") from None
 
 
 def install_release(base: Path, folder: Path, release: str) -> tuple[float, list[str]]:
@@ -157,15 +194,14 @@ def install_release(base: Path, folder: Path, release: str) -> tuple[float, list
     unpack(py, folder, release)
     wanted = pins(py, folder, family)
     placed = put_beside(py, folder, [n + wanted.get(norm(n), "") for n in NEEDS], release)
-    for _ in range(40):
-        mod = missing_module(py, folder, family)
-        if mod is None:
-            break
+    tried: set[str] = set()
+    while (mod := missing_module(py, folder, family, release.split("==")[1])) is not None:
         dist = MODULE_TO_DIST.get(mod, mod)
+        if dist in tried:  # installing it did not make it importable: no second try
+            raise InstallError(f"{release}: its import needs module {mod}, still missing after installing {dist}")
+        tried.add(dist)
         print(f"{release}: its import also needs {dist} (add it to NEEDS)", flush=True)
         placed += put_beside(py, folder, [dist + wanted.get(norm(dist), "")], release)
-    else:
-        raise SystemExit(f"{release}: still missing modules after 40 installs")
     (folder / STAMP).write_text(json.dumps({"release": release, "beside": placed}) + "\n")
     return time.time() - t0, placed
 
@@ -174,11 +210,11 @@ def version_key(release: str) -> tuple:
     return tuple(int(x) for x in re.findall(r"\d+", release.split("==")[1])[:3])
 
 
-def install_all(venvs: Path, releases: list[str]) -> list[str]:
+def install_all(venvs: Path, wanted: list[str]) -> list[str]:
     """Base first (its pins read from the newest release, which is therefore unpacked first), then each
     release's folder. One line per part: what was installed and how long it took."""
     base = venvs / "base"
-    newest = max(releases, key=version_key)
+    newest = max(wanted, key=version_key)
     lines = []
     first_folder = venvs / newest.replace("==", "-")
     t0, unpacked = time.time(), 0.0
@@ -187,9 +223,14 @@ def install_all(venvs: Path, releases: list[str]) -> list[str]:
         unpacked = time.time() - t0
     took = install_base(base, newest, first_folder)
     lines.append(f"base venv: {'ready' if not took else f'installed in {took:.0f} s (pinned by {newest})'}")
-    for release in sorted(releases, key=version_key, reverse=True):
+    for release in sorted(wanted, key=version_key, reverse=True):
         folder = venvs / release.replace("==", "-")
-        seconds, placed = install_release(base, folder, release)
+        try:
+            seconds, placed = install_release(base, folder, release)
+        except InstallError as e:
+            lines.append(f"{release}: broken: {e}")
+            print(lines[-1], flush=True)
+            continue
         if release == newest:
             seconds += unpacked
         beside = f"; beside it: {', '.join(placed)}" if placed else ""
@@ -197,6 +238,17 @@ def install_all(venvs: Path, releases: list[str]) -> list[str]:
     return lines
 
 
-if __name__ == "__main__":
-    for line in install_all(Path(sys.argv[1]).resolve(), sys.argv[2:]):
+def main(argv: list[str]) -> int:
+    """Exit 1 when any release could not be set up (its line says why; the others are set up)."""
+    try:
+        lines = install_all(Path(argv[0]).resolve(), argv[1:])
+    except InstallError as e:  # the newest release, whose metadata pins the base
+        print(f"broken: {e}", flush=True)
+        return 1
+    for line in lines:
         print(line, flush=True)
+    return 1 if any(": broken: " in line for line in lines) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

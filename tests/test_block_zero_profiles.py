@@ -132,7 +132,7 @@ def test_run_picks_the_released_profile_and_names_it(tmp_path, capsys):
     spec = f"{Path(__file__).parent / 'kernels'}/vllm_v1_032_abi.py:SlotMappingLauncher.kernel"
     out = tmp_path / "r.json"
     assert cli.main(["run", "--scenario", "default", "--paths", "v1", "--kernel-v1", spec, "--json", str(out)]) == 0
-    assert "profile: vllm-0.33 (vLLM 0.32.0-0.33.0)" in capsys.readouterr().out
+    assert "profile: vllm-0.33 (vLLM 0.32.0-0.33.0 v1, 0.32.0-0.34.0 MRV2)" in capsys.readouterr().out
     assert json.loads(out.read_text())["profile"] == "vllm-0.33"
     assert cli.main(["run", "--scenario", "default", "--paths", "v1", "--quiet", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["profile"] == "cpsim"

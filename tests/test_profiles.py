@@ -237,7 +237,7 @@ def test_universal_invariants_hold_under_every_profile():
 
 # ---- --profile on every command -------------------------------------------------------------------
 
-VLLM = "vllm-0.33 (vLLM 0.32.0-0.33.0)"
+VLLM = "vllm-0.33 (vLLM 0.32.0-0.33.0 v1, 0.32.0-0.34.0 MRV2)"
 
 
 def test_run_accepts_and_shows_the_profile_and_its_notes(tmp_path, capsys):

@@ -4,7 +4,8 @@ The universal invariants (one owner, owner rule, dense local slots, no collision
 bounds, inputs) hold under every profile. A profile fixes the rest — the host
 contract a release ships — so a released kernel is judged by its own release and
 not by cpsim's model. Pure data and pure functions; each profile names the release
-files it was read from (docs/UPSTREAM_ABIS.md, docs/SPEC.md §4 "Profiles").
+files it was read from (docs/UPSTREAM_ABIS.md, docs/SPEC.md §4 "Profiles"); which releases each
+profile judges is the release table's (:mod:`cpsim.releases`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from math import gcd
 
+from cpsim import releases
 from cpsim.errors import ConfigError
 from cpsim.layout import cdiv
 from cpsim.scenario import max_blocks_needed
@@ -42,39 +44,34 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("cpsim", "cpsim's own model (vllm-ascend's CP layout with vLLM main's per-group CP sizes)",
             ("docs/SPEC.md",), "exact", "pad", "per-token", "buffer", True,
             ("sharded", "replicated", "partial-replica"), True),
-    Profile("vllm-0.25", "vLLM 0.19.0-0.25.0 v1",
+    Profile("vllm-0.25", releases.profile_releases("vllm-0.25"),
             ("vllm/v1/worker/block_table.py (compute_slot_mapping: total_cp_world_size = PCP x DCP)",),
             "at-least", "untouched", "spec", "buffer", True, ("sharded",), False),
-    Profile("vllm-0.26", "vLLM 0.18.0-0.28.0 MRV2",
+    Profile("vllm-0.26", releases.profile_releases("vllm-0.26"),
             ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py"),
             "at-least", "untouched", "spec", "buffer", False, ("sharded",), False),
-    Profile("vllm-0.30", "vLLM 0.29.0-0.30.0 MRV2",
+    Profile("vllm-0.30", releases.profile_releases("vllm-0.30"),
             ("vllm/v1/worker/gpu/model_runner.py (slot_mapping_enabled: every group but CircularBufferSpec)",
              "vllm/v1/worker/gpu/block_table.py (CP_SIZE = dcp_size for every group, no dcp_sharded)"),
             "aligned-128", "slots-sharded", "spec", "buffer", False, ("sharded",), False, True),
-    Profile("vllm-0.31", "vLLM 0.26.0-0.31.0 v1, 0.31.0 MRV2",
+    Profile("vllm-0.31", releases.profile_releases("vllm-0.31"),
             ("vllm/v1/worker/block_table.py (MultiGroupBlockTable, get_block_table_width)",
              "vllm/v1/worker/gpu/block_table.py"),
             "aligned-128", "slots", "spec", "buffer", False, ("sharded", "replicated"), False, True),
-    Profile("vllm-0.33", "vLLM 0.32.0-0.33.0",
+    Profile("vllm-0.33", releases.profile_releases("vllm-0.33"),
             ("vllm/v1/worker/block_table.py (get_block_table_width)",
              "vllm/v1/kv_cache_interface.py (max_num_blocks_per_req, uses_slot_mapping)",
              "vllm/v1/worker/gpu/block_table.py (slot_mapping_enabled, dcp_sharded)"),
             "aligned-128", "slots", "spec", "buffer", False, ("sharded", "replicated"), False, True),
-    Profile("vllm-ascend-0.23", "vllm-ascend 0.18.0-0.23.0.post1",
+    Profile("vllm-ascend-0.23", releases.profile_releases("vllm-ascend-0.23"),
             ("vllm_ascend/worker/block_table.py (_compute_pcp_dcp_slot_mapping)",
              "vllm_ascend/worker/v2/block_table.py (AscendBlockTables)"),
             "at-least", "untouched", "per-token", "padded-count", True, ("sharded", "replicated"), False),
 )}
 
-# The release family each cpsim ABI was read from; cpsim's own ABIs (ascend-v1, ascend-v2, vllm-v2,
-# cpsim-mrv2, callable, builtin) are cpsim's model.
-ABI_PROFILE = {
-    "vllm-v1-0.19": "vllm-0.25", "vllm-mrv2-0.18": "vllm-0.26",
-    "vllm-v1-0.26": "vllm-0.31", "vllm-mrv2-0.29": "vllm-0.30", "vllm-mrv2-0.31": "vllm-0.31",
-    "vllm-v1-0.32": "vllm-0.33", "vllm-mrv2-0.32": "vllm-0.33",
-    "ascend-v2-0.18": "vllm-ascend-0.23",
-}
+# The profile each released ABI is judged by: the release table's (cpsim/releases/*.json, each path's
+# "profile"); cpsim's own ABIs (ascend-v1, ascend-v2, vllm-v2, cpsim-mrv2, callable, builtin) are cpsim's model.
+ABI_PROFILE = releases.abi_profiles()
 
 
 def get(name: str) -> Profile:

@@ -76,6 +76,7 @@ def main(args) -> int:
     kernels = kernels_from_args(args, dev.device, paths)
     prof = profile_from_args(args, kernels)
     s = profiles.scenario_for(s, prof)  # vLLM: KV sharded over DCP only; layouts the release lacks: exit 2
+    held = kernel_standings(kernels)
     console = terminal.console()
     knobs, inject_rank = _injection(args, s)
     try:
@@ -103,6 +104,8 @@ def main(args) -> int:
         report.print_report(console, s, verdicts, examples=args.examples, subjects=subjects, gathered=gathered)
         describe_kernels(console, kernels, notes_only=True)
         show_profile(console, prof, s, paths)
+        for line in contract_lines(held):
+            console.print(line, highlight=False, soft_wrap=True, markup=False)
         for hs in knobs.host_sizing:
             console.print(f"host sizing ({hs.host}) from {hs.source}: table widths {list(hs.table_widths)} KV blocks, "
                           f"slot buffer {hs.slot_buffer_len}", highlight=False, soft_wrap=True, markup=False)
@@ -114,7 +117,10 @@ def main(args) -> int:
             console.print(f"  [yellow]note (strict sizing):[/yellow] {line}", highlight=False, soft_wrap=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
+        for line in contract_lines({p: st for p, st in held.items() if st.unread}):
+            console.print(line, highlight=False, soft_wrap=True, markup=False)
     extra = {"paths_skipped": skipped, "profile": prof.name, "profile_notes": profiles.notes(s, prof, paths),
+             "contracts": {p: st.to_dict() for p, st in held.items()},
              "sizing_waste": waste,
              "host_sizing": [dataclasses.asdict(hs) for hs in knobs.host_sizing],
              "inject": args.inject, "inject_rank": inject_rank,
@@ -131,7 +137,27 @@ def main(args) -> int:
     write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, verdicts, extra,
                                                                                               subjects))),
                    ("--junit", args.junit, junit), ("--html", args.html, html)])
-    return 0 if coordinator.passed(verdicts) else 1
+    return run_status(verdicts, held)
+
+
+def kernel_standings(kernels: dict) -> dict:
+    """path -> the standing of its kernel's release where the file comes from a release cpsim's table does
+    not list (cpsim.kernels.release_of)."""
+    from cpsim.kernels.release_of import kernel_standing
+    found = {p: kernel_standing(k.spec, p) for p, k in (kernels or {}).items()}
+    return {p: st for p, st in found.items() if st is not None}
+
+
+def contract_lines(held: dict) -> list[str]:
+    return [f"contract ({p}): {st.line()}" for p, st in held.items()]
+
+
+def run_status(verdicts, held: dict) -> int:
+    """1 on a violation; UNREAD_CHANGES_EXIT when a kernel's unlisted release has unread contract changes."""
+    from cpsim import releases
+    if not coordinator.passed(verdicts):
+        return 1
+    return releases.UNREAD_CHANGES_EXIT if any(st.unread for st in held.values()) else 0
 
 
 def replica_builder(args, world: int | None):

@@ -60,11 +60,15 @@ def _report(args, s, result, torchrun: dict | None = None, write_json: bool = Tr
     verdicts = result.verdicts
     if args.quiet:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
+        if result.standing is not None and result.standing.unread:
+            console.print(f"contract: {result.standing.line()}", highlight=False, soft_wrap=True)
     else:
         ranks = [r["rank"] for r in torchrun["ranks"]] if torchrun else []
         where = (f"torchrun ranks {ranks[0]}-{ranks[-1]}, the runtime's own groups" if torchrun else "virtual world")
         report.print_report(console, result.scenario, verdicts,
                             title=f"{s.name} on {result.release} host classes ({where})")
+        for line in contract_lines(result):
+            console.print(line, highlight=False, soft_wrap=True)
         console.print(f"stack: {result.release}; profile: {result.profile or 'cpsim'}; patches:", highlight=False)
         for line in result.patches:
             console.print(f"  - {line}", highlight=False, soft_wrap=True)
@@ -74,11 +78,38 @@ def _report(args, s, result, torchrun: dict | None = None, write_json: bool = Tr
                                                 f"torchrun rank {r['rank']}: {r['error']}" for r in torchrun["ranks"]),
                           highlight=False, soft_wrap=True)
     if args.json and write_json:
-        stack = {"release": result.release, "profile": result.profile or "cpsim", "patches": result.patches}
+        stack = {"release": result.release, "profile": result.profile or "cpsim", "patches": result.patches,
+                 **contract_json(result)}
         if torchrun:
             stack["torchrun"] = torchrun
         report.write_json(args.json, report.to_dict(result.scenario, verdicts, {"stack": stack}))
-    return 0 if coordinator.passed(verdicts) else 1
+    return exit_status(result)
+
+
+def contract_lines(result) -> list[str]:
+    """What the terminal says of the release's contract: each path not in the release (n/a), and for a
+    release cpsim's table does not list, whose contract judged it and whether its files are the same."""
+    out = [f"{p}: not in this release (n/a): {why}" for p, why in result.absent_paths.items()]
+    if result.standing is not None and not result.standing.listed:
+        out.append(f"contract: {result.standing.line()}")
+    return out
+
+
+def contract_json(result) -> dict:
+    """The --json's word on the same (docs/REPORT_SCHEMA.md ``stack.contract``, ``stack.absent_paths``)."""
+    out: dict = {"absent_paths": dict(result.absent_paths)}
+    if result.standing is not None:
+        out["contract"] = result.standing.to_dict()
+    return out
+
+
+def exit_status(result) -> int:
+    """1 on a violation; else UNREAD_CHANGES_EXIT when the release was judged with the nearest listed
+    release's contract and its contract files changed (docs/RUNNING.md); else 0."""
+    from cpsim import releases
+    if not coordinator.passed(result.verdicts):
+        return 1
+    return releases.UNREAD_CHANGES_EXIT if result.standing is not None and result.standing.unread else 0
 
 
 # ---- under torchrun -----------------------------------------------------------------------
@@ -155,15 +186,15 @@ def _judge_world(args, s, paths: list[str], ranks: list[dict]) -> int:
     codes = [_report(args, s, result, torchrun, write_json=False) for result, torchrun in groups]
     if args.json:
         report.write_json(args.json, {
-            "passed": not any(codes),
+            "passed": not any(c == 1 for c in codes),
             "stack": {"release": groups[0][0].release, "profile": groups[0][0].profile or "cpsim",
-                      "patches": groups[0][0].patches, "torchrun_world": len(ranks)},
+                      "patches": groups[0][0].patches, "torchrun_world": len(ranks), **contract_json(groups[0][0])},
             "cp_groups": [report.to_dict(result.scenario, result.verdicts, {"torchrun": torchrun})
                           for result, torchrun in groups]})
-    bad = sum(1 for c in codes if c)
+    bad = sum(1 for c in codes if c == 1)
     Console().print(f"[bold red]{bad} of {len(groups)} CP group(s) fail[/bold red]" if bad else
                     f"[bold green]all {len(groups)} CP group(s) pass[/bold green]")
-    return 1 if bad else 0
+    return 1 if bad else max(codes)
 
 
 def _judge_group(args, s, paths: list[str], inputs: list, ranks: list[dict], first: int):
@@ -178,10 +209,10 @@ def _judge_group(args, s, paths: list[str], inputs: list, ranks: list[dict], fir
                                   not_run=list(range(1, len(ranks)))) for p in paths})
         return host.judge(result), {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]}
     (job,) = host.jobs_from(out, got, [s], inputs, paths, args.stack)
-    if job.unsupported_paths:  # a run judges every path it was asked for, or none
-        raise ConfigError(*next(iter(job.unsupported_paths.values())))
+    host.refuse_unjudged(job, paths, out["release"])
     result = host.judge(host.StackResult(out["release"], out["patches"], job.steps, scenario=s, profile=job.profile,
-                                         failures=job.failures, path_profiles=job.path_profiles),
+                                         failures=job.failures, path_profiles=job.path_profiles,
+                                         absent_paths=job.absent_paths, standing=job.standing),
                         getattr(args, "profile", None))
     failed_on = {p: [first + r for r in f["ranks"]] for p, f in out["jobs"][0].get("failed", {}).items()}
     for v in result.verdicts:  # every rank ran at once: the violation names each rank whose host code failed

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cpsim.errors import ConfigError
+from cpsim.releases import abi_releases
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Abi:
     optional: tuple[str, ...] = ()  # passed when the kernel declares them
     one_of: tuple[str, ...] = ()    # exactly one of these must be declared
     launch: str = ""
-    releases: str = ""              # the releases whose host code launches a kernel this way
+    releases: str = ""              # the releases whose host code launches a kernel this way (the release table's)
     origin: str = ""                # package whose kernels take this ABI when names alone are ambiguous
     out_dtype: str = "int64"        # the slot buffer the host hands the kernel
 
@@ -87,17 +88,16 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
     Abi("vllm-v1-0.19", ("v1",), _VLLM_V1_HEAD + ("block_size", "slot_mapping_ptr") + _VLLM_V1_TAIL,
         launch="grid (num_reqs + 1,), one launch per slot-mapped group, kernel-block table, block_size = kernel "
                "block b (the virtual block is b x CP), CP = PCP x DCP, num_tokens = scheduled count, int64 output",
-        releases="vLLM 0.19-0.25 (_compute_slot_mapping_kernel)", origin="vllm"),
+        origin="vllm"),
     Abi("vllm-v1-0.26", ("v1",), _VLLM_V1_HEAD + ("block_size", "slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE",
                                                   "BLOCKS_PER_KV_BLOCK") + _VLLM_V1_TAIL,
         launch="grid (num_reqs + 1,), one launch per slot-mapped group (state groups left alone), kernel-block "
                "table, KV_CACHE_BLOCK_SIZE = B, CP = DCP, num_tokens = scheduled count, int64 output",
-        releases="vLLM 0.26-0.28 (_compute_slot_mapping_kernel), 0.29-0.31 (ComputeSlotMappingKernel.kernel)",
         origin="vllm"),
     Abi("vllm-v1-0.32", ("v1",), _VLLM_V1_HEAD + ("slot_mapping_ptr", "KV_CACHE_BLOCK_SIZE") + _VLLM_V1_TAIL,
         launch="grid (num_reqs + 1,), one launch per slot-mapped group (state groups left alone), physical "
                "table, KV_CACHE_BLOCK_SIZE = B, CP = DCP, num_tokens = scheduled count, int64 output",
-        releases="vLLM 0.32-0.33 (ComputeSlotMappingKernel.kernel)", origin="vllm"),
+        origin="vllm"),
     Abi("ascend-v1-fused", ("v1-fused",), (
         "num_tokens", "max_num_tokens", "query_start_loc_ptr", "positions_ptr", "block_table_addrs_ptr",
         "slot_mapping_addrs_ptr", "block_table_strides_ptr", "block_sizes_ptr", "PAD_ID", "NUM_REQS",
@@ -115,28 +115,23 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
         launch="grid (num_groups, num_reqs + 1), int32 output", origin="vllm_ascend", out_dtype="int32"),
     Abi("ascend-v2-0.18", ("v2",), _MRV2_HEAD + _MRV2_TAIL + ("TOTAL_BLOCK_SIZE",),
         launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
-               "physical tables, TOTAL_BLOCK_SIZE = 4096, int32 output",
-        releases="vllm-ascend 0.18.0, 0.23.0, 0.23.0.post1 (worker/v2/block_table.py)", origin="vllm_ascend",
+               "physical tables, TOTAL_BLOCK_SIZE = 4096, int32 output", origin="vllm_ascend",
         out_dtype="int32"),
     Abi("vllm-v2", ("v2",), ("num_tokens",) + _MRV2_HEAD + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), int64 output"),
     Abi("vllm-mrv2-0.18", ("v2",), _MRV2_HEAD + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size "
-               "(--kernel-v2-launch split: one per group CP size), physical tables, int64 output",
-        releases="vLLM 0.18-0.28 (v1/worker/gpu/block_table.py)", origin="vllm"),
+               "(--kernel-v2-launch split: one per group CP size), physical tables, int64 output", origin="vllm"),
     Abi("vllm-mrv2-0.29", ("v2",), _MRV2_HEAD + ("kernel_block_sizes", "slot_mapping_enabled") + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
-               "kernel-block tables, per-group slot_mapping_enabled, int64 output",
-        releases="vLLM 0.29-0.30", origin="vllm"),
+               "kernel-block tables, per-group slot_mapping_enabled, int64 output", origin="vllm"),
     Abi("vllm-mrv2-0.31", ("v2",), _MRV2_HEAD + ("kernel_block_sizes", "slot_mapping_enabled", "dcp_sharded")
         + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
-               "kernel-block tables, per-group slot_mapping_enabled and dcp_sharded, int64 output",
-        releases="vLLM 0.31", origin="vllm"),
+               "kernel-block tables, per-group slot_mapping_enabled and dcp_sharded, int64 output", origin="vllm"),
     Abi("vllm-mrv2-0.32", ("v2",), _MRV2_HEAD + ("slot_mapping_enabled", "dcp_sharded") + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
-               "physical tables, per-group slot_mapping_enabled and dcp_sharded, int64 output",
-        releases="vLLM 0.32-0.33", origin="vllm"),
+               "physical tables, per-group slot_mapping_enabled and dcp_sharded, int64 output", origin="vllm"),
     Abi("cpsim-mrv2", ("v2",), (
         "max_num_tokens", "idx_mapping", "query_start_loc", "pos", "block_table_ptrs", "block_table_strides",
         "num_blocks_ptr", "num_blocks_stride", "block_sizes", "kernel_block_sizes", "group_cp_sizes",
@@ -158,6 +153,7 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
         launch="grid (num_reqs,), as vllm-replay-pad; bit g of CACHEABLE_GROUPS set: group g is prefix-cacheable "
                "(NUM_GROUPS = every group)"),
 )}
+ABIS = {n: replace(a, releases=abi_releases(n)) for n, a in ABIS.items()}
 # ABI names that no longer load, and why (exit 2 with this line).
 RETIRED_ABIS = {
     "vllm-mrv2": "vllm-mrv2 matched no vLLM release (num_blocks_ptr and group_cp_sizes are cpsim's own MRV2 "

@@ -6,7 +6,11 @@ The release is imported and patched once for all jobs; each path of each job the
 forked child of its own, bounded by a timeout, so a release that crashes (writes past a
 buffer, hangs) on one job fails that job only, as a kernel-completes failure on its rank.
 A job the adapter cannot express for the installed release is answered
-``{"unsupported": {field, rule}}`` (one path of several: ``unsupported_paths``, the others run); exit 3 when the release itself cannot be loaded. Anything else (a crash, an exception from the release's code) is a
+``{"unsupported": {field, rule}}`` (one path of several: ``unsupported_paths``, the others run); a path the
+release does not have is ``absent_paths`` (not in this release, n/a); exit 3 when the release itself cannot
+be loaded (any exception of its import: one line, never a violation). ``installed`` names the release's
+version and folder; the parent compares its contract files with cpsim's table (:mod:`cpsim.releases`).
+Anything else (a crash, an exception from the release's code) is a
 failure the parent reports; it never reads as success.
 """
 
@@ -108,22 +112,24 @@ def isolated(folder: Path, name: str, work, timeout: float) -> tuple[dict, dict 
 def run_job(adapter, module, meta: dict, arrays: dict, out: dict, k: int, folder: Path, timeout: float) -> dict:
     """One job; each of its paths in a child of its own (:func:`isolated`)."""
     meta["release_version"] = getattr(module, "version", None)  # rules that differ by release
+    absent = {p: why for p in meta["paths"] if (why := adapter.absent(module, p))}
     refused = {}
-    for path in meta["paths"]:
+    for path in [p for p in meta["paths"] if p not in absent]:
         try:
             adapter.check_supported(meta, path)
         except Unsupported as e:
             refused[path] = {"field": e.field, "rule": e.rule}
-    if len(refused) == len(meta["paths"]):
-        return {"unsupported": next(iter(refused.values()))}
+    if refused and len(refused) + len(absent) == len(meta["paths"]):
+        return {"unsupported": next(iter(refused.values())), "absent_paths": absent}
     failed = {}
-    for path in [p for p in meta["paths"] if p not in refused]:
+    for path in [p for p in meta["paths"] if p not in refused and p not in absent]:
         got, failure = isolated(folder, f"j{k}_{path}",
                                 lambda at: drive_path(adapter, module, meta, arrays, path, k, at), timeout)
         out.update(got)
         if failure:
             failed[path] = failure
-    answer = {"entry_sizes": adapter.entry_sizes(meta), "failed": failed, "unsupported_paths": refused}
+    answer = {"entry_sizes": adapter.entry_sizes(meta), "failed": failed, "unsupported_paths": refused,
+              "absent_paths": absent}
     if hasattr(adapter, "profile"):
         answer["profile"] = adapter.profile(meta)
     # where one release's paths differ (vllm-ascend 0.18's MRV2 table holds physical ids, its v1 table
@@ -147,6 +153,10 @@ def main(folder: str) -> int:
     except Unsupported as e:
         write(where, "out", {"unsupported": {"field": e.field, "rule": e.rule}}, {})
         return 3
+    except Exception as e:  # noqa: BLE001 - a release (or classes file) that does not load: one line, never a violation
+        why = f"the host classes do not load here ({type(e).__name__}: {e}{_where_raised(e)})"
+        write(where, "out", {"unsupported": {"field": "--stack", "rule": why}}, {})
+        return 3
     out: dict = {}
     timeout = float(top.get("job_timeout") or JOB_TIMEOUT)
     dist = top.get("dist")
@@ -162,7 +172,8 @@ def main(folder: str) -> int:
     applied = adapter.patches(runtime_groups=bool(dist))
     if groups:
         applied.append(groups["source"])
-    write(where, "out", {"release": release, "patches": applied, "jobs": jobs, "runtime_groups": groups}, out)
+    write(where, "out", {"release": release, "patches": applied, "jobs": jobs, "runtime_groups": groups,
+                         "installed": getattr(module, "installed", None)}, out)
     if dist:
         from cpsim.stack import runtime_groups
         runtime_groups.close(module)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cpsim import layout
+from cpsim import layout, releases
 from cpsim.check.batch import ExplicitStep, RankBatch
 from cpsim.check import coordinator, explicit
 from cpsim.errors import ConfigError
@@ -46,6 +46,8 @@ class StackResult:
     profile: str | None = None       # the release profile it is judged by (None: cpsim's model)
     failures: dict[str, KernelFailure] = field(default_factory=dict)  # path -> the release's code did not complete
     path_profiles: dict[str, str] = field(default_factory=dict)  # path -> its profile where paths differ
+    absent_paths: dict[str, str] = field(default_factory=dict)  # path -> why it is not in this release (n/a)
+    standing: releases.Standing | None = None  # the release's contract: read, or the nearest listed one's
 
 
 def kv_manager_blocks(s: Scenario, gi: int) -> list[np.ndarray]:
@@ -110,6 +112,8 @@ class Job:
     failures: dict[str, KernelFailure] = field(default_factory=dict)
     path_profiles: dict[str, str] = field(default_factory=dict)
     unsupported_paths: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (field, rule)
+    absent_paths: dict[str, str] = field(default_factory=dict)  # path -> why it is not in this release
+    standing: releases.Standing | None = None
 
     def profile_of(self, path: str) -> str | None:
         return self.path_profiles.get(path, self.profile)
@@ -205,15 +209,31 @@ def _bounded(argv: list[str], env: dict, cwd: str, timeout: float, family: str) 
     return proc.returncode, stdout, stderr
 
 
+def standing(out: dict, family: str) -> releases.Standing | None:
+    """The release the child loaded, judged here from its files (the child's word is only its version and
+    folder; the hashes are read in this process): listed, or the nearest listed release's contract with
+    the same or changed files. None for host classes of your own."""
+    installed = out.get("installed")
+    if not isinstance(installed, dict) or not isinstance(installed.get("version"), str):
+        return None
+    root = installed.get("root")
+    return releases.standing(family, installed["version"], Path(root) if isinstance(root, str) else None,
+                             need_rules=True)
+
+
 def jobs_from(out: dict, got: dict, scenarios: list[Scenario], inputs: list, paths: list[str],
               family: str) -> list[Job]:
-    """The driver's answer as one Job per scenario (explicit steps, failures, what was refused)."""
+    """The driver's answer as one Job per scenario (explicit steps, failures, what was refused, what the
+    release does not have)."""
     if len(out.get("jobs", [])) != len(scenarios):
         raise RuntimeError(f"the stack driver ({family}) answered {len(out.get('jobs', []))} of {len(scenarios)} jobs")
     jobs = []
+    held = standing(out, family)
     for k, (s, (meta, arr), answer) in enumerate(zip(scenarios, inputs, out["jobs"])):
+        gone = {p: str(why) for p, why in answer.get("absent_paths", {}).items() if p in paths}
         if "unsupported" in answer:
-            jobs.append(Job(s, unsupported=(answer["unsupported"]["field"], answer["unsupported"]["rule"])))
+            jobs.append(Job(s, unsupported=(answer["unsupported"]["field"], answer["unsupported"]["rule"]),
+                            absent_paths=gone, standing=held))
             continue
         mine = {n[len(f"j{k}/"):]: a for n, a in got.items() if n.startswith(f"j{k}/")}
         # virtual world: the ranks after the failed one were not run; under torchrun ("ranks": every
@@ -224,9 +244,10 @@ def jobs_from(out: dict, got: dict, scenarios: list[Scenario], inputs: list, pat
         sizes = answer.get("path_entry_sizes", {})
         refused = {p: (u["field"], u["rule"]) for p, u in answer.get("unsupported_paths", {}).items()}
         steps = {p: _step(s, meta, arr, mine, sizes.get(p, answer["entry_sizes"]), p, family)
-                 for p in paths if p not in failed and p not in refused}
+                 for p in paths if p not in failed and p not in refused and p not in gone}
         jobs.append(Job(s, steps, profile=answer.get("profile"), failures=failed,
-                        path_profiles=answer.get("path_profiles", {}), unsupported_paths=refused))
+                        path_profiles=answer.get("path_profiles", {}), unsupported_paths=refused,
+                        absent_paths=gone, standing=held))
     return jobs
 
 
@@ -293,7 +314,7 @@ def merge_ranks(s: Scenario, ranks: list[dict], paths: list[str], first: int = 0
     for x in ranks:
         got.update(x.get("arrays", {}))
     merged = {"release": head["release"], "patches": head["patches"], "jobs": [answer],
-              "runtime_groups": {i: out["runtime_groups"] for i, out in ok}}
+              "runtime_groups": {i: out["runtime_groups"] for i, out in ok}, "installed": head.get("installed")}
     return merged, got
 
 
@@ -308,12 +329,21 @@ def drive(s: Scenario, family: str, paths: list[str], python: str | None = None,
           timeout: float = DEFAULT_TIMEOUT, source: str | None = None) -> StackResult:
     """One scenario; a scenario the release cannot express is a ConfigError (exit 2)."""
     release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout, source)
+    refuse_unjudged(job, paths, release)
+    return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures,
+                       path_profiles=job.path_profiles, absent_paths=job.absent_paths, standing=job.standing)
+
+
+def refuse_unjudged(job: Job, paths: list[str], release: str) -> None:
+    """A run judges every path it was asked for that the release has, or none (ConfigError, exit 2); a path
+    the release does not have is n/a, and asking only for such paths is exit 2 naming them."""
     if job.unsupported:
         raise ConfigError(*job.unsupported)
-    if job.unsupported_paths:  # a run judges every path it was asked for, or none
+    if job.unsupported_paths:
         raise ConfigError(*next(iter(job.unsupported_paths.values())))
-    return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures,
-                       path_profiles=job.path_profiles)
+    if job.absent_paths and len(job.absent_paths) == len(paths):
+        raise ConfigError("--paths", f"{', '.join(job.absent_paths)} not in {release}: "
+                                     f"{'; '.join(job.absent_paths.values())}")
 
 
 def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,

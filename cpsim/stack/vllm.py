@@ -1,5 +1,5 @@
-"""Adapter for vLLM's host block tables, read from vLLM 0.23.0, 0.28.0, 0.31.0 and 0.33.0 (what differs is
-``RELEASE_RULES``).
+"""Adapter for vLLM's host block tables, read from vLLM 0.23.0, 0.28.0, 0.31.0, 0.33.0 and 0.34.0 (what differs
+is each release's ``rules`` in cpsim/releases/vllm.json; 0.34.0 has no v1 runner, its v1 is not in the release).
 
 Read from (vLLM 0.33.0 wheel; the same files of the others): ``vllm/v1/worker/block_table.py`` (``MultiGroupBlockTable``,
 ``BlockTable``, ``get_block_table_width``), ``vllm/v1/worker/gpu/block_table.py``
@@ -22,42 +22,37 @@ hands one list to all DCP ranks), drawn without 0 (vLLM's null block).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from cpsim import releases
 from cpsim.stack.exchange import Unsupported, request_blocks
 
-# What differs between the releases read (each from that release's wheel, same files as above):
+# What differs between the releases read is the table's (cpsim/releases/vllm.json, each release's "rules"):
 # kernel_blocks: the constructors take kernel_block_sizes and the tables hold kernel-block ids
-#   (BlockTable.map_to_kernel_blocks; 0.28, 0.31), else physical ids (0.33);
-# v2_flags: BlockTables takes slot_mapping_enabled and dcp_sharded (0.31, 0.33; 0.28 has neither);
+#   (BlockTable.map_to_kernel_blocks; 0.28, 0.31), else physical ids (0.33, 0.34);
+# v2_flags: BlockTables takes slot_mapping_enabled and dcp_sharded (0.31 on; 0.28 has neither);
 # v2_widths: how gpu/model_runner.py sizes the MRV2 tables: "spec" = the spec's
-#   max_num_blocks_per_req then get_block_table_width(token_alignment=spec's) (0.31, 0.33);
+#   max_num_blocks_per_req then get_block_table_width(token_alignment=spec's) (0.31 on);
 #   "runner-0.28" = cdiv(max_len, B x DCP) for every group, a mamba group's then
 #   (+ num_speculative_blocks, no alignment) (0.28).
 # v1_call: "0.28" = MultiGroupBlockTable(..., max_num_blocks = the spec's max_num_blocks_per_req,
-#   slot_mapping_modes) (0.28 on); "0.23" = (max_model_len, ..., kernel_block_sizes, max_num_blocks = the
+#   slot_mapping_modes) (0.28-0.33); "0.23" = (max_model_len, ..., kernel_block_sizes, max_num_blocks = the
 #   runner's cdiv(max_model_len, B x CP), a mamba group's + num_speculative_blocks; no slot_mapping_modes:
 #   every group is slot-mapped; the constructor rounds widths up to 128 // B entries)
-#   (gpu_model_runner.py may_reinitialize_input_batch, 0.23.0);
+#   (gpu_model_runner.py may_reinitialize_input_batch, 0.23.0); null: no v1 runner (0.34);
 # "runner-0.23" MRV2 widths: cdiv(max_len, B x DCP) rounded up to 128 // B entries (B <= 128), a mamba
-#   group's then + num_speculative_blocks (gpu/model_runner.py initialize_kv_cache, 0.23.0);
-# profile: the release profile (cpsim.check.profiles) whose release range holds it, v2_profile where the
-#   MRV2 path's differs.
-RELEASE_RULES = {
-    "0.23.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.23", "v1_call": "0.23",
-               "profile": "vllm-0.25", "v2_profile": "vllm-0.26"},
-    "0.28.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.28", "v1_call": "0.28",
-               "profile": "vllm-0.31"},
-    "0.31.0": {"kernel_blocks": True, "v2_flags": True, "v2_widths": "spec", "v1_call": "0.28",
-               "profile": "vllm-0.31"},
-    "0.33.0": {"kernel_blocks": False, "v2_flags": True, "v2_widths": "spec", "v1_call": "0.28",
-               "profile": "vllm-0.33"},
-}
-RELEASES = tuple(RELEASE_RULES)
+#   group's then + num_speculative_blocks (gpu/model_runner.py initialize_kv_cache, 0.23.0).
+# Each path's profile, host class and the module of get_block_table_width (vllm.v1.worker.block_table to
+# 0.33, vllm.v1.kv_cache_interface in 0.34) are the table's too. A release the table does not list is
+# driven by the rules of the nearest listed one (cpsim.releases.standing).
+PROJECT = "vllm"
+SHAPE_BEFORE_LOAD = "0.33.0"  # whose rules apply before the installed release is known (check_supported before load)
 GROUPS_PATCH = ("get_dcp_group / get_pcp_group in vllm.v1.worker.block_table answered per rank (world_size DCP, "
                 "rank_in_group = the CP rank being built; PCP 1/0): the virtual world has no process groups "
                 "(under torchrun vLLM's own groups answer: cpsim.stack.runtime_groups)")
@@ -83,10 +78,15 @@ CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
 _applied: list[str] = []
 
 
+NO_V1 = "no v1 block table in this release (0.34.0 on): get_dcp_group / get_pcp_group not answered, nothing to patch"
+
+
 def patches(runtime_groups: bool = False) -> list[str]:
     """What was patched in this child (the driver reports it): PATCHES, and what only some releases need;
-    under torchrun (``runtime_groups``) the groups are vLLM's own and not answered."""
-    return [p for p in PATCHES if not (runtime_groups and p == GROUPS_PATCH)] + _applied
+    under torchrun (``runtime_groups``) the groups are vLLM's own and not answered, and a release without
+    a v1 block table has none to answer them in."""
+    skip = runtime_groups or NO_V1 in _applied
+    return [p for p in PATCHES if not (skip and p == GROUPS_PATCH)] + [p for p in _applied if p != NO_V1]
 
 
 def check_supported(meta: dict, path: str) -> None:
@@ -124,21 +124,33 @@ def check_supported(meta: dict, path: str) -> None:
         raise Unsupported("batch.replay_start", f"{v}'s block tables take no prefix-replay window")
 
 
+def _release(meta: dict) -> releases.Release:
+    """The listed release whose contract drives the installed one (the driver puts its version into
+    ``meta``: the installed release's, or the nearest listed one's; before load: SHAPE_BEFORE_LOAD's)."""
+    return releases.release(PROJECT, meta.get("release_version") or SHAPE_BEFORE_LOAD)
+
+
 def _rules(meta: dict) -> dict:
-    """The installed release's rules (the driver puts its version into ``meta``; before load: 0.33's)."""
-    return RELEASE_RULES[meta.get("release_version") or "0.33.0"]
+    return _release(meta).rules
 
 
 def profile(meta: dict) -> str:
-    """The release profile the installed release is judged by (its version's range; of MRV2 when only
-    that path runs)."""
-    return path_profile(meta, "v2") if meta.get("paths") == ["v2"] else _rules(meta)["profile"]
+    """The release profile the installed release is judged by (of MRV2 when only that path runs, else
+    of the first path the release has)."""
+    rel = _release(meta)
+    paths = [p for p in (meta.get("paths") or releases.PATHS) if not rel.path(p).absent]
+    return path_profile(meta, paths[0] if paths else "v2")
 
 
 def path_profile(meta: dict, path: str) -> str:
-    """The profile of one path: 0.23's v1 and MRV2 fall in different profile ranges."""
-    rules = _rules(meta)
-    return rules.get("v2_profile", rules["profile"]) if path == "v2" else rules["profile"]
+    """The profile of one path's host classes: 0.23's v1 and MRV2 fall in different profile ranges."""
+    c = _release(meta).path(path)
+    return c.host_profile or c.profile
+
+
+def absent(mod, path: str) -> str:
+    """Why ``path`` is not in the installed release ("" when it is): the table's word, or the standing's."""
+    return mod.absent.get(path, "")
 
 
 def entry_sizes(meta: dict) -> list[int]:
@@ -209,14 +221,27 @@ def load(classes):
         import vllm
     except ImportError as e:
         raise Unsupported("--stack-python", f"vLLM is not importable there ({e})") from None
-    if vllm.__version__ not in RELEASES:
-        raise Unsupported("--stack", f"installed vLLM {vllm.__version__} is not a release this adapter was read "
-                                     f"from ({', '.join(RELEASES)}); see docs/UPSTREAM.md, adding a release")
-    _applied.extend(patch_mrv2_buffers()[2:])
-    from vllm.v1 import kv_cache_interface as kvi
-    from vllm.v1.worker import block_table as v1
-    from vllm.v1.worker.gpu import block_table as v2
-    return f"vllm {vllm.__version__}", SimpleNamespace(v1=v1, v2=v2, kvi=kvi, version=vllm.__version__)
+    root = Path(vllm.__file__).resolve().parents[1]
+    st = releases.standing(PROJECT, vllm.__version__, root, need_rules=True)
+    rel = releases.release(PROJECT, st.contract)
+    files = releases.project(PROJECT).path_files
+    gone = {p: rel.path(p).absent or f"vLLM {vllm.__version__} has no {', '.join(files[p])}" for p in st.absent_paths}
+    if "v1" in gone:
+        _applied.append(NO_V1)
+    try:
+        _applied.extend(patch_mrv2_buffers()[2:])
+        from vllm.v1 import kv_cache_interface as kvi
+        hosts = {p: None if p in gone else importlib.import_module(rel.path(p).host_module) for p in releases.PATHS}
+        width = None
+        if rel.width:
+            module, _, name = rel.width.partition(":")
+            width = getattr(importlib.import_module(module), name)
+    except Exception as e:  # noqa: BLE001 - any import failure of the release is the reason, not a crash
+        raise Unsupported("--stack", f"vLLM {vllm.__version__}'s host classes do not import here "
+                                     f"({type(e).__name__}: {e})") from None
+    return f"vllm {vllm.__version__}", SimpleNamespace(
+        v1=hosts["v1"], v2=hosts["v2"], kvi=kvi, width=width, version=st.contract, absent=gone,
+        installed={"project": PROJECT, "version": vllm.__version__, "root": str(root)})
 
 
 def _specs(mod, meta: dict):
@@ -245,7 +270,7 @@ def _config(meta: dict):
 def drive(mod, meta: dict, arrays: dict, path: str, rank: int):
     """One rank: build the release's host object, fill it, compute slots; (tables, slots [G, entries])."""
     meta["release_version"] = mod.version
-    if not meta.get("runtime_groups"):  # under torchrun the block table asks vLLM's own groups
+    if not meta.get("runtime_groups") and mod.v1 is not None:  # under torchrun vLLM's own groups answer
         mod.v1.get_dcp_group = lambda: _Group(meta["cp"]["dcp"], rank)
         mod.v1.get_pcp_group = lambda: _Group(1, 0)
     return (_drive_v1 if path == "v1" else _drive_v2)(mod, meta, arrays, rank)
@@ -256,7 +281,7 @@ def _v2_width(mod, rules, spec, cfg, mml: int, dcp: int) -> int:
     if rules["v2_widths"] == "runner-0.23":
         return _runner_023_width(spec.block_size, mml, dcp, isinstance(spec, mod.kvi.MambaSpec),
                                  spec.num_speculative_blocks if isinstance(spec, mod.kvi.MambaSpec) else 0)
-    width = mod.v1.get_block_table_width
+    width = mod.width
     if rules["v2_widths"] == "spec":
         return width(spec.max_num_blocks_per_req(cfg, mml), spec.block_size,
                      token_alignment=spec.block_table_token_alignment)

@@ -39,17 +39,18 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
+from cpsim import releases
 from cpsim.stack.exchange import Unsupported, request_blocks
 
-# What differs between the releases read (each from that release's sdist, files above):
+# What differs between the releases read is the table's (cpsim/releases/vllm-ascend.json, each release's "rules"):
 # call: "torch" = compute_slot_mapping(num_reqs, query_start_loc, positions) (0.23.0.post1),
 #       "numpy" = compute_slot_mapping(req_indices, positions) + commit_slot_mapping (0.18.0);
 # groups_arg: the constructor takes kv_cache_groups (0.23.0.post1; it multiplies a mamba width by CP);
-# built_for: the vLLM release the runner checks for (vllm_version_is in that sdist).
 # widths_arg: the runner hands the constructor max_num_blocks (0.18.0 on); 0.13.0's constructor sizes
 #   every group max(cdiv(max_model_len, B x DCP x PCP), 1 + num_speculative_tokens) itself;
 # v2: the MRV2 host class (vllm_ascend/worker/v2/block_table.py AscendBlockTables, which
@@ -57,14 +58,9 @@ from cpsim.stack.exchange import Unsupported, request_blocks
 #   own gpu/model_runner.py constructs it): "0.18" = vLLM 0.18's call (max_model_len; every table
 #   cdiv(max_model_len, B x CP) wide, physical ids, no kernel block sizes), "0.23" = vLLM 0.23's
 #   (max_num_blocks_per_group from the runner, kernel_block_sizes), None = no such file (0.13.0).
-RELEASE_RULES = {
-    "0.23.0.post1": {"call": "torch", "groups_arg": True, "widths_arg": True, "built_for": "0.23.0", "v2": "0.23"},
-    "0.18.0": {"call": "numpy", "groups_arg": False, "widths_arg": True, "built_for": "0.18.0", "v2": "0.18"},
-    "0.13.0": {"call": "numpy", "groups_arg": True, "widths_arg": False, "built_for": "0.13.0", "v2": None},
-}
-RELEASES = tuple(RELEASE_RULES)
-PROFILE = "vllm-ascend-0.23"
-V2_PROFILE = "vllm-0.26"
+# The table also holds each release's "built_for" (the vLLM release the runner checks for: vllm_version_is in
+# that sdist) and each path's profile. A release it does not list is driven by the nearest listed one's rules.
+PROJECT = "vllm-ascend"
 OWN_SHAPE = "0.23.0.post1"  # host classes of your own are driven in this release's shape
 
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1", "VLLM_PLUGINS": ""}
@@ -93,8 +89,17 @@ def patches(runtime_groups: bool = False) -> list[str]:
     return [p for p in PATCHES_ALWAYS if not (runtime_groups and p == GROUPS_PATCH)] + _applied
 
 
+def _release(meta: dict) -> releases.Release:
+    return releases.release(PROJECT, meta.get("release_version") or OWN_SHAPE)
+
+
 def _rules(meta: dict) -> dict:
-    return RELEASE_RULES[meta.get("release_version") or OWN_SHAPE]
+    return _release(meta).rules
+
+
+def absent(mod, path: str) -> str:
+    """Why ``path`` is not in the loaded release ("" when it is; host classes of your own: never)."""
+    return getattr(mod, "absent", {}).get(path, "")
 
 
 def check_supported(meta: dict, path: str) -> None:
@@ -152,14 +157,15 @@ def path_entry_sizes(meta: dict, path: str) -> list[int]:
 
 
 def profile(meta: dict) -> str:
-    return path_profile(meta, "v2") if meta.get("paths") == ["v2"] else PROFILE
+    return path_profile(meta, "v2") if meta.get("paths") == ["v2"] else path_profile(meta, "v1")
 
 
 def path_profile(meta: dict, path: str) -> str:
     """v1: vllm-ascend's own runner's contract. MRV2: vLLM's, whose gpu/model_runner.py sizes and calls
     AscendBlockTables (vllm_ascend/worker/v2/model_runner.py NPUModelRunner.initialize_kv_cache is
     super()'s; the subclass changes only the slot kernel and an int32 buffer): vLLM 0.18-0.28's MRV2 profile."""
-    return V2_PROFILE if path == "v2" else PROFILE
+    c = _release(meta).path(path if path == "v2" or not _release(meta).path(path).absent else "v2")
+    return c.host_profile or c.profile
 
 
 class _Group:
@@ -221,10 +227,12 @@ def load(classes):
         name = getattr(classes, "NAME", classes.__file__)
         return (f"own classes in the vllm-ascend {OWN_SHAPE} shape ({name})",
                 SimpleNamespace(own=True, version=None, bt=classes, kvi=None))
-    version = _release_version()
-    if version not in RELEASES:
-        raise Unsupported("--stack", f"vllm-ascend {version} is not a release this adapter was read from "
-                                     f"({', '.join(RELEASES)}); see docs/UPSTREAM.md, adding a release")
+    installed = _release_version()
+    root = _package_root()
+    st = releases.standing(PROJECT, installed, root, need_rules=True)
+    version = st.contract  # the listed release whose rules drive it
+    gone = {p: releases.release(PROJECT, version).path(p).absent or f"vllm-ascend {installed} has no "
+            f"{', '.join(releases.project(PROJECT).path_files[p])}" for p in st.absent_paths}
     try:
         import vllm
         _missing_vllm_names(version)
@@ -234,21 +242,31 @@ def load(classes):
         _applied.append(NO_TORCH_NPU)
         import vllm_ascend.worker.block_table as bt
         from vllm.v1 import kv_cache_interface as kvi
-        v2 = _load_v2(version)
+        v2 = None if "v2" in gone else _load_v2(version)
     except Exception as e:  # noqa: BLE001 - any import failure of the release is the reason, not a crash
-        raise Unsupported("--stack", f"vllm-ascend {version}'s block_table does not import here "
+        raise Unsupported("--stack", f"vllm-ascend {installed}'s block_table does not import here "
                                      f"({type(e).__name__}: {e})") from None
-    built_for = RELEASE_RULES[version]["built_for"]
+    built_for = releases.release(PROJECT, version).built_for
     if vllm.__version__ != built_for:
         _applied.append(f"run against vLLM {vllm.__version__}; vllm-ascend {version} was built for vLLM {built_for}")
-    return (f"vllm-ascend {version} (vLLM {vllm.__version__})",
-            SimpleNamespace(own=False, version=version, bt=bt, kvi=kvi, v2=v2))
+    return (f"vllm-ascend {installed} (vLLM {vllm.__version__})",
+            SimpleNamespace(own=False, version=version, bt=bt, kvi=kvi, v2=v2, absent=gone,
+                            installed={"project": PROJECT, "version": installed, "root": str(root) if root else None}))
+
+
+def _package_root() -> Path | None:
+    """The folder holding the vllm_ascend package (the sdist's top folder, or site-packages)."""
+    import importlib.util
+    spec = importlib.util.find_spec("vllm_ascend")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]).resolve().parent
 
 
 def _load_v2(version: str):
     """The release's AscendBlockTables module, vLLM's MRV2 buffers patched for CPU first (as the vllm
     adapter does; the subclass stages its table writes through them). None where the release has none."""
-    if RELEASE_RULES[version]["v2"] is None:
+    if releases.release(PROJECT, version).rules["v2"] is None:
         return None
     from cpsim.stack import vllm as vllm_adapter
     _applied.extend(vllm_adapter.patch_mrv2_buffers())
