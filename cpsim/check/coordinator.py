@@ -558,12 +558,16 @@ def capacity(ctx, path, entries: int) -> list[Violation]:
     lim = ctx.s.limits
     reserve = profiles.DRAFT_RESERVE.get(ctx.profile.name, True)
     draft = max(lim.num_speculative_tokens - 1, 0) if reserve else 0
-    demand = max(ctx.n, ctx.s.batch.num_tokens_padded) if not reserve else ctx.n + draft * ctx.s.batch.num_reqs
-    need = max(profiles.slot_buffer_need(ctx.profile, lim), demand if not reserve else 0)
+    # A speculative request's scheduled tokens already hold its drafts: the batch writes those, padded.
+    demand = max(ctx.n, ctx.s.batch.num_tokens_padded)
+    need = max(profiles.slot_buffer_need(ctx.profile, lim), demand)
     if entries >= need:
         return []
-    rule = (f"{lim.max_num_batched_tokens} batched + {draft} draft x {lim.max_num_reqs} requests" if reserve else
-            f"max({lim.max_num_batched_tokens} batched, the {demand} this batch writes) under {ctx.profile.name}")
+    host = profiles.slot_buffer_need(ctx.profile, lim)
+    rule = (f"{lim.max_num_batched_tokens} batched + {draft} draft x {lim.max_num_reqs} requests" if reserve
+            else f"{lim.max_num_batched_tokens} batched under {ctx.profile.name}")
+    if need != host:
+        rule = f"max({rule}, the {demand} this batch writes)"
     return [Violation("capacity", path, "*", need - entries,
                       f"slot buffer holds {entries} entries; needs {need} = {rule} (this batch writes {demand})")]
 
