@@ -123,7 +123,8 @@ class Batch:
     # stale) and handed out as copies: the fuzz loop asks for them dozens of times per scenario.
 
     def padding_mask(self) -> np.ndarray:
-        """bool [num_tokens]: tokens flagged padding (``is_padding`` or a request's padded drafts)."""
+        """bool [num_tokens]: tokens flagged padding (``is_padding``, a request's padded drafts, every token
+        of a dummy request: idx_mapping -1, a graph-padding row, SPEC §2.4)."""
         return self._padding_mask.copy()
 
     @functools.cached_property
@@ -131,19 +132,24 @@ class Batch:
         mask = np.zeros(self.num_tokens, dtype=bool)
         qsl = self.query_start_loc()
         for i, r in enumerate(self.requests):
-            if r.padded_drafts:
-                mask[int(qsl[i + 1]) - r.padded_drafts: int(qsl[i + 1])] = True
+            dead = r.num_tokens if self.is_dummy(i) else r.padded_drafts
+            mask[int(qsl[i + 1]) - dead: int(qsl[i + 1])] = True
         idx = [t for t in self.is_padding if 0 <= t < self.num_tokens]
         mask[idx] = True
         return mask
 
+    def is_dummy(self, i: int) -> bool:
+        """Request ``i`` has no table row (v2 ``idx_mapping`` -1): a dummy or graph-padding request."""
+        return bool(self.idx_mapping) and self.idx_mapping[i] < 0
+
     @property
     def has_padding(self) -> bool:
-        return bool(self.is_padding) or any(r.padded_drafts for r in self.requests)
+        return bool(self.is_padding) or any(r.padded_drafts or (r.num_tokens and self.is_dummy(i))
+                                            for i, r in enumerate(self.requests))
 
     def allocated_lens(self) -> list[int]:
         """Positions each request holds blocks for: up to its last token that is not padding
-        (the scheduler allocates for the tokens it keeps; padding past them has no block)."""
+        (the scheduler allocates for the tokens it keeps; padding past them has no block); none for a dummy."""
         return list(self._allocated_lens)
 
     @functools.cached_property
@@ -153,7 +159,7 @@ class Batch:
         out = []
         for i, r in enumerate(self.requests):
             real = np.flatnonzero(~mask[int(qsl[i]): int(qsl[i + 1])])
-            out.append(r.context_len + (int(real[-1]) + 1 if len(real) else 0))
+            out.append(0 if self.is_dummy(i) else r.context_len + (int(real[-1]) + 1 if len(real) else 0))
         return tuple(out)
 
     @property
@@ -432,9 +438,6 @@ def validate(s: Scenario) -> Scenario:
         if len(set(rows)) != len(rows) or any(not 0 <= x < lim.max_num_reqs for x in rows):
             raise ConfigError("batch.idx_mapping", f"rows must be distinct in [0, {lim.max_num_reqs}) or -1, "
                               f"got {list(b.idx_mapping)}")
-        for i, x in enumerate(b.idx_mapping):
-            if x == -1 and b.requests[i].num_tokens:
-                raise ConfigError(f"batch.idx_mapping[{i}]", "a dummy request (-1) must schedule no tokens")
     for i, g in enumerate(s.groups):
         need = max_blocks_needed(s, g)
         if need > g.num_blocks - 1:
@@ -610,6 +613,17 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
         reqs = (Request(0, 200, "prefill"), Request(int(rng.integers(1, 8000)), 1, "decode"),
                 Request(int(rng.integers(1, 8000)), 1, "decode"), Request(3000, 40, "chunked"))
         batch = Batch(reqs, (0, 4, 1, 2), num_tokens_padded=256)
+    elif name == "graph-padding":
+        # vLLM 0.33.0 / 0.34.0 MRV2 speculator (spec_decode/speculator.py `_copy_request_inputs`): rows past the
+        # real requests of a CUDA-graph-padded draft batch get idx_mapping -1 and still schedule tokens (a
+        # uniform 1 + num_speculative_tokens each, stale positions); the kernel pads them (`is_real_req`).
+        cp = CPConfig(dcp=4, interleave=16)
+        groups = (KVGroup("attn", "attention", 128, 64, num_blocks=1024),
+                  KVGroup("attn-replicated", "attention", 64, num_blocks=2048, cp_size=1))
+        limits = Limits(max_model_len=4096, max_num_reqs=8, max_num_batched_tokens=512, num_speculative_tokens=3)
+        reqs = (Request(0, 200, "prefill"), Request(1000, 100, "chunked"), Request(3000, 4, "spec", padded_drafts=2),
+                Request(int(rng.integers(1, 4000)), 1, "decode"), Request(0, 4, "dummy"), Request(1700, 4, "dummy"))
+        batch = Batch(reqs, (5, 2, 7, 0, -1, -1), num_tokens_padded=320)
     else:
         raise ConfigError("scenario", f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     s = Scenario(name, cp, groups, limits, batch, seed=seed)
@@ -630,7 +644,7 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
 
 
 PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica", "prefix-replay",
-           "hybrid-interleave", "long-context", "huge-cache", "released-window")
+           "hybrid-interleave", "long-context", "huge-cache", "released-window", "graph-padding")
 
 
 def random_replay(rng: np.random.Generator, groups: list[KVGroup], reqs: list[Request], chance: float,
