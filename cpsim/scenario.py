@@ -6,7 +6,6 @@ the canonical JSON), so anything that changes a slot mapping must be a field her
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import hashlib
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from cpsim import layout
+from cpsim.plain_data import plain as _plain
 from cpsim.errors import ConfigError
 
 GROUP_KINDS = ("attention", "sliding_window", "mamba")
@@ -298,34 +298,6 @@ class Scenario:
             path.write_text(tomli_w.dumps(self.to_dict()))
         else:
             path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-
-_ATOMS = (int, str, bool, float, type(None))
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _plain(x):
-    """``dataclasses.asdict(x)``, the same value, without its generic walk: fuzz fingerprints every
-    scenario it draws (a drawn scenario's fingerprint: 0.05 -> 0.03 ms; ``scripts/bench_parent.py``).
-    Scenario data is frozen dataclasses, tuples and immutable atoms; anything else is copied as
-    ``asdict`` copies it (tests/test_scenario.py compares the two on drawn scenarios)."""
-    if type(x) in _ATOMS:
-        return x
-    if type(x) in (tuple, list):
-        return type(x)(_plain(v) for v in x)
-    names = _FIELDS.get(type(x))
-    if names is not None:
-        return {n: _plain(getattr(x, n)) for n in names}
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        _FIELDS[type(x)] = tuple(f.name for f in dataclasses.fields(x))
-        return _plain(x)
-    if isinstance(x, dict):
-        return type(x)((_plain(k), _plain(v)) for k, v in x.items())
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple
-        return type(x)(*[_plain(v) for v in x])
-    if isinstance(x, (list, tuple)):
-        return type(x)(_plain(v) for v in x)
-    return copy.deepcopy(x)
 
 
 def _group(i: int, g: dict[str, Any]) -> KVGroup:
