@@ -555,19 +555,15 @@ def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
 def capacity(ctx, path, entries: int) -> list[Violation]:
     """The slot buffer holds what the profile's host must hold (``profiles.slot_buffer_need``) and
     every entry this batch writes (a profile without the draft reserve still cannot drop tokens)."""
-    lim = ctx.s.limits
-    reserve = profiles.DRAFT_RESERVE.get(ctx.profile.name, True)
-    draft = max(lim.num_speculative_tokens - 1, 0) if reserve else 0
-    # A speculative request's scheduled tokens already hold its drafts: the batch writes those, padded.
-    demand = max(ctx.n, ctx.s.batch.num_tokens_padded)
-    need = max(profiles.slot_buffer_need(ctx.profile, lim), demand)
+    lim, host = ctx.s.limits, profiles.slot_buffer_need(ctx.profile, ctx.s.limits)
+    demand = max(ctx.n, ctx.s.batch.num_tokens_padded)  # a spec request's scheduled tokens hold its drafts
+    need = max(host, demand)
     if entries >= need:
         return []
-    host = profiles.slot_buffer_need(ctx.profile, lim)
-    rule = (f"{lim.max_num_batched_tokens} batched + {draft} draft x {lim.max_num_reqs} requests" if reserve
+    rule = (f"{lim.max_num_batched_tokens} batched + {max(lim.num_speculative_tokens - 1, 0)} draft x "
+            f"{lim.max_num_reqs} requests" if profiles.DRAFT_RESERVE.get(ctx.profile.name, True)
             else f"{lim.max_num_batched_tokens} batched under {ctx.profile.name}")
-    if need != host:
-        rule = f"max({rule}, the {demand} this batch writes)"
+    rule = rule if need == host else f"max({rule}, the {demand} this batch writes)"
     return [Violation("capacity", path, "*", need - entries,
                       f"slot buffer holds {entries} entries; needs {need} = {rule} (this batch writes {demand})")]
 
