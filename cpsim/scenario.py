@@ -51,6 +51,7 @@ class KVGroup:
     cp_size: int = 0               # upstream `group_cp_sizes[i]`: g | N; 1 replicated; 0 = the world size
     prefix_cacheable: bool = True  # upstream `spec.prefix_cacheable`: replayed positions are PAD here
     prefix_replay_tokens: int = 0  # upstream `spec.prefix_replay_tokens`: the replay window this group asks for
+    row_blocks: int = 0            # a tail group narrower than the sequence: rows hold this many blocks; 0 = all
 
     @property
     def b(self) -> int:
@@ -236,8 +237,9 @@ class Scenario:
                 del g["cp_size"]
             if g["prefix_cacheable"]:
                 del g["prefix_cacheable"]
-            if not g["prefix_replay_tokens"]:
-                del g["prefix_replay_tokens"]
+            for key in ("prefix_replay_tokens", "row_blocks"):
+                if not g[key]:
+                    del g[key]
         for r in d["batch"]["requests"]:
             if not r["padded_drafts"]:
                 del r["padded_drafts"]
@@ -372,6 +374,10 @@ def validate(s: Scenario) -> Scenario:
             raise ConfigError(f"{f}.prefix_cacheable", "a group with a replay window is rebuilt by the replay, so "
                                                        "it is not prefix-cacheable (upstream derives one from the "
                                                        "other); set prefix_cacheable = false")
+        _positive(f"{f}.row_blocks", g.row_blocks, 0)
+        if g.row_blocks and (g.kind != "attention" or g.world(s.cp) > 1):
+            raise ConfigError(f"{f}.row_blocks", "a tail group narrower than the sequence is an unsharded attention "
+                                                 "group (cp_size 1): every rank keeps the whole tail (SPEC §2.4)")
         err = cp_layout_error(s.cp, g)
         if err and not s.allow_invalid:
             raise ConfigError("cp.interleave", err + " (use --allow-invalid to run it on purpose)")
@@ -441,10 +447,9 @@ def max_blocks_needed(s: Scenario, g: KVGroup) -> int:
     n = g.world(s.cp)
     if g.circular or not g.slot_mapped:
         return sum(1 for r in s.batch.requests if r.seq_len > 0)
-    return max(
-        sum(layout.blocks_touched(r.seq_len, rank, g.block_size, n, s.cp.interleave) for r in s.batch.requests)
-        for rank in range(n)
-    )
+    cap = g.row_blocks or INT32_MAX
+    return max(sum(min(layout.blocks_touched(r.seq_len, rank, g.block_size, n, s.cp.interleave), cap)
+                   for r in s.batch.requests) for rank in range(n))
 
 
 # ---- presets -----------------------------------------------------------
@@ -590,8 +595,11 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
         # real requests of a CUDA-graph-padded draft batch get idx_mapping -1 and still schedule tokens (a
         # uniform 1 + num_speculative_tokens each, stale positions); the kernel pads them (`is_real_req`).
         cp = CPConfig(dcp=4, interleave=16)
+        # A one-block tail group (vLLM's KpoolTailSpec, slot-mapped by the generic kernel until vLLM #56380):
+        # positions past its row's 16 are PAD, and the row's end is never read.
         groups = (KVGroup("attn", "attention", 128, 64, num_blocks=1024),
-                  KVGroup("attn-replicated", "attention", 64, num_blocks=2048, cp_size=1))
+                  KVGroup("attn-replicated", "attention", 64, num_blocks=2048, cp_size=1),
+                  KVGroup("tail", "attention", 16, num_blocks=64, cp_size=1, row_blocks=1))
         limits = Limits(max_model_len=4096, max_num_reqs=8, max_num_batched_tokens=512, num_speculative_tokens=3)
         reqs = (Request(0, 200, "prefill"), Request(1000, 100, "chunked"), Request(3000, 4, "spec", padded_drafts=2),
                 Request(int(rng.integers(1, 4000)), 1, "decode"), Request(0, 4, "dummy"), Request(1700, 4, "dummy"))

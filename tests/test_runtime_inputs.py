@@ -9,6 +9,7 @@ their tokens; ``_compute_slot_mappings_kernel`` (``gpu/block_table.py``) never r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,10 +17,12 @@ import pytest
 
 from cpsim import cli
 from cpsim import scenario as sc
+from cpsim.errors import ConfigError
 
 K = Path(__file__).parent / "kernels"
 MRV2_OK = f"{K}/vllm_mrv2_032_abi.py:_compute_slot_mappings_kernel"
 MRV2_DUMMY_BLIND = f"{K}/vllm_mrv2_032_dummy_blind.py:_compute_slot_mappings_kernel"
+MRV2_NO_ROW_BOUND = f"{K}/vllm_mrv2_032_no_row_bound.py:_compute_slot_mappings_kernel"
 
 
 def _run(tmp_path, *args) -> tuple[int, dict]:
@@ -65,6 +68,42 @@ def test_default_fuzz_finds_the_dummy_blind_kernel(tmp_path):
     data = json.loads(repro.read_text())
     s = sc.Scenario.from_dict(data["scenario"])
     assert any(r.num_tokens and s.batch.is_dummy(i) for i, r in enumerate(s.batch.requests))
+
+
+# ---- a slot-mapped tail group narrower than the sequence (vLLM's KpoolTailSpec, #56380) ---------------
+
+def test_graph_padding_preset_has_a_one_block_tail_group():
+    s = sc.preset("graph-padding")
+    (tail,) = [g for g in s.groups if g.row_blocks]
+    assert tail.row_blocks == 1 and tail.world(s.cp) == 1
+    assert any(r.seq_len > tail.block_size for r in s.batch.requests)  # tokens past the row
+
+
+def test_kernel_without_a_row_bound_fails_graph_padding(tmp_path):
+    """The twin without ``idx < stride`` reads ``table[row][p // B]`` past the tail row's one entry."""
+    rc, rep = _run(tmp_path, "--scenario", "graph-padding", "--paths", "v2", "--kernel-v2", MRV2_NO_ROW_BOUND)
+    assert rc == 1
+    bad = {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"
+           for x in v["violations"] if x["group"] == "tail"}
+    assert {"row-bounds", "dense-local", "matches-reference"} <= bad
+
+
+def test_default_fuzz_finds_the_kernel_without_a_row_bound(tmp_path):
+    """Within 100 examples of the default space (seed 0: after 72), shrunk to a tail group."""
+    rc = cli.main(["fuzz", "--paths", "v2", "--kernel-v2", MRV2_NO_ROW_BOUND, "--max-examples", "100", "--seed", "0",
+                   "--stop-after-first", "--out", str(tmp_path), "--quiet"])
+    assert rc == 1
+    (repro,) = tmp_path.glob("repro-*.json")
+    s = sc.Scenario.from_dict(json.loads(repro.read_text())["scenario"])
+    assert any(g.row_blocks for g in s.groups)
+
+
+def test_a_sharded_tail_group_is_exit_2_naming_the_field():
+    s = sc.preset("graph-padding")
+    groups = tuple(dataclasses.replace(g, cp_size=0) if g.row_blocks else g for g in s.groups)
+    with pytest.raises(ConfigError, match="cp_size 1") as e:
+        sc.validate(s.replace(groups=groups))
+    assert e.value.field.endswith("(tail).row_blocks")
 
 
 # ---- replay reruns every released ABI on an explicit batch -------------------------------------------

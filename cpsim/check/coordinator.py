@@ -19,7 +19,7 @@ from cpsim import layout
 from cpsim.check import profiles, reference
 from cpsim.allocator import Allocation
 from cpsim.layout import GUARD, PAD_SLOT_ID, POISON, cdiv
-from cpsim.scenario import Scenario
+from cpsim.scenario import INT32_MAX, Scenario
 
 INVARIANTS = (
     "kernel-completes",
@@ -127,7 +127,7 @@ class _Ctx:
         """bool [n]: tokens group ``g`` must hold somewhere: not padding, and not replayed where the group
         keeps its prefix-cache KV (those are ``padding`` / ``replayed-is-pad``'s to judge)."""
         dead = self.pad | self.replayed if g.pads_replay else self.pad
-        return ~dead[:n]
+        return ~(dead | (self.pos // g.block_size >= (g.row_blocks or INT32_MAX)))[:n]  # a tail row's end
 
     def sets(self, ranks: int, g) -> list[range]:
         """Replica sets of group ``g``: ``g`` consecutive ranks, one of each shard rank."""
@@ -489,8 +489,8 @@ def block_sizing(ctx, path, g, widths: list[int], entry_sizes: list[int]) -> lis
     prof = ctx.profile
     out = []
     for r, (w, e) in enumerate(zip(widths, entry_sizes)):
-        if g.circular:
-            need, exact = 1, None
+        if g.circular or g.row_blocks:  # a ring, a tail group: its row's blocks, by design
+            need, exact = (g.row_blocks or 1) * (g.block_size // e), None
         elif not g.slot_mapped and prof.state_width == "spec":
             # vLLM's MambaSpec has two widths: 1 + speculative blocks (state-indexed rows), or one entry per
             # block of max_model_len in align mode (position-indexed rows, what cpsim allocates); either is

@@ -168,7 +168,7 @@ def scenario_for(s, p: Profile):
     groups = []
     for i, g in enumerate(s.groups):
         lay = layout_of(s, p, g)
-        if kv > 1 and g.kind == "attention" and lay not in p.group_layouts and p.shards_attention:
+        if kv > 1 and g.kind == "attention" and lay not in p.group_layouts and p.shards_attention and not g.row_blocks:
             lay = "sharded"
         elif kv > 1 and g.kind == "attention" and lay not in p.group_layouts:
             what = (f"a partial replica (CP size {g.world(s.cp)} of {kv})" if lay == "partial-replica"

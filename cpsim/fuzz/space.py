@@ -283,8 +283,19 @@ def build(d, allow_invalid: bool = False, max_programs: int = 48, max_tokens_per
         flagged.add(d.integer(0, total - 1))
     s = sc.Scenario("fuzz", cp, tuple(groups), limits, sc.Batch(tuple(reqs), idx, padded, tuple(sorted(flagged))),
                     seed=d.integer(0, 2**16), allow_invalid=invalid)
-    s = with_replay(s)
+    s = with_tail(with_replay(s))
     return sc.validate(s.replace(groups=cache_sizes(d, s, space, int32_slots)))
+
+
+def with_tail(s: sc.Scenario) -> sc.Scenario:
+    """Tail groups from the scenario's own seed, not from the draws: an unsharded attention group becomes,
+    three times in ten, a group whose rows hold one or two blocks (vLLM's KpoolTailSpec, SPEC §2.4).
+    Shrinking the seed (or the groups) removes it."""
+    import numpy as np
+    rng = np.random.default_rng([s.seed, 0x7a])
+    groups = tuple(dataclasses.replace(g, row_blocks=int(rng.integers(1, 3)))
+                   if g.kind == "attention" and g.world(s.cp) == 1 and rng.random() < 0.3 else g for g in s.groups)
+    return s.replace(groups=groups)
 
 
 def dummy(d, r: sc.Request) -> bool:
