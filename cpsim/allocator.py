@@ -48,7 +48,8 @@ def _blocks_for(s: Scenario, g: KVGroup, rank: int, seq_len: int) -> int:
         return 0
     if g.circular or not g.slot_mapped:
         return 1
-    return layout.blocks_touched(seq_len, rank, g.block_size, g.world(s.cp), s.cp.interleave)
+    n = layout.blocks_touched(seq_len, rank, g.block_size, g.world(s.cp), s.cp.interleave)
+    return min(n, g.row_blocks) if g.row_blocks else n  # a tail group holds its row's blocks only
 
 
 def allocate(s: Scenario, rank: int, group_index: int) -> Allocation:

@@ -6,7 +6,6 @@ the canonical JSON), so anything that changes a slot mapping must be a field her
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import hashlib
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from cpsim import layout
+from cpsim.plain_data import plain as _plain
 from cpsim.errors import ConfigError
 
 GROUP_KINDS = ("attention", "sliding_window", "mamba")
@@ -51,6 +51,7 @@ class KVGroup:
     cp_size: int = 0               # upstream `group_cp_sizes[i]`: g | N; 1 replicated; 0 = the world size
     prefix_cacheable: bool = True  # upstream `spec.prefix_cacheable`: replayed positions are PAD here
     prefix_replay_tokens: int = 0  # upstream `spec.prefix_replay_tokens`: the replay window this group asks for
+    row_blocks: int = 0            # a tail group narrower than the sequence: rows hold this many blocks; 0 = all
 
     @property
     def b(self) -> int:
@@ -123,7 +124,8 @@ class Batch:
     # stale) and handed out as copies: the fuzz loop asks for them dozens of times per scenario.
 
     def padding_mask(self) -> np.ndarray:
-        """bool [num_tokens]: tokens flagged padding (``is_padding`` or a request's padded drafts)."""
+        """bool [num_tokens]: tokens flagged padding (``is_padding``, a request's padded drafts, every token
+        of a dummy request: idx_mapping -1, a graph-padding row, SPEC §2.4)."""
         return self._padding_mask.copy()
 
     @functools.cached_property
@@ -131,19 +133,24 @@ class Batch:
         mask = np.zeros(self.num_tokens, dtype=bool)
         qsl = self.query_start_loc()
         for i, r in enumerate(self.requests):
-            if r.padded_drafts:
-                mask[int(qsl[i + 1]) - r.padded_drafts: int(qsl[i + 1])] = True
+            dead = r.num_tokens if self.is_dummy(i) else r.padded_drafts
+            mask[int(qsl[i + 1]) - dead: int(qsl[i + 1])] = True
         idx = [t for t in self.is_padding if 0 <= t < self.num_tokens]
         mask[idx] = True
         return mask
 
+    def is_dummy(self, i: int) -> bool:
+        """Request ``i`` has no table row (v2 ``idx_mapping`` -1): a dummy or graph-padding request."""
+        return bool(self.idx_mapping) and self.idx_mapping[i] < 0
+
     @property
     def has_padding(self) -> bool:
-        return bool(self.is_padding) or any(r.padded_drafts for r in self.requests)
+        return bool(self.is_padding) or any(r.padded_drafts or (r.num_tokens and self.is_dummy(i))
+                                            for i, r in enumerate(self.requests))
 
     def allocated_lens(self) -> list[int]:
         """Positions each request holds blocks for: up to its last token that is not padding
-        (the scheduler allocates for the tokens it keeps; padding past them has no block)."""
+        (the scheduler allocates for the tokens it keeps; padding past them has no block); none for a dummy."""
         return list(self._allocated_lens)
 
     @functools.cached_property
@@ -153,7 +160,7 @@ class Batch:
         out = []
         for i, r in enumerate(self.requests):
             real = np.flatnonzero(~mask[int(qsl[i]): int(qsl[i + 1])])
-            out.append(r.context_len + (int(real[-1]) + 1 if len(real) else 0))
+            out.append(0 if self.is_dummy(i) else r.context_len + (int(real[-1]) + 1 if len(real) else 0))
         return tuple(out)
 
     @property
@@ -230,8 +237,9 @@ class Scenario:
                 del g["cp_size"]
             if g["prefix_cacheable"]:
                 del g["prefix_cacheable"]
-            if not g["prefix_replay_tokens"]:
-                del g["prefix_replay_tokens"]
+            for key in ("prefix_replay_tokens", "row_blocks"):
+                if not g[key]:
+                    del g[key]
         for r in d["batch"]["requests"]:
             if not r["padded_drafts"]:
                 del r["padded_drafts"]
@@ -292,34 +300,6 @@ class Scenario:
             path.write_text(tomli_w.dumps(self.to_dict()))
         else:
             path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-
-
-_ATOMS = (int, str, bool, float, type(None))
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _plain(x):
-    """``dataclasses.asdict(x)``, the same value, without its generic walk: fuzz fingerprints every
-    scenario it draws (a drawn scenario's fingerprint: 0.05 -> 0.03 ms; ``scripts/bench_parent.py``).
-    Scenario data is frozen dataclasses, tuples and immutable atoms; anything else is copied as
-    ``asdict`` copies it (tests/test_scenario.py compares the two on drawn scenarios)."""
-    if type(x) in _ATOMS:
-        return x
-    if type(x) in (tuple, list):
-        return type(x)(_plain(v) for v in x)
-    names = _FIELDS.get(type(x))
-    if names is not None:
-        return {n: _plain(getattr(x, n)) for n in names}
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        _FIELDS[type(x)] = tuple(f.name for f in dataclasses.fields(x))
-        return _plain(x)
-    if isinstance(x, dict):
-        return type(x)((_plain(k), _plain(v)) for k, v in x.items())
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a named tuple
-        return type(x)(*[_plain(v) for v in x])
-    if isinstance(x, (list, tuple)):
-        return type(x)(_plain(v) for v in x)
-    return copy.deepcopy(x)
 
 
 def _group(i: int, g: dict[str, Any]) -> KVGroup:
@@ -394,6 +374,10 @@ def validate(s: Scenario) -> Scenario:
             raise ConfigError(f"{f}.prefix_cacheable", "a group with a replay window is rebuilt by the replay, so "
                                                        "it is not prefix-cacheable (upstream derives one from the "
                                                        "other); set prefix_cacheable = false")
+        _positive(f"{f}.row_blocks", g.row_blocks, 0)
+        if g.row_blocks and (g.kind != "attention" or g.world(s.cp) > 1):
+            raise ConfigError(f"{f}.row_blocks", "a tail group narrower than the sequence is an unsharded attention "
+                                                 "group (cp_size 1): every rank keeps the whole tail (SPEC §2.4)")
         err = cp_layout_error(s.cp, g)
         if err and not s.allow_invalid:
             raise ConfigError("cp.interleave", err + " (use --allow-invalid to run it on purpose)")
@@ -432,9 +416,6 @@ def validate(s: Scenario) -> Scenario:
         if len(set(rows)) != len(rows) or any(not 0 <= x < lim.max_num_reqs for x in rows):
             raise ConfigError("batch.idx_mapping", f"rows must be distinct in [0, {lim.max_num_reqs}) or -1, "
                               f"got {list(b.idx_mapping)}")
-        for i, x in enumerate(b.idx_mapping):
-            if x == -1 and b.requests[i].num_tokens:
-                raise ConfigError(f"batch.idx_mapping[{i}]", "a dummy request (-1) must schedule no tokens")
     for i, g in enumerate(s.groups):
         need = max_blocks_needed(s, g)
         if need > g.num_blocks - 1:
@@ -466,10 +447,9 @@ def max_blocks_needed(s: Scenario, g: KVGroup) -> int:
     n = g.world(s.cp)
     if g.circular or not g.slot_mapped:
         return sum(1 for r in s.batch.requests if r.seq_len > 0)
-    return max(
-        sum(layout.blocks_touched(r.seq_len, rank, g.block_size, n, s.cp.interleave) for r in s.batch.requests)
-        for rank in range(n)
-    )
+    cap = g.row_blocks or INT32_MAX
+    return max(sum(min(layout.blocks_touched(r.seq_len, rank, g.block_size, n, s.cp.interleave), cap)
+                   for r in s.batch.requests) for rank in range(n))
 
 
 # ---- presets -----------------------------------------------------------
@@ -610,6 +590,20 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
         reqs = (Request(0, 200, "prefill"), Request(int(rng.integers(1, 8000)), 1, "decode"),
                 Request(int(rng.integers(1, 8000)), 1, "decode"), Request(3000, 40, "chunked"))
         batch = Batch(reqs, (0, 4, 1, 2), num_tokens_padded=256)
+    elif name == "graph-padding":
+        # vLLM 0.33.0 / 0.34.0 MRV2 speculator (spec_decode/speculator.py `_copy_request_inputs`): rows past the
+        # real requests of a CUDA-graph-padded draft batch get idx_mapping -1 and still schedule tokens (a
+        # uniform 1 + num_speculative_tokens each, stale positions); the kernel pads them (`is_real_req`).
+        cp = CPConfig(dcp=4, interleave=16)
+        # A one-block tail group (vLLM's KpoolTailSpec, slot-mapped by the generic kernel until vLLM #56380):
+        # positions past its row's 16 are PAD, and the row's end is never read.
+        groups = (KVGroup("attn", "attention", 128, 64, num_blocks=1024),
+                  KVGroup("attn-replicated", "attention", 64, num_blocks=2048, cp_size=1),
+                  KVGroup("tail", "attention", 16, num_blocks=64, cp_size=1, row_blocks=1))
+        limits = Limits(max_model_len=4096, max_num_reqs=8, max_num_batched_tokens=512, num_speculative_tokens=3)
+        reqs = (Request(0, 200, "prefill"), Request(1000, 100, "chunked"), Request(3000, 4, "spec", padded_drafts=2),
+                Request(int(rng.integers(1, 4000)), 1, "decode"), Request(0, 4, "dummy"), Request(1700, 4, "dummy"))
+        batch = Batch(reqs, (5, 2, 7, 0, -1, -1), num_tokens_padded=320)
     else:
         raise ConfigError("scenario", f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     s = Scenario(name, cp, groups, limits, batch, seed=seed)
@@ -630,7 +624,7 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
 
 
 PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica", "prefix-replay",
-           "hybrid-interleave", "long-context", "huge-cache", "released-window")
+           "hybrid-interleave", "long-context", "huge-cache", "released-window", "graph-padding")
 
 
 def random_replay(rng: np.random.Generator, groups: list[KVGroup], reqs: list[Request], chance: float,

@@ -87,6 +87,7 @@ class KVGroupModel(Strict):
     cp_size: Annotated[StrictInt, Field(ge=0, le=MAX_CP)] = 0   # group CP size g; 0 = the world size
     prefix_cacheable: StrictBool = True                          # false: replayed positions keep real slots
     prefix_replay_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0  # replay window it asks for
+    row_blocks: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0  # a tail group's blocks per row; 0 = all
 
 
 class LimitsModel(Strict):

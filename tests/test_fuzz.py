@@ -63,7 +63,7 @@ def test_strategy_draws_valid_scenarios_that_round_trip(s):
 
 @pytest.mark.parametrize("explore", fz.EXPLORERS)
 def test_strategy_reaches_the_corners_the_faults_live_in(explore):
-    """Large caches, positions past 4096 blocks, BPK > 1 with CP, graph padding, dummies: in the
+    """Large caches, positions past 4096 blocks, BPK > 1 with CP, graph padding, dummies (with tokens too): in the
     first 300 scenarios of either driver of the space (plain random draws, Hypothesis)."""
     seen = set()
 
@@ -79,6 +79,8 @@ def test_strategy_reaches_the_corners_the_faults_live_in(explore):
             seen.add("graph padding")
         if -1 in s.batch.idx_mapping:
             seen.add("dummy request")
+        if any(r.num_tokens and s.batch.is_dummy(i) for i, r in enumerate(s.batch.requests)):
+            seen.add("dummy request with tokens")
         if any(r.seq_len > 4096 * g.block_size * n for g in s.groups for r in s.batch.requests):
             seen.add("past a 4096-entry window")
         if n > 1 and n & (n - 1):
@@ -94,7 +96,7 @@ def test_strategy_reaches_the_corners_the_faults_live_in(explore):
         settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None,
                  derandomize=True)(given(fz.scenarios())(probe))()
     assert seen == {"cache > 2^24 blocks", "cache > 2^31 slots", "hybrid blocks under CP", "graph padding",
-                    "dummy request", "past a 4096-entry window", "CP world not a power of two", "PCP x DCP"}
+                    "dummy request", "dummy request with tokens", "past a 4096-entry window", "CP world not a power of two", "PCP x DCP"}
 
 
 @pytest.mark.parametrize("space, int32_slots", [("default", False), ("default", True), ("extreme", False)])

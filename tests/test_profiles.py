@@ -19,7 +19,7 @@ from cpsim.capture import batch as xb
 from cpsim.check import explicit, profiles
 from cpsim.check.batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
-from cpsim.scenario import CPConfig, KVGroup, Limits
+from cpsim.scenario import CPConfig, KVGroup, Limits, preset
 
 P = -1
 ATTN = KVGroup("attn", "attention", 4, num_blocks=64)
@@ -171,24 +171,47 @@ def test_the_dcp_layout_is_idempotent_and_noted():
     assert any("PCP does not shard KV" in n for n in profiles.notes(t, profiles.get("vllm-0.33"), ["v2"]))
 
 
-# ---- (d) no partial replicas in vLLM (and no replicated groups before 0.31) -----------------------
+# ---- (d) group layouts each release builds (SPEC §4.1 "Group layouts") ------------------------------
 
-def test_partial_replica_under_a_vllm_profile_is_exit_2_naming_the_field():
+def test_partial_replica_under_a_profile_with_dcp_sharded_is_exit_2_naming_the_field():
+    """vLLM 0.31+ (``dcp_sharded``: all of DCP or replicated) and vllm-ascend cannot build a partial replica."""
     part = KVGroup("attn", "attention", 4, num_blocks=64, cp_size=2)
     step = _step("v2", CPConfig(dcp=4), (part,), [[ATTN_TABLES[r % 2]] for r in range(4)],
                  [[ATTN_SLOTS[r % 2]] for r in range(4)])
     assert _failed(step) == set()  # cpsim's model has partial replicas
-    for name in ("vllm-0.26", "vllm-0.30", "vllm-0.31", "vllm-0.33", "vllm-ascend-0.23"):
+    for name in ("vllm-0.31", "vllm-0.33", "vllm-ascend-0.23"):
         with pytest.raises(ConfigError, match=r"groups\[0\]\.cp_size.*partial replica"):
             _failed(step, name)
 
 
-def test_replicated_group_before_0_31_is_exit_2():
-    repl = KVGroup("attn", "attention", 4, num_blocks=64, cp_size=1)
-    step = _step("v2", CPConfig(dcp=2), (repl,), [[[[1, 2, 0, 0]]]] * 2, [[[4, 5, 6, 7, 8, 9, P, P]]] * 2)
-    assert _failed(step, "vllm-0.33") == set()
-    with pytest.raises(ConfigError, match=r"groups\[0\]\.cp_size.*replicated group"):
-        _failed(step, "vllm-0.30")
+REPL = KVGroup("attn", "attention", 4, num_blocks=64, cp_size=1)
+REPL_TABLES = [[[[1, 2, 0, 0]]]] * 2
+REPL_SLOTS = [[[4, 5, 6, 7, 8, 9, P, P]]] * 2  # every rank holds every token: table[0][p // 4] * 4 + p % 4
+# the DCP transform applied to it (vLLM #57260): rank 0 p = 0, 2, 4 at 4, 5, 6; rank 1 p = 1, 3, 5 at 4, 5, 6
+REPL_AS_SHARDED = [[[4, P, 5, P, 6, P, P, P]], [[P, 4, P, 5, P, 6, P, P]]]
+
+
+def test_replicated_group_is_judged_replicated_under_vllm_0_30():
+    """vLLM 0.30.0 builds replicated slot-mapped groups (``MambaSpec``: replicated across DCP, slot-mapped,
+    ``gpu/model_runner.py``) and launches them with CP_SIZE = DCP (``gpu/block_table.py``, no
+    ``dcp_sharded``): the profile judges a replicated group replicated, so that launch fails, as it did."""
+    step = _step("v2", CPConfig(dcp=2), (REPL,), REPL_TABLES, REPL_SLOTS)
+    for name in ("vllm-0.30", "vllm-0.31", "vllm-0.33"):
+        assert _failed(step, name) == set(), name
+    transformed = _step("v2", CPConfig(dcp=2), (REPL,), REPL_TABLES, REPL_AS_SHARDED)
+    assert "exactly-one-owner" in _failed(transformed, "vllm-0.30")
+
+
+@pytest.mark.parametrize("name", ["vllm-0.25", "vllm-0.26"])
+def test_replicated_group_is_laid_out_sharded_where_the_release_shards_every_group(name):
+    """vLLM 0.19-0.28 shard every attention group over their KV world (0.23.0 ``gpu_model_runner.py``:
+    ``cdiv(max_model_len, B x total CP)`` for every group): a replicated group is not refused but laid out
+    sharded, as the release builds the model; the replicated mapping then fails and the sharded one holds."""
+    assert _failed(_step("v2", CPConfig(dcp=2), (REPL,), REPL_TABLES, REPL_AS_SHARDED), name) == set()
+    assert "exactly-one-owner" in _failed(_step("v2", CPConfig(dcp=2), (REPL,), REPL_TABLES, REPL_SLOTS), name)
+    s = profiles.scenario_for(preset("hybrid-mamba"), profiles.get(name))
+    local = [g for g in s.groups if g.name == "attn-local"][0]
+    assert local.world(s.cp) == s.cp.world
 
 
 # ---- (e) ring-buffer sliding windows: none in released vLLM ---------------------------------------
@@ -275,7 +298,7 @@ def test_bugs_reproduce_accepts_and_shows_the_profile(tmp_path, capsys):
 
 
 def test_fuzz_records_the_profile_and_replay_and_draw_use_it(tmp_path, capsys):
-    code = cli.main(["fuzz", "--max-examples", "30", "--seed", "3", "--paths", "v1", "--inject", "mtp-draft-capacity",
+    code = cli.main(["fuzz", "--max-examples", "30", "--seed", "0", "--paths", "v1", "--inject", "mtp-draft-capacity",
                      "--profile", "vllm-ascend-0.23", "--out", str(tmp_path), "--no-db", "--stop-after-first",
                      "--shrink-seconds", "5"])
     assert code == 1 and "profile: vllm-ascend-0.23" in capsys.readouterr().out

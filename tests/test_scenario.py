@@ -65,13 +65,17 @@ def test_bad_input_names_field_and_rule(change, field, words):
     assert field in e.field and words in e.rule
 
 
-def test_dummy_requests_schedule_nothing():
+def test_a_dummy_request_with_tokens_is_padding_and_holds_no_blocks():
+    """vLLM 0.33.0's MRV2 speculator keeps the tokens of its graph-padding rows (idx_mapping -1): every
+    one of them is padding, and the request holds no blocks (it has no table row)."""
     s = sc.preset("default")
     reqs = list(s.batch.requests)
     dummy = s.batch.idx_mapping.index(-1)
-    reqs[dummy] = sc.Request(0, 3)
-    e = _err(s.replace(batch=dataclasses.replace(s.batch, requests=tuple(reqs))))
-    assert "dummy" in e.rule
+    reqs[dummy] = sc.Request(700, 3, "dummy")
+    s = sc.validate(s.replace(batch=dataclasses.replace(s.batch, requests=tuple(reqs))))
+    qsl = s.batch.query_start_loc()
+    assert s.batch.has_padding and s.batch.padding_mask()[qsl[dummy]:qsl[dummy + 1]].all()
+    assert s.batch.allocated_lens()[dummy] == 0
 
 
 @pytest.mark.parametrize("suffix", [".json", ".toml"])

@@ -59,6 +59,15 @@ def test_no_draft_reserve_fails_capacity_on_mtp(tmp_path):
     assert _status(rep, "block-sizing") == {"pass"}
 
 
+def test_capacity_counts_the_drafts_once(tmp_path):
+    """mtp schedules 44 + 11 x 6 = 110 tokens, the drafts inside each spec request's 6: the batch writes 110,
+    not 110 + 4 x 12 (the drafts again); the host's need is 80 batched + 4 draft x 12 requests = 128."""
+    rc, rep = _run(tmp_path, "mtp", _spec("no_draft_reserve.py:sizing"))
+    (v,) = [v for v in rep["verdicts"] if v["invariant"] == "capacity"]
+    assert v["violations"][0]["message"] == ("slot buffer holds 104 entries; needs 128 = 80 batched + 4 draft x 12 "
+                                             "requests (this batch writes 110)")
+
+
 def test_no_draft_reserve_passes_where_there_are_no_drafts(tmp_path):
     """The twin differs only in the reserve: hybrid-mamba has no speculative tokens, so it passes there."""
     rc, rep = _run(tmp_path, "hybrid-mamba", _spec("no_draft_reserve.py:sizing"))

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from cpsim import kernels
+from cpsim.capture import rerun_released
 from cpsim.capture.batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
 from cpsim.layout import PAD_SLOT_ID, POISON
@@ -115,9 +116,12 @@ def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray
     if kernel is None:
         k = _builtin(step.path)
         return [rank_slots(k, step, r, device) for r in range(len(step.ranks))]
-    if kernel.load_failure is None and kernel.abi not in ("ascend-v1", "ascend-v2", "vllm-v2"):
+    rerunnable = ("ascend-v1", "ascend-v2", "vllm-v2") + rerun_released.RELEASED
+    if kernel.load_failure is None and kernel.abi not in rerunnable:
         raise ConfigError(f"--kernel-{step.path}", f"{kernel.spec}: rerunning captured inputs supports the "
-                                                   f"ascend-v1, ascend-v2 and vllm-v2 ABIs, not {kernel.abi}")
+                                                   f"{', '.join(rerunnable)} ABIs, not {kernel.abi}")
+    if kernel.load_failure is None and kernel.abi in rerun_released.RELEASED:
+        rerun_released.check_tables(kernel, step)
     from cpsim.run import isolation
     return [isolation.call(rank_slots, step.path, kernel, step, r, device, rank=r, device=device)
             for r in range(len(step.ranks))]
@@ -130,7 +134,7 @@ def rank_slots(k, step: ExplicitStep, r: int, device: str = "cpu") -> np.ndarray
         prepare_triton(torch.device(device))
     rb = step.ranks[r]
     T = rb.slots.shape[1] if rb.slots is not None else step.limits.slot_buffer_size
-    fn = _v1_rank if step.path == "v1" else _v2_rank
+    fn = rerun_released.rank if k.abi in rerun_released.RELEASED else _v1_rank if step.path == "v1" else _v2_rank
     out = fn(k, step, r, rb, T, torch.device(device))
     if rb.is_padding is not None and "is_padding" not in k.params:
         # The runtime masks flagged tokens around a kernel that does not take the flags.

@@ -19,7 +19,7 @@ from cpsim import layout
 from cpsim.check import profiles, reference
 from cpsim.allocator import Allocation
 from cpsim.layout import GUARD, PAD_SLOT_ID, POISON, cdiv
-from cpsim.scenario import Scenario
+from cpsim.scenario import INT32_MAX, Scenario
 
 INVARIANTS = (
     "kernel-completes",
@@ -127,7 +127,7 @@ class _Ctx:
         """bool [n]: tokens group ``g`` must hold somewhere: not padding, and not replayed where the group
         keeps its prefix-cache KV (those are ``padding`` / ``replayed-is-pad``'s to judge)."""
         dead = self.pad | self.replayed if g.pads_replay else self.pad
-        return ~dead[:n]
+        return ~(dead | (self.pos // g.block_size >= (g.row_blocks or INT32_MAX)))[:n]  # a tail row's end
 
     def sets(self, ranks: int, g) -> list[range]:
         """Replica sets of group ``g``: ``g`` consecutive ranks, one of each shard rank."""
@@ -489,8 +489,8 @@ def block_sizing(ctx, path, g, widths: list[int], entry_sizes: list[int]) -> lis
     prof = ctx.profile
     out = []
     for r, (w, e) in enumerate(zip(widths, entry_sizes)):
-        if g.circular:
-            need, exact = 1, None
+        if g.circular or g.row_blocks:  # a ring, a tail group: its row's blocks, by design
+            need, exact = (g.row_blocks or 1) * (g.block_size // e), None
         elif not g.slot_mapped and prof.state_width == "spec":
             # vLLM's MambaSpec has two widths: 1 + speculative blocks (state-indexed rows), or one entry per
             # block of max_model_len in align mode (position-indexed rows, what cpsim allocates); either is
@@ -555,15 +555,15 @@ def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
 def capacity(ctx, path, entries: int) -> list[Violation]:
     """The slot buffer holds what the profile's host must hold (``profiles.slot_buffer_need``) and
     every entry this batch writes (a profile without the draft reserve still cannot drop tokens)."""
-    lim = ctx.s.limits
-    reserve = profiles.DRAFT_RESERVE.get(ctx.profile.name, True)
-    draft = max(lim.num_speculative_tokens - 1, 0) if reserve else 0
-    demand = max(ctx.n, ctx.s.batch.num_tokens_padded) if not reserve else ctx.n + draft * ctx.s.batch.num_reqs
-    need = max(profiles.slot_buffer_need(ctx.profile, lim), demand if not reserve else 0)
+    lim, host = ctx.s.limits, profiles.slot_buffer_need(ctx.profile, ctx.s.limits)
+    demand = max(ctx.n, ctx.s.batch.num_tokens_padded)  # a spec request's scheduled tokens hold its drafts
+    need = max(host, demand)
     if entries >= need:
         return []
-    rule = (f"{lim.max_num_batched_tokens} batched + {draft} draft x {lim.max_num_reqs} requests" if reserve else
-            f"max({lim.max_num_batched_tokens} batched, the {demand} this batch writes) under {ctx.profile.name}")
+    rule = (f"{lim.max_num_batched_tokens} batched + {max(lim.num_speculative_tokens - 1, 0)} draft x "
+            f"{lim.max_num_reqs} requests" if profiles.DRAFT_RESERVE.get(ctx.profile.name, True)
+            else f"{lim.max_num_batched_tokens} batched under {ctx.profile.name}")
+    rule = rule if need == host else f"max({rule}, the {demand} this batch writes)"
     return [Violation("capacity", path, "*", need - entries,
                       f"slot buffer holds {entries} entries; needs {need} = {rule} (this batch writes {demand})")]
 

@@ -17,7 +17,7 @@ from math import gcd
 from cpsim import releases
 from cpsim.errors import ConfigError
 from cpsim.layout import cdiv
-from cpsim.scenario import max_blocks_needed
+from cpsim.scenario import cp_layout_error, max_blocks_needed
 
 ALIGN_TOKENS = 128  # vLLM >= 0.27 `get_block_table_width`: widths rounded up to a 128-token multiple
 
@@ -38,6 +38,8 @@ class Profile:
     group_layouts: tuple[str, ...]  # "sharded", "replicated", "partial-replica"
     ring_windows: bool          # a sliding-window group may be a ring buffer (1 block, slot = p % window)
     circular_pad: bool = False  # MRV2 launches a ring (CircularBufferSpec) with slot_mapping_enabled false: all PAD
+    shards_attention: bool = False  # no per-group CP flag: the release shards every attention group over its KV world,
+                                    # so a group in a layout it lacks is laid out sharded (not refused)
 
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (
@@ -46,14 +48,15 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             ("sharded", "replicated", "partial-replica"), True),
     Profile("vllm-0.25", releases.profile_releases("vllm-0.25"),
             ("vllm/v1/worker/block_table.py (compute_slot_mapping: total_cp_world_size = PCP x DCP)",),
-            "at-least", "untouched", "spec", "buffer", True, ("sharded",), False),
+            "at-least", "untouched", "spec", "buffer", True, ("sharded",), False, shards_attention=True),
     Profile("vllm-0.26", releases.profile_releases("vllm-0.26"),
             ("vllm/v1/worker/block_table.py", "vllm/v1/worker/gpu/block_table.py"),
-            "at-least", "untouched", "spec", "buffer", False, ("sharded",), False),
+            "at-least", "untouched", "spec", "buffer", False, ("sharded",), False, shards_attention=True),
     Profile("vllm-0.30", releases.profile_releases("vllm-0.30"),
             ("vllm/v1/worker/gpu/model_runner.py (slot_mapping_enabled: every group but CircularBufferSpec)",
              "vllm/v1/worker/gpu/block_table.py (CP_SIZE = dcp_size for every group, no dcp_sharded)"),
-            "aligned-128", "slots-sharded", "spec", "buffer", False, ("sharded",), False, True),
+            "aligned-128", "slots-sharded", "spec", "buffer", False, ("sharded", "replicated"), False, True,
+            shards_attention=True),
     Profile("vllm-0.31", releases.profile_releases("vllm-0.31"),
             ("vllm/v1/worker/block_table.py (MultiGroupBlockTable, get_block_table_width)",
              "vllm/v1/worker/gpu/block_table.py"),
@@ -150,23 +153,31 @@ def scenario_for(s, p: Profile):
 
     * vLLM shards KV over DCP only: with PCP > 1 a sharded group becomes CP size DCP (replicated over
       PCP: ranks with the same DCP rank hold the same shard), so allocation, launch and oracle agree.
-    * vLLM has no partial replicas (MRV2 ``dcp_sharded``: all of DCP or replicated), and before 0.31
-      no replicated group either: such a group under that profile is not a false failure but a
-      scenario that release cannot run.
+    * A release without a per-group CP flag (vLLM 0.18-0.30: ``shards_attention``) shards every attention
+      group over its KV world: a group in a layout it lacks is laid out sharded, as that release builds
+      the model. vLLM 0.29-0.30 also build replicated slot-mapped groups (``MambaSpec``, replicated
+      across DCP, slot-mapped under CP_SIZE = DCP): a replicated group stays replicated there and is
+      judged so. With ``dcp_sharded`` (0.31+) a group is all of DCP or replicated: a partial replica
+      is not a false failure but a scenario that release cannot run (exit 2).
 
     Idempotent: the result maps to itself."""
     kv = kv_world(s, p)
     groups = []
     for i, g in enumerate(s.groups):
         lay = layout_of(s, p, g)
-        if kv > 1 and g.kind == "attention" and lay not in p.group_layouts:
+        if kv > 1 and g.kind == "attention" and lay not in p.group_layouts and p.shards_attention and not g.row_blocks:
+            lay = "sharded"
+        elif kv > 1 and g.kind == "attention" and lay not in p.group_layouts:
             what = (f"a partial replica (CP size {g.world(s.cp)} of {kv})" if lay == "partial-replica"
                     else "a replicated group")
             raise ConfigError(f"groups[{i}].cp_size",
                               f"group {g.name!r} is {what}: not expressible under profile {p.name} "
                               f"({p.releases}: groups {', '.join(p.group_layouts)})")
         if lay == "sharded" and g.world(s.cp) != kv:
-            g = dataclasses.replace(g, cp_size=kv if kv > 1 else 1)
+            g = dataclasses.replace(g, cp_size=kv, cp_sharded=True) if kv > 1 else dataclasses.replace(g, cp_size=1)
+            if cp_layout_error(s.cp, g):
+                raise ConfigError("cp.interleave", f"{cp_layout_error(s.cp, g)}: under profile {p.name} group {g.name!r} "
+                                                   f"is sharded over {kv} ({p.releases} shard every attention group)")
         groups.append(g)
     if tuple(groups) == tuple(s.groups):
         return s

@@ -78,7 +78,9 @@ def make_slot(blk, block_size, o, FAULT: tl.constexpr):
 @triton.jit
 def lookup_slots(row_ptr, stride, k, o, valid, block_size, PAD_ID: tl.constexpr, WINDOW: tl.constexpr,
                  FAULT: tl.constexpr):
-    """int64 slots of one tile (table entry ``k``, offset ``o``), PAD where not ``valid``."""
+    """int64 slots of one tile (table entry ``k``, offset ``o``), PAD where not ``valid`` or past the row's end
+    (a tail group narrower than the sequence: SPEC §2.4)."""
+    valid = valid & (k < stride)
     blk = lookup_blocks(row_ptr, stride, k, valid, WINDOW, FAULT)
     return tl.where(valid, make_slot(blk, block_size, o, FAULT), PAD_ID).to(tl.int64)
 

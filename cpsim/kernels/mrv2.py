@@ -62,10 +62,14 @@ def _compute_slot_mappings_kernel(
         return
 
     row = tl.load(idx_mapping + batch_idx)
-    if row < 0:  # dummy request: no tokens, its row is never read
-        return
     start = tl.load(query_start_loc + batch_idx)
     end = tl.load(query_start_loc + batch_idx + 1)
+    if row < 0:  # a dummy / graph-padding request: its row is never read, its tokens get PAD (vLLM 0.31+)
+        for i in range(start, end, TRITON_BLOCK_SIZE):
+            offs = i + tl.arange(0, TRITON_BLOCK_SIZE)
+            tl.store(out_ptr + offs, tl.full((TRITON_BLOCK_SIZE,), PAD_ID, tl.int64).to(out_ptr.dtype.element_ty),
+                     mask=offs < end)
+        return
 
     # Per-group scalars: one scalar table pointer per program (no pointer vectors).
     table_ptr = tl.load(block_table_ptrs + group).to(tl.pointer_type(tl.int32))

@@ -24,6 +24,6 @@ def compute_dcp_slot_mapping(req_indices: torch.Tensor, positions: torch.Tensor,
     inside = logical < width
     flat = req_indices * width + logical.clamp(max=width - 1)
     blocks = block_table.reshape(-1).to(torch.int64)[flat]
-    blocks = torch.where(inside, blocks, torch.zeros_like(blocks))
     slots = blocks * kernel_block_size + local % kernel_block_size
-    return torch.where(is_local, slots, torch.full_like(slots, pad_id))
+    # past the row's end (a tail group narrower than the sequence) nothing is read: PAD
+    return torch.where(is_local & inside, slots, torch.full_like(slots, pad_id))

@@ -33,7 +33,7 @@ def physical_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
         return layout.cdiv(mml, g.block_size)
     if g.world(s.cp) == 1 and knobs.unsharded_width_per_cp:
         return layout.table_width(mml, g.block_size, n)
-    return sizing.cpsim_width("v1", mml, g.block_size, g.world(s.cp), n)
+    return g.row_blocks or sizing.cpsim_width("v1", mml, g.block_size, g.world(s.cp), n)
 
 
 def pos_int32(s: Scenario) -> bool:

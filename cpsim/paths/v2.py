@@ -41,7 +41,7 @@ def table_width(s: Scenario, g: KVGroup, knobs: Knobs) -> int:
         n = 1
     if n == 1 and knobs.unsharded_width_per_cp:
         n = s.cp.world
-    return sizing.cpsim_width("v2", mml, g.block_size, n, s.cp.world)
+    return g.row_blocks or sizing.cpsim_width("v2", mml, g.block_size, n, s.cp.world)
 
 
 def table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
@@ -56,7 +56,8 @@ def table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
 def needs_mrv2(s: Scenario, knobs: Knobs = Knobs()) -> bool:
     """The scenario (or an injected MRV2-only fault) needs what only the MRV2 kernel expresses."""
     partial = any(1 < g.world(s.cp) < s.cp.world for g in s.groups)
-    return partial or s.batch.has_padding or bool(knobs.kernel_fault & kernels.MRV2_FAULTS)
+    tail = any(g.row_blocks for g in s.groups)  # only the MRV2 kernel bounds a read by the row's live blocks
+    return partial or tail or s.batch.has_padding or bool(knobs.kernel_fault & kernels.MRV2_FAULTS)
 
 
 def kernel_table_shape(s: Scenario, g: KVGroup, knobs: Knobs) -> TableShape:
