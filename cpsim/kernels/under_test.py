@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,6 +37,7 @@ class Abi:
     releases: str = ""              # the releases whose host code launches a kernel this way
     origin: str = ""                # package whose kernels take this ABI when names alone are ambiguous
     out_dtype: str = "int64"        # the slot buffer the host hands the kernel
+    release_range: tuple[str, str] = ()  # (first, last) release of ``releases`` where names alone are ambiguous
 
     def describe(self) -> str:
         parts = list(self.required)
@@ -119,11 +121,17 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
         releases="vllm-ascend 0.18.0, 0.23.0, 0.23.0.post1 (worker/v2/block_table.py)", origin="vllm_ascend",
         out_dtype="int32"),
     Abi("vllm-v2", ("v2",), ("num_tokens",) + _MRV2_HEAD + _MRV2_TAIL,
-        launch="grid (num_groups, num_reqs + 1), int64 output"),
+        launch="grid (num_groups, num_reqs + 1), num_tokens = the graph-padded count, physical tables, int64 output",
+        releases="vLLM 0.17.0 (v1/worker/gpu/block_table.py)"),
     Abi("vllm-mrv2-0.18", ("v2",), _MRV2_HEAD + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size "
                "(--kernel-v2-launch split: one per group CP size), physical tables, int64 output",
-        releases="vLLM 0.18-0.28 (v1/worker/gpu/block_table.py)", origin="vllm"),
+        releases="vLLM 0.18-0.21 (v1/worker/gpu/block_table.py)", origin="vllm", release_range=("0.18.0", "0.21.99")),
+    Abi("vllm-mrv2-0.22", ("v2",), _MRV2_HEAD + _MRV2_TAIL,
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size "
+               "(--kernel-v2-launch split: one per group CP size), kernel-block tables, block_sizes = the kernel "
+               "block b, int64 output",
+        releases="vLLM 0.22-0.28 (v1/worker/gpu/block_table.py)", origin="vllm", release_range=("0.22.0", "0.28.99")),
     Abi("vllm-mrv2-0.29", ("v2",), _MRV2_HEAD + ("kernel_block_sizes", "slot_mapping_enabled") + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
                "kernel-block tables, per-group slot_mapping_enabled, int64 output",
@@ -253,6 +261,7 @@ class Signature:
     params: tuple[tuple[str, bool], ...]   # (name, has_default) in order
     origin: str = ""                       # "vllm" / "vllm_ascend" / "": the package its file is of
     obj: Any = field(default=None, compare=False)  # the kernel itself, only where it was imported
+    release: str = ""                      # the release its file is of, where its folder says (release_of)
 
     def plain(self) -> "Signature":
         return replace(self, obj=None)
@@ -269,7 +278,8 @@ class LoadFailure:
 
 def signature_of(obj: Any) -> Signature:
     obj = unwrap(obj)
-    return Signature(_name(obj), is_triton_kernel(obj), callable(obj), tuple(parameters(obj)), origin(obj), obj)
+    return Signature(_name(obj), is_triton_kernel(obj), callable(obj), tuple(parameters(obj)), origin(obj), obj,
+                     release_of(obj))
 
 
 def parameters(obj: Any) -> list[tuple[str, bool]]:
@@ -303,12 +313,21 @@ def mismatch(abi: Abi, params: list[tuple[str, bool]]) -> str | None:
     return "; ".join(why) or None
 
 
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split(".")[:3] if x.isdigit())
+
+
+def in_range(release: str, bounds: tuple[str, str]) -> bool:
+    """Whether ``release`` (X.Y.Z) lies in ``bounds`` (first, last; inclusive); no bounds: any release."""
+    return not bounds or _version_key(bounds[0]) <= _version_key(release) <= _version_key(bounds[1])
+
+
 def detect_abi(obj: Any, forced: str = "auto", where: str = "kernel") -> str:
     """The ABI of a kernel object or of its ``Signature`` (what a worker reports); see ``choose_abi``."""
     sig = obj if isinstance(obj, Signature) else signature_of(obj)
     if not sig.triton and not sig.is_callable:
         raise ConfigError(where, f"{sig.name} is neither a Triton kernel nor a callable")
-    return choose_abi(list(sig.params), sig.triton, sig.origin, forced, where, sig.name)
+    return choose_abi(list(sig.params), sig.triton, sig.origin, forced, where, sig.name, sig.release)
 
 
 def origin(obj: Any) -> str:
@@ -327,8 +346,28 @@ def origin(obj: Any) -> str:
     return ""
 
 
+def release_of(obj: Any) -> str:
+    """The vLLM release a kernel's file is of, where its folder says so: a ``vllm-X.Y.Z`` folder above it
+    (a ``pip install --target`` folder or an unpacked wheel, as ``make upstream-check`` makes them) or a
+    ``vllm-X.Y.Z.dist-info`` beside its package. "" when neither: names alone (or ``--kernel-abi``) decide."""
+    file = _source_file(obj)
+    if not file:
+        return ""
+    parts = Path(file).parts
+    for i in range(len(parts) - 1, 0, -1):
+        if parts[i] == "vllm":
+            top = Path(*parts[:i])
+            found = re.fullmatch(r"vllm-(\d+\.\d+\.\d+)", top.name)
+            if found:
+                return found.group(1)
+            infos = [re.fullmatch(r"vllm-(\d+\.\d+\.\d+)\.dist-info", p.name) for p in top.glob("vllm-*.dist-info")]
+            if len([m for m in infos if m]) == 1:
+                return next(m for m in infos if m).group(1)
+    return ""
+
+
 def choose_abi(params: list[tuple[str, bool]], triton: bool, source: str = "", forced: str = "auto",
-               where: str = "kernel", name: str = "kernel") -> str:
+               where: str = "kernel", name: str = "kernel", release: str = "") -> str:
     """Apply the ABI table to (parameter name, has default) pairs: the one ABI they fit. Parameter
     names pick the ABI; where two ABIs take the same names (vLLM 0.18-0.28's MRV2 kernel and
     cpsim's ascend-v2), the kernel's ``source`` package decides, else ``--kernel-abi`` must."""
@@ -349,6 +388,10 @@ def choose_abi(params: list[tuple[str, bool]], triton: bool, source: str = "", f
     fits = [n for n, w in why.items() if w is None]
     if len(fits) > 1 and source:
         fits = [n for n in fits if ABIS[n].origin == source] or fits
+    if len(fits) > 1 and release:
+        fits = [n for n in fits if in_range(release, ABIS[n].release_range)] or fits
+    if len(fits) > 1 and all(ABIS[n].release_range for n in fits):
+        fits = fits[:1]  # one signature over several release ranges, the release unknown: the first range's
     if len(fits) == 1:
         return fits[0]
     if not fits:

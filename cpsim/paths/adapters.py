@@ -43,7 +43,7 @@ def run(k, path: str, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knob
     runner = {"ascend-v1": _ascend_v1, "ascend-v1-fused": _ascend_v1_fused,
               "ascend-v1-fused-adaptive": _ascend_v1_fused,
               "vllm-v1-0.19": _vllm_v1, "vllm-v1-0.26": _vllm_v1, "vllm-v1-0.32": _vllm_v1,
-              "ascend-v2": _v2, "ascend-v2-0.18": _v2, "vllm-v2": _v2, "vllm-mrv2-0.18": _v2,
+              "ascend-v2": _v2, "ascend-v2-0.18": _v2, "vllm-v2": _v2, "vllm-mrv2-0.18": _v2, "vllm-mrv2-0.22": _v2,
               "vllm-mrv2-0.29": _mrv2_flags, "vllm-mrv2-0.31": _mrv2_flags, "vllm-mrv2-0.32": _mrv2_flags,
               "cpsim-mrv2": _mrv2}[k.abi]
     prepare_triton(prep.device)
@@ -52,6 +52,10 @@ def run(k, path: str, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knob
         _mask_padding(k, s, out, prep)
     return out
 
+
+# Released MRV2 ABIs whose host hands kernel-block tables and block_sizes = the kernel block b (vLLM 0.22-0.28:
+# BlockTables widens each table by B/b and block_sizes_tensor is built from kernel_block_sizes).
+KERNEL_BLOCK_TABLES = ("vllm-mrv2-0.22",)
 
 # Released MRV2 kernels that emit PAD themselves for a dummy request (idx_mapping == -1): vLLM 0.31+.
 DUMMY_AWARE = ("vllm-mrv2-0.31", "vllm-mrv2-0.32")
@@ -143,6 +147,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
     T = out.shape[1]
     n_tok = min(bt.num_scheduled, T)
     qsl = bt.query_start_loc.clamp(max=T)
+    positions = bt.positions[:n_tok]  # the runner hands positions[:total_num_scheduled_tokens]
     if k.abi != "vllm-v1-0.19":
         _note_dcp_only(k, s)
     enabled = []
@@ -161,7 +166,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
         else:
             table = prep.table(allocs[gi], v1.table_shape(s, g, knobs))
         buf = prep.buffer([gi], T, torch.int64)[0]
-        args = dict(num_tokens=n_tok, max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=bt.positions,
+        args = dict(num_tokens=n_tok, max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=positions,
                     block_table_ptr=table, block_table_stride=table.stride(0), slot_mapping_ptr=buf,
                     TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=cp_rank, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave,
                     PAD_ID=PAD_SLOT_ID, BLOCK_SIZE=TILE)
@@ -290,14 +295,24 @@ def _v2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankO
     bt, _ = prep.batch()
     T = knobs.buffer_entries(s, "v2")
     out = prep.buffer(range(len(s.groups)), T, torch.int64)
-    tables, entry = zip(*(_physical(s, g, a, knobs, prep) for g, a in zip(s.groups, allocs)))
+    if k.abi in KERNEL_BLOCK_TABLES:  # vLLM 0.22-0.28 MRV2: BlockTables holds kernel-block ids, block_sizes = b
+        tables, entry = [prep.table(a, v2.kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)], \
+            [g.b for g in s.groups]
+    else:
+        tables, entry = zip(*(_physical(s, g, a, knobs, prep) for g, a in zip(s.groups, allocs)))
     has_enabled = "slot_mapping_enabled" in k.params
     launches: dict[tuple[int, int], list[int]] = {}
+    unjudged = set()
     for gi, g in enumerate(s.groups):
         if g.circular:
             _skip_circular(k, g)
             continue
-        if not g.slot_mapped and not has_enabled:
+        if not g.slot_mapped and not has_enabled and k.v2_launch == "single" and ABIS[k.abi].releases:
+            # the release's BlockTables launches every group, a state group's table too (no flag to skip it)
+            k.note(f"group {g.name}: {g.kind} groups have no slot mapping, but the {k.abi} releases launch the "
+                   f"kernel over every group: launched with the others, its output not checked")
+            unjudged.add(gi)
+        elif not g.slot_mapped and not has_enabled:
             k.note(f"group {g.name}: {g.kind} groups have no slot mapping and this {k.abi} kernel has no "
                    f"slot_mapping_enabled flag; group left out of the launch and not checked")
             continue
@@ -330,8 +345,10 @@ def _v2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankO
             CP_SIZE=n, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
         )
         if k.abi == "vllm-v2":
-            # vLLM's runner hands the kernel positions[:num_tokens], the scheduled (unpadded) count.
-            args["num_tokens"] = min(bt.num_scheduled, T)
+            # vLLM 0.17.0's MRV2 runner hands compute_slot_mappings positions[:num_tokens_after_padding] and the
+            # host passes num_tokens = positions.shape[0]: the graph-padded count (gpu/model_runner.py
+            # prepare_inputs, gpu/block_table.py compute_slot_mappings)
+            args["num_tokens"] = min(bt.num_tokens, T)
         if "TOTAL_BLOCK_SIZE" in k.params:
             args["TOTAL_BLOCK_SIZE"] = ASCEND_TOTAL_BLOCK_SIZE  # the fixed table window the release passes
         if "BLOCK_TABLE_PAD_SIZE" in k.params:
@@ -347,7 +364,7 @@ def _v2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankO
                            (gis[0], "idx_mapping", rows)] + [(i, "block table", tables[i]) for i in gis]):
             k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
         out[gis] = buf.to(torch.int64)
-    done = {gi for gis in launches.values() for gi in gis}
+    done = {gi for gis in launches.values() for gi in gis} - unjudged
     return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], list(entry))
 
 
