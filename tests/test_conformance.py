@@ -59,13 +59,27 @@ def _fake_host_launches(s, rank: int, kernel_blocks: bool, num_tokens_arg: bool)
     mrv2_host._compute_slot_mappings_kernel = recorder.RecordingKernel("_compute_slot_mappings_kernel", params,
                                                                        launches)
     host = mrv2_host.BlockTables([g.block_size for g in s.groups], [g.b for g in s.groups], s.limits.max_num_reqs,
-                                 s.limits.slot_buffer_size, [v2.table_width(s, g, Knobs()) for g in s.groups],
+                                 _buffer(s, kernel_blocks), [_width(s, g, kernel_blocks) for g in s.groups],
                                  s.cp.world, rank, s.cp.interleave, kernel_blocks, num_tokens_arg)
     positions = np.zeros(max(s.batch.num_tokens_padded, s.batch.num_tokens), dtype=np.int64)
     positions[: s.batch.num_tokens] = s.batch.positions()
     mrv2_host.run_step(host, list(s.batch.rows_v2()), conformance.job_blocks(s), s.batch.query_start_loc(),
                        positions, len(positions))
     return launches
+
+
+def _buffer(s, kernel_blocks: bool) -> int:
+    """The fake host's slot buffer: the budget, as 0.22-0.28 size it; the 0.17.0 layout keeps cpsim's buffer
+    (the vllm-v2 adapter's: 0.17.0 is judged by cpsim's profile, whose capacity wants the draft reserve)."""
+    return s.limits.max_num_batched_tokens if kernel_blocks else s.limits.slot_buffer_size
+
+
+def _width(s, g, kernel_blocks: bool) -> int:
+    """The fake host's table width: cpsim's, but a state group's as 0.27-0.28's runner sizes it
+    (cdiv(max_model_len, B x DCP) + the draft blocks) in the 0.22-0.28 layout."""
+    if kernel_blocks and not g.slot_mapped:
+        return -(-s.limits.max_model_len // (g.block_size * s.cp.dcp)) + s.limits.num_speculative_tokens
+    return v2.table_width(s, g, Knobs())
 
 
 def _graph_padded():
@@ -145,3 +159,36 @@ def test_twin_of_0_22_virtual_block_from_block_sizes_fails_under_its_adapter():
         check_kernel(spec, abi="vllm-mrv2-0.22", path="v2", scenarios=["hybrid-interleave"])
     check_kernel("tests/kernels/vllm_mrv2_018_abi.py:_compute_slot_mappings_kernel", abi="vllm-mrv2-0.22",
                  path="v2", scenarios=["hybrid-interleave", "default"])
+
+
+def test_ascend_0_23_capacity_reserves_drafts_on_v1_only():
+    """vllm-ascend 0.18.0 / 0.23.0.post1's MRV2 AscendBlockTables holds max_num_batched_tokens entries, its v1
+    BlockTable the draft slots too: under that profile a budget-sized buffer passes on v2 and fails on v1,
+    and a v2 buffer one entry short of the budget fails."""
+    from types import SimpleNamespace
+    from cpsim.check import coordinator, profiles
+    s = preset("default")
+    lim = s.limits
+    assert lim.slot_buffer_size > lim.max_num_batched_tokens
+    ctx = SimpleNamespace(s=s, n=s.batch.num_tokens, profile=profiles.PROFILES["vllm-ascend-0.23"])
+    assert coordinator.capacity(ctx, "v2", lim.max_num_batched_tokens) == []
+    assert [v.invariant for v in coordinator.capacity(ctx, "v2", lim.max_num_batched_tokens - 1)] == ["capacity"]
+    assert [v.invariant for v in coordinator.capacity(ctx, "v1", lim.max_num_batched_tokens)] == ["capacity"]
+    assert coordinator.capacity(ctx, "v1", lim.slot_buffer_size) == []
+
+
+def test_released_adapters_hand_the_release_buffer_and_state_width():
+    """The budget-sized slot buffer (vLLM 0.23-0.33, vllm-ascend's AscendBlockTables), the state group's
+    table as the release's runner sizes it, and vLLM 0.19-0.25's v1 launch for the state group too."""
+    s = preset("default", dcp=4)
+    mamba = next(i for i, g in enumerate(s.groups) if not g.slot_mapped)
+    v1 = conformance.adapter_launches(s, "v1", 0, "vllm-v1-0.19", list(ABIS["vllm-v1-0.19"].required))
+    assert len(v1) == len(s.groups)
+    assert {x["args"]["max_num_tokens"]["value"] for x in v1} == {s.limits.max_num_batched_tokens}
+    assert len(conformance.adapter_launches(s, "v1", 0, "vllm-v1-0.26", list(ABIS["vllm-v1-0.26"].required))) \
+        == len(s.groups) - 1
+    mrv2 = conformance.adapter_launches(s, "v2", 0, "vllm-mrv2-0.31", list(ABIS["vllm-mrv2-0.31"].required))
+    g = s.groups[mamba]
+    assert mrv2[0]["args"]["block_table_ptrs"]["tables"][mamba]["stride"] == \
+        -(-s.limits.max_model_len // g.block_size) + s.limits.num_speculative_tokens
+    assert mrv2[0]["args"]["max_num_tokens"]["value"] == s.limits.max_num_batched_tokens

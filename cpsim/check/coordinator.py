@@ -545,10 +545,10 @@ def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
                     out.append(f"{path} group {g.name} rank {r}: table width {w} > {rule} entries the "
                                f"{prof.name} rule needs ({w - rule} unused per row)")
         entries = _np(G.slots).shape[2]
-        need = profiles.slot_buffer_need(prof, s.limits)
+        need = profiles.slot_buffer_need(prof, s.limits, path)
         if entries > need:
             out.append(f"{path}: slot buffer {entries} > {need} entries (scheduled tokens"
-                       f"{' + MTP drafts' if profiles.DRAFT_RESERVE.get(prof.name, True) else ''})")
+                       f"{' + MTP drafts' if profiles.draft_reserve(prof, path) else ''})")
     return out
 
 
@@ -556,10 +556,10 @@ def capacity(ctx, path, entries: int) -> list[Violation]:
     """The slot buffer holds what the profile's host must hold (``profiles.slot_buffer_need``) and
     every entry this batch writes (a profile without the draft reserve still cannot drop tokens)."""
     lim = ctx.s.limits
-    reserve = profiles.DRAFT_RESERVE.get(ctx.profile.name, True)
+    reserve = profiles.draft_reserve(ctx.profile, path)
     draft = max(lim.num_speculative_tokens - 1, 0) if reserve else 0
     demand = max(ctx.n, ctx.s.batch.num_tokens_padded) if not reserve else ctx.n + draft * ctx.s.batch.num_reqs
-    need = max(profiles.slot_buffer_need(ctx.profile, lim), demand if not reserve else 0)
+    need = max(profiles.slot_buffer_need(ctx.profile, lim, path), demand if not reserve else 0)
     if entries >= need:
         return []
     rule = (f"{lim.max_num_batched_tokens} batched + {draft} draft x {lim.max_num_reqs} requests" if reserve else

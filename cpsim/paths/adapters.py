@@ -12,6 +12,8 @@ What an ABI cannot express is not faked: the group is left out of the check
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -19,7 +21,8 @@ from cpsim import kernels
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import v1
 from cpsim.paths._inputs import prepare_triton
-from cpsim.paths.launch_args import TILE, _check_int32, _i32, _i64, _note_dcp_only, _physical, _skip_circular
+from cpsim.paths.launch_args import (TILE, _check_int32, _i32, _i64, _note_dcp_only, _physical, _skip_circular,
+                                     slot_entries, v1_state_launch, v1_state_width)
 from cpsim.paths.mrv2_adapters import _mrv2, _mrv2_flags, _v2
 from cpsim.paths.prep import PerRank, TableShape
 from cpsim.paths.types import Knobs, RankOutput
@@ -97,7 +100,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
     0.26-0.31 add KV_CACHE_BLOCK_SIZE / BLOCKS_PER_KV_BLOCK; 0.32+ take a physical table."""
     device = prep.device
     bt, _ = prep.batch()
-    out = v1._poisoned(s, knobs, prep)
+    out = prep.buffer(range(len(s.groups)), slot_entries(k, s, knobs, "v1"), torch.int64)
     T = out.shape[1]
     n_tok = min(bt.num_scheduled, T)
     qsl = bt.query_start_loc.clamp(max=T)
@@ -106,14 +109,20 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
         _note_dcp_only(k, s)
     enabled = []
     for gi, g in enumerate(s.groups):
-        if not g.slot_mapped or g.circular:
+        state = v1_state_launch(k.abi, g)
+        if (not g.slot_mapped and not state) or g.circular:
             if g.circular:
                 k.note(f"group {g.name}: no vLLM release has a ring-buffer sliding-window slot rule (its "
                        f"sliding-window groups map every position as a plain table); group not checked")
             enabled.append(False)
             continue
-        n, cp_rank = _release_cp(k, s, g, rank)
-        if k.abi == "vllm-v1-0.32":
+        n, cp_rank = (s.cp.world, rank) if state else _release_cp(k, s, g, rank)
+        if state:  # one CP size for every group, the runner's state width; its output is not judged
+            k.note(f"group {g.name}: {g.kind} groups have no slot mapping, but the {k.abi} releases launch the "
+                   f"kernel for every group: launched, its output not checked")
+            table = prep.table(allocs[gi], dataclasses.replace(v1.table_shape(s, g, knobs),
+                                                               width=v1_state_width(s, g)))
+        elif k.abi == "vllm-v1-0.32":
             table = prep.table(allocs[gi], TableShape(gi, tuple(range(s.batch.num_reqs)), s.limits.max_num_reqs,
                                                       v1.physical_width(s, g, knobs), 1, g.num_blocks,
                                                       g.block_size, g.block_size))
@@ -136,7 +145,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
                            (gi, "block table", table)]):
             k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf
-        enabled.append(True)
+        enabled.append(not state)
     res = v1._result(out, s, knobs, enabled)
     if k.abi == "vllm-v1-0.32":  # physical entries: one per block of B slots
         res = RankOutput(res.slots, res.enabled, [v1.physical_width(s, g, knobs) for g in s.groups],

@@ -11,7 +11,8 @@ from cpsim.kernels.under_test import ABIS
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import v2
 from cpsim.paths.launch_args import (ASCEND_TOTAL_BLOCK_SIZE, TILE, _check_int32, _i32, _i64, _note_dcp_only,
-                                     _out_dtype, _physical, _ptr_dtype, _skip_circular)
+                                     _out_dtype, _physical, _ptr_dtype, _skip_circular, release_shape,
+                                     slot_entries)
 from cpsim.paths.prep import PerRank
 from cpsim.paths.types import Knobs, RankOutput
 from cpsim.scenario import Scenario
@@ -26,13 +27,13 @@ KERNEL_BLOCK_TABLES = ("vllm-mrv2-0.22",)
 def _v2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
     device = prep.device
     bt, _ = prep.batch()
-    T = knobs.buffer_entries(s, "v2")
+    T = slot_entries(k, s, knobs, "v2")
     out = prep.buffer(range(len(s.groups)), T, torch.int64)
     if k.abi in KERNEL_BLOCK_TABLES:  # vLLM 0.22-0.28 MRV2: BlockTables holds kernel-block ids, block_sizes = b
-        tables, entry = [prep.table(a, v2.kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)], \
-            [g.b for g in s.groups]
+        tables, entry = [prep.table(a, release_shape(k, s, g, v2.kernel_table_shape(s, g, knobs)))
+                         for g, a in zip(s.groups, allocs)], [g.b for g in s.groups]
     else:
-        tables, entry = zip(*(_physical(s, g, a, knobs, prep) for g, a in zip(s.groups, allocs)))
+        tables, entry = zip(*(_physical(s, g, a, knobs, prep, k) for g, a in zip(s.groups, allocs)))
     has_enabled = "slot_mapping_enabled" in k.params
     launches: dict[tuple[int, int], list[int]] = {}
     unjudged = set()
@@ -125,14 +126,15 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) 
     (``kernel_block_sizes``), 0.32+ physical ids."""
     device = prep.device
     bt, _ = prep.batch()
-    T = knobs.buffer_entries(s, "v2")
+    T = slot_entries(k, s, knobs, "v2")
     out = prep.buffer(range(len(s.groups)), T, torch.int64)
     kernel_blocks = "kernel_block_sizes" in k.params
     if kernel_blocks:
-        tables = [prep.table(a, v2.kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)]
+        tables = [prep.table(a, release_shape(k, s, g, v2.kernel_table_shape(s, g, knobs)))
+                  for g, a in zip(s.groups, allocs)]
         entry = [g.b for g in s.groups]
     else:
-        tables, entry = map(list, zip(*(_physical(s, g, a, knobs, prep) for g, a in zip(s.groups, allocs))))
+        tables, entry = map(list, zip(*(_physical(s, g, a, knobs, prep, k) for g, a in zip(s.groups, allocs))))
     has_sharded = "dcp_sharded" in k.params
     _note_dcp_only(k, s)
     gis = []
