@@ -192,3 +192,29 @@ def test_released_adapters_hand_the_release_buffer_and_state_width():
     assert mrv2[0]["args"]["block_table_ptrs"]["tables"][mamba]["stride"] == \
         -(-s.limits.max_model_len // g.block_size) + s.limits.num_speculative_tokens
     assert mrv2[0]["args"]["max_num_tokens"]["value"] == s.limits.max_num_batched_tokens
+
+
+def test_ascend_v2_abi_follows_the_sdist_release_its_file_is_of(tmp_path):
+    """vllm-ascend 0.23.0.post1's AscendBlockTables inherits vLLM 0.23.0's kernel-block tables (its runner
+    passes kernel_block_sizes); 0.18.0's holds physical ids: the sdist folder's release picks the ABI."""
+    src = "tests/kernels/ascend_v2_018_abi.py"
+    for release, abi in (("0.18.0", "ascend-v2-0.18"), ("0.23.0.post1", "ascend-v2-0.23")):
+        folder = tmp_path / f"vllm_ascend-{release}" / "vllm_ascend" / "worker" / "v2"
+        folder.mkdir(parents=True)
+        (folder / "block_table.py").write_text(open(src).read())
+        assert load(f"{folder / 'block_table.py'}:_compute_slot_mappings_kernel", "v2").abi == abi
+    assert load(f"{src}:_compute_slot_mappings_kernel", "v2").abi == "ascend-v2-0.18"  # release unknown
+
+
+def test_ascend_v2_0_23_adapter_hands_kernel_block_tables_and_block_sizes_b():
+    s = _graph_padded()
+    params = list(ABIS["ascend-v2-0.23"].required)
+    launch = conformance.adapter_launches(s, "v2", 0, "ascend-v2-0.23", params)[0]
+    facts = conformance.facts(launch, conformance.job_blocks(s))
+    hybrid = next(i for i, g in enumerate(s.groups) if g.b < g.block_size)
+    assert launch["args"]["block_sizes"]["values"] == [g.b for g in s.groups]
+    assert "kernel-block (x2)" in facts[f"block_table_ptrs[{hybrid}] entries"]
+    old = conformance.facts(conformance.adapter_launches(s, "v2", 0, "ascend-v2-0.18", params)[0],
+                            conformance.job_blocks(s))
+    assert "physical" in old[f"block_table_ptrs[{hybrid}] entries"]
+    assert launch["args"]["max_num_tokens"]["value"] == s.limits.max_num_batched_tokens

@@ -73,7 +73,7 @@ ABI_PROFILE = {
     "vllm-v1-0.19": "vllm-0.25", "vllm-mrv2-0.18": "vllm-0.26", "vllm-mrv2-0.22": "vllm-0.26",
     "vllm-v1-0.26": "vllm-0.31", "vllm-mrv2-0.29": "vllm-0.30", "vllm-mrv2-0.31": "vllm-0.31",
     "vllm-v1-0.32": "vllm-0.33", "vllm-mrv2-0.32": "vllm-0.33",
-    "ascend-v2-0.18": "vllm-ascend-0.23",
+    "ascend-v2-0.18": "vllm-ascend-0.23", "ascend-v2-0.23": "vllm-0.26",
 }
 
 

@@ -118,8 +118,13 @@ ABIS: dict[str, Abi] = {a.name: a for a in (
     Abi("ascend-v2-0.18", ("v2",), _MRV2_HEAD + _MRV2_TAIL + ("TOTAL_BLOCK_SIZE",),
         launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
                "physical tables, TOTAL_BLOCK_SIZE = 4096, int32 output",
-        releases="vllm-ascend 0.18.0, 0.23.0, 0.23.0.post1 (worker/v2/block_table.py)", origin="vllm_ascend",
-        out_dtype="int32"),
+        releases="vllm-ascend 0.18.0 (worker/v2/block_table.py)", origin="vllm_ascend",
+        out_dtype="int32", release_range=("0.18.0", "0.22.99")),
+    Abi("ascend-v2-0.23", ("v2",), _MRV2_HEAD + _MRV2_TAIL + ("TOTAL_BLOCK_SIZE",),
+        launch="grid (num_groups, num_reqs + 1), one launch for every group with CP_SIZE = the world CP size, "
+               "kernel-block tables, block_sizes = the kernel block b, TOTAL_BLOCK_SIZE = 4096, int32 output",
+        releases="vllm-ascend 0.23.0, 0.23.0.post1 (worker/v2/block_table.py)", origin="vllm_ascend",
+        out_dtype="int32", release_range=("0.23.0", "0.23.99")),
     Abi("vllm-v2", ("v2",), ("num_tokens",) + _MRV2_HEAD + _MRV2_TAIL,
         launch="grid (num_groups, num_reqs + 1), num_tokens = the graph-padded count, physical tables, int64 output",
         releases="vLLM 0.17.0 (v1/worker/gpu/block_table.py)"),
@@ -347,14 +352,19 @@ def origin(obj: Any) -> str:
 
 
 def release_of(obj: Any) -> str:
-    """The vLLM release a kernel's file is of, where its folder says so: a ``vllm-X.Y.Z`` folder above it
+    """The release a kernel's file is of, where its folder says so: a ``vllm-X.Y.Z`` folder above it
     (a ``pip install --target`` folder or an unpacked wheel, as ``make upstream-check`` makes them) or a
-    ``vllm-X.Y.Z.dist-info`` beside its package. "" when neither: names alone (or ``--kernel-abi``) decide."""
+    ``vllm-X.Y.Z.dist-info`` beside its package (vLLM), a ``vllm_ascend-X.Y.Z[.postN]`` sdist folder
+    (vllm-ascend: X.Y.Z). "" when none: names alone (or ``--kernel-abi``) decide."""
     file = _source_file(obj)
     if not file:
         return ""
     parts = Path(file).parts
     for i in range(len(parts) - 1, 0, -1):
+        if parts[i] == "vllm_ascend":  # an unpacked vllm-ascend sdist: vllm_ascend-X.Y.Z[.postN]
+            found = re.fullmatch(r"vllm_ascend-(\d+\.\d+\.\d+)(\.post\d+)?", parts[i - 1])
+            if found:
+                return found.group(1)
         if parts[i] == "vllm":
             top = Path(*parts[:i])
             found = re.fullmatch(r"vllm-(\d+\.\d+\.\d+)", top.name)

@@ -44,7 +44,7 @@ def run(k, path: str, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knob
     runner = {"ascend-v1": _ascend_v1, "ascend-v1-fused": _ascend_v1_fused,
               "ascend-v1-fused-adaptive": _ascend_v1_fused,
               "vllm-v1-0.19": _vllm_v1, "vllm-v1-0.26": _vllm_v1, "vllm-v1-0.32": _vllm_v1,
-              "ascend-v2": _v2, "ascend-v2-0.18": _v2, "vllm-v2": _v2, "vllm-mrv2-0.18": _v2, "vllm-mrv2-0.22": _v2,
+              "ascend-v2": _v2, "ascend-v2-0.18": _v2, "ascend-v2-0.23": _v2, "vllm-v2": _v2, "vllm-mrv2-0.18": _v2, "vllm-mrv2-0.22": _v2,
               "vllm-mrv2-0.29": _mrv2_flags, "vllm-mrv2-0.31": _mrv2_flags, "vllm-mrv2-0.32": _mrv2_flags,
               "cpsim-mrv2": _mrv2}[k.abi]
     prepare_triton(prep.device)

@@ -67,7 +67,8 @@ def _note_dcp_only(k, s: Scenario) -> None:
 # (``Limits.slot_buffer_size``: the budget plus the draft slots), and so does ``vllm-v2`` (vLLM 0.17.0 sizes
 # its buffer at the budget too, but has no release profile: cpsim's, which it is judged by, wants the reserve).
 BUDGET_BUFFER = ("vllm-v1-0.19", "vllm-v1-0.26", "vllm-v1-0.32", "vllm-mrv2-0.18", "vllm-mrv2-0.22",
-                 "vllm-mrv2-0.29", "vllm-mrv2-0.31", "vllm-mrv2-0.32", "ascend-v2-0.18")
+                 "vllm-mrv2-0.29", "vllm-mrv2-0.31", "vllm-mrv2-0.32", "ascend-v2-0.18",
+                 "ascend-v2-0.23")
 
 
 def slot_entries(k, s: Scenario, knobs: Knobs, path: str) -> int:
@@ -92,12 +93,18 @@ def state_width(abi: str, s: Scenario, g: KVGroup) -> int | None:
     vLLM 0.27-0.28 (``vllm-mrv2-0.22``) cdiv(max_model_len, B x DCP) + the draft blocks, unaligned
     (0.22-0.26 first round cdiv(...) up to 128 // B entries for B <= 128: the same where that divides, and
     the ABI cannot tell the two apart); 0.29-0.33 ``MambaSpec.max_num_blocks_per_req``: cdiv(max_model_len,
-    B) + the draft blocks (no CP scaling, no alignment)."""
+    B) + the draft blocks (no CP scaling, no alignment); vllm-ascend 0.23.0.post1 (``ascend-v2-0.23``, built by
+    vLLM 0.23.0's runner) cdiv(max_model_len, B x DCP) rounded up to 128 // B entries for B <= 128, + the
+    draft blocks."""
     if g.slot_mapped or g.circular:
         return None
     mml, drafts = s.limits.max_model_len, s.limits.num_speculative_tokens
     if abi == "vllm-mrv2-0.22":
         return -(-mml // (g.block_size * s.cp.dcp)) + drafts
+    if abi == "ascend-v2-0.23":  # vLLM 0.23.0's runner builds AscendBlockTables: cdiv rounded, then + drafts
+        n = -(-mml // (g.block_size * s.cp.dcp))
+        step = 128 // g.block_size if g.block_size <= 128 else 1
+        return -(-n // step) * step + drafts
     if abi in ("vllm-mrv2-0.29", "vllm-mrv2-0.31", "vllm-mrv2-0.32"):
         return -(-mml // g.block_size) + drafts
     return None

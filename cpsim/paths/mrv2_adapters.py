@@ -18,8 +18,9 @@ from cpsim.paths.types import Knobs, RankOutput
 from cpsim.scenario import Scenario
 
 # Released MRV2 ABIs whose host hands kernel-block tables and block_sizes = the kernel block b (vLLM 0.22-0.28:
-# BlockTables widens each table by B/b and block_sizes_tensor is built from kernel_block_sizes).
-KERNEL_BLOCK_TABLES = ("vllm-mrv2-0.22",)
+# BlockTables widens each table by B/b and block_sizes_tensor is built from kernel_block_sizes; vllm-ascend
+# 0.23.0.post1's AscendBlockTables inherits that from vLLM 0.23.0, whose runner passes kernel_block_sizes).
+KERNEL_BLOCK_TABLES = ("vllm-mrv2-0.22", "ascend-v2-0.23")
 
 
 # ---- v2: physical tables through idx_mapping, one launch per CP size --------

@@ -65,11 +65,12 @@ def scenarios() -> list[tuple[str, sc.Scenario]]:
             ("partial-replica", sc.preset("partial-replica"))]
 
 
-def release_abi(launches: list[dict], family: str, release: str) -> str:
-    """The ABI cpsim detects for the release's kernel from the parameter names the host launched it with."""
+def release_abi(launches: list[dict], family: str, release: str, own_release: str = "") -> str:
+    """The ABI cpsim detects for the release's kernel from the parameter names the host launched it with:
+    a vllm-ascend MRV2 kernel by the vllm-ascend release (``own_release``), a vLLM kernel by the vLLM one."""
     params = [(n, False) for n in launches[0]["params"]]
     origin = ORIGIN[family] if launches[0]["kernel"] == "_compute_slot_mappings_kernel" else "vllm"
-    return under_test.choose_abi(params, True, origin, release=release)
+    return under_test.choose_abi(params, True, origin, release=own_release if origin == "vllm_ascend" else release)
 
 
 def adapter_launches(s: sc.Scenario, path: str, rank: int, abi: str, params: list[str]) -> list[dict]:
@@ -172,11 +173,12 @@ def job_blocks(s: sc.Scenario) -> list[list[list[int]]]:
     return [[list(map(int, b)) for b in kv_manager_blocks(s, gi)] for gi in range(len(s.groups))]
 
 
-def judge(s: sc.Scenario, path: str, rank: int, family: str, release: str, host: list[dict]) -> tuple[str, list[Difference]]:
+def judge(s: sc.Scenario, path: str, rank: int, family: str, release: str, host: list[dict],
+          own_release: str = "") -> tuple[str, list[Difference]]:
     """(the ABI, the differences) of one path and rank of ``s``: no host launch (a torch path) is no ABI."""
     if not host:
         return "", []
-    abi = release_abi(host, family, release)
+    abi = release_abi(host, family, release, own_release)
     mine = adapter_launches(s, path, rank, abi, host[0]["params"])
     return abi, compare(host, mine, job_blocks(s))
 
@@ -214,7 +216,8 @@ def _path_row(label, family, vllm_version, name, job, path, make_row) -> dict:
     abi = ""
     for r in ranks:
         try:
-            abi, diffs = judge(job.scenario, path, r, family, vllm_version, job.launches[f"{path}_r{r}"])
+            abi, diffs = judge(job.scenario, path, r, family, vllm_version, job.launches[f"{path}_r{r}"],
+                               label.split()[1] if family == "vllm-ascend" else vllm_version)
         except ConfigError as e:  # cpsim cannot name an ABI for the release's kernel: a conformance failure
             return make_row(label, "conformance", name, path, "fail", ["abi"], detail=f"rank {r}: {e.rule}")
         if diffs:
