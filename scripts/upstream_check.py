@@ -206,16 +206,22 @@ def save_repro(step, release: str, subject: str, scenario: str, path: str) -> st
 
 
 def check_hosts(release: str, family: str, python: str, named=None, paths=("v1", "v2"),
-                source: str | None = None) -> list[dict]:
-    """``source``: the folders put first on the child's sys.path (os.pathsep-separated)."""
-    from cpsim.stack import host
+                source: str | None = None, vllm_version: str = "") -> list[dict]:
+    """``source``: the folders put first on the child's sys.path (os.pathsep-separated). With ``vllm_version``
+    (the vLLM release beside it) the same driver child also records the release's kernel launches on
+    cpsim.stack.conformance's scenarios: the ``conformance`` rows."""
+    from cpsim.stack import conformance, host
     named = named if named is not None else host_scenarios()
+    extra = conformance.scenarios() if vllm_version else []
     try:
-        label, _, jobs = host.drive_many([s for _, s in named], family, list(paths), python,
-                                         timeout=RUN_TIMEOUT * 2, source=source, job_timeout=JOB_TIMEOUT)
+        label, _, jobs = host.drive_many([s for _, s in named + extra], family, list(paths), python,
+                                         timeout=RUN_TIMEOUT * 2, source=source, job_timeout=JOB_TIMEOUT,
+                                         record=len(extra))
     except Exception as e:  # cpsim could not load or drive the release: broken, named
         return [row(release, "host", "*", "*", "broken", detail=f"{type(e).__name__}: {e}")]
-    rows = []
+    rows = [r for (name, _), job in zip(extra, jobs[len(named):])
+            for r in conformance.job_rows(label, family, vllm_version, name, job, paths, row)]
+    jobs = jobs[:len(named)]
     for (name, _), job in zip(named, jobs):
         if job.unsupported:
             rows.append(row(label, "host", name, ",".join(paths), "not expressible",
@@ -370,7 +376,7 @@ def main() -> int:
         if st is not None:
             rows.append(plan.contract_row(row, f"vllm {version}", st))
         if "host" in only:
-            rows += check_hosts(f"vllm {version}", "vllm", python, source=str(folder))
+            rows += check_hosts(f"vllm {version}", "vllm", python, source=str(folder), vllm_version=version)
         if "kernel" in only:
             rows += check_kernels(f"vllm {version}", folder, out)
         times.append(f"vllm {version}: checks {time.time() - t:.0f} s")
@@ -448,7 +454,7 @@ def check_ascend_hosts(args, venvs: Path, times: list[str]) -> list[dict]:
                             detail="upstream_install.py failed" if src is not None else detail))
             continue
         rows += check_hosts(f"vllm-ascend {version}", "vllm-ascend", python, named, paths,
-                            os.pathsep.join([str(src), str(folder)]))
+                            os.pathsep.join([str(src), str(folder)]), vllm_version)
         times.append(f"vllm-ascend {version} host (beside vllm {vllm_version}): {time.time() - t:.0f} s")
         print(times[-1], flush=True)
     return rows

@@ -134,7 +134,7 @@ def test_every_message_round_trips():
     msgs = [wire.Ready(), _done(), _done(output=None), wire.Batch([_done(), wire.Raised("E", "t", "g0")]),
             wire.Refused("--x", "rule"), wire.Unloaded("exited", "m"), wire.Raised("ValueError", "boom", "*"),
             wire.Exited("0", "*"), wire.LostOnReadback("E", "t"),
-            wire.SignatureRead("k", True, False, [("a", False), ("b", True)], "vllm"),
+            wire.SignatureRead("k", True, False, [("a", False), ("b", True)], "vllm", "0.26.0"),
             wire.Value(np.array([[1, -1]], dtype=np.int64), ["note"])]
     for m in msgs:
         got = wire.decode(wire.encode(m))

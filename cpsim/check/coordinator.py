@@ -545,23 +545,25 @@ def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
                     out.append(f"{path} group {g.name} rank {r}: table width {w} > {rule} entries the "
                                f"{prof.name} rule needs ({w - rule} unused per row)")
         entries = _np(G.slots).shape[2]
-        need = profiles.slot_buffer_need(prof, s.limits)
+        need = profiles.slot_buffer_need(prof, s.limits, path)
         if entries > need:
             out.append(f"{path}: slot buffer {entries} > {need} entries (scheduled tokens"
-                       f"{' + MTP drafts' if profiles.DRAFT_RESERVE.get(prof.name, True) else ''})")
+                       f"{' + MTP drafts' if profiles.draft_reserve(prof, path) else ''})")
     return out
 
 
 def capacity(ctx, path, entries: int) -> list[Violation]:
     """The slot buffer holds what the profile's host must hold (``profiles.slot_buffer_need``) and
     every entry this batch writes (a profile without the draft reserve still cannot drop tokens)."""
-    lim, host = ctx.s.limits, profiles.slot_buffer_need(ctx.profile, ctx.s.limits)
+    lim = ctx.s.limits
+    reserve = profiles.draft_reserve(ctx.profile, path)
+    host = profiles.slot_buffer_need(ctx.profile, lim, path)
     demand = max(ctx.n, ctx.s.batch.num_tokens_padded)  # a spec request's scheduled tokens hold its drafts
     need = max(host, demand)
     if entries >= need:
         return []
     rule = (f"{lim.max_num_batched_tokens} batched + {max(lim.num_speculative_tokens - 1, 0)} draft x "
-            f"{lim.max_num_reqs} requests" if profiles.DRAFT_RESERVE.get(ctx.profile.name, True)
+            f"{lim.max_num_reqs} requests" if reserve
             else f"{lim.max_num_batched_tokens} batched under {ctx.profile.name}")
     rule = rule if need == host else f"max({rule}, the {demand} this batch writes)"
     return [Violation("capacity", path, "*", need - entries,

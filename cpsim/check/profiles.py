@@ -116,9 +116,21 @@ DRAFT_RESERVE = {"cpsim": True, "vllm-0.25": False, "vllm-0.26": False, "vllm-0.
                  "vllm-0.33": False, "vllm-ascend-0.23": True}
 
 
-def slot_buffer_need(p: Profile, limits) -> int:
+# The one path family whose host has the reserve, where a profile's hosts differ: vllm-ascend 0.18.0 /
+# 0.23.0.post1 AscendBlockTables (vllm_ascend/worker/v2/block_table.py, MRV2) allocates max_num_batched_tokens
+# entries, only the v1 BlockTable adds the draft slots.
+RESERVE_FAMILY = {"vllm-ascend-0.23": "v1"}
+
+
+def draft_reserve(p: Profile, path: str = "v1") -> bool:
+    """Whether the profile's host for ``path`` reserves MTP draft slots past max_num_batched_tokens."""
+    only = RESERVE_FAMILY.get(p.name)
+    return DRAFT_RESERVE.get(p.name, True) and (only is None or family(path) == only)
+
+
+def slot_buffer_need(p: Profile, limits, path: str = "v1") -> int:
     """Slot-buffer entries the profile's host must hold: scheduled tokens, plus the draft reserve where it has one."""
-    if DRAFT_RESERVE.get(p.name, True):
+    if draft_reserve(p, path):
         return limits.slot_buffer_size
     return limits.max_num_batched_tokens
 

@@ -12,21 +12,22 @@ What an ABI cannot express is not faked: the group is left out of the check
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from cpsim import kernels
-from cpsim.errors import ConfigError
-from cpsim.kernels.under_test import ABIS
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import v1, v2
+from cpsim.paths import v1
 from cpsim.paths._inputs import prepare_triton
+from cpsim.paths.launch_args import (TILE, _check_int32, _i32, _i64, _note_dcp_only, _physical, _skip_circular,
+                                     slot_entries, v1_state_launch, v1_state_width)
+from cpsim.paths.mrv2_adapters import _mrv2, _mrv2_flags, _v2
 from cpsim.paths.prep import PerRank, TableShape
 from cpsim.paths.types import Knobs, RankOutput
-from cpsim.scenario import INT32_MAX, KVGroup, Scenario
+from cpsim.scenario import KVGroup, Scenario
 
-TILE = 1024
-ASCEND_TOTAL_BLOCK_SIZE = 4096  # vllm-ascend 0.18-0.23 AscendBlockTables.compute_slot_mappings passes this
 FUSED_PARALLEL_TILES = 2  # cpsim's choice: >1 so the tile-striding loop is exercised
 
 
@@ -43,7 +44,7 @@ def run(k, path: str, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knob
     runner = {"ascend-v1": _ascend_v1, "ascend-v1-fused": _ascend_v1_fused,
               "ascend-v1-fused-adaptive": _ascend_v1_fused,
               "vllm-v1-0.19": _vllm_v1, "vllm-v1-0.26": _vllm_v1, "vllm-v1-0.32": _vllm_v1,
-              "ascend-v2": _v2, "ascend-v2-0.18": _v2, "vllm-v2": _v2, "vllm-mrv2-0.18": _v2,
+              "ascend-v2": _v2, "ascend-v2-0.18": _v2, "ascend-v2-0.23": _v2, "vllm-v2": _v2, "vllm-mrv2-0.18": _v2, "vllm-mrv2-0.22": _v2,
               "vllm-mrv2-0.29": _mrv2_flags, "vllm-mrv2-0.31": _mrv2_flags, "vllm-mrv2-0.32": _mrv2_flags,
               "cpsim-mrv2": _mrv2}[k.abi]
     prepare_triton(prep.device)
@@ -79,46 +80,6 @@ def _mask_padding(k, s: Scenario, out: RankOutput | None, prep: PerRank) -> None
     v1.mask_padding(s, out.slots, prep)
 
 
-def _i32(values, device) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.int32, device=device)
-
-
-def _i64(values, device) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.int64, device=device)
-
-
-def _ptr_dtype(device: torch.device) -> torch.dtype:
-    # vLLM keeps pointer tables as uint64; torch_npu lacks uint64 tensors, so NPU gets int64 (same bits).
-    return torch.uint64 if device.type in ("cpu", "cuda") else torch.int64
-
-
-def _check_int32(k, g: KVGroup) -> None:
-    top = g.num_blocks * g.block_size - 1
-    if top > INT32_MAX:
-        k.note(f"group {g.name}: slots reach {top} but the {k.abi} ABI writes int32 slot mappings; slots past "
-               f"2^31-1 cannot be represented (they come back wrapped and are reported as violations)")
-
-
-def _skip_circular(k, g: KVGroup) -> None:
-    k.note(f"group {g.name}: a sliding-window ring table has no flag in this {k.abi} kernel; group not checked")
-
-
-def _out_dtype(k) -> torch.dtype:
-    return torch.int32 if ABIS[k.abi].out_dtype == "int32" else torch.int64
-
-
-def _physical(s: Scenario, g: KVGroup, alloc, knobs: Knobs, prep: PerRank) -> tuple[torch.Tensor, int]:
-    """(v2's table of group ``g``, slots per entry)."""
-    shape = v2.table_shape(s, g, knobs)
-    return prep.table(alloc, shape), shape.entry_size
-
-
-def _note_dcp_only(k, s: Scenario) -> None:
-    if s.cp.pcp > 1:
-        k.note(f"the releases of the {k.abi} ABI shard KV over DCP only: the kernel was handed the DCP size "
-               f"{s.cp.dcp} and the DCP rank, as their host does (PCP {s.cp.pcp} does not shard KV; the vLLM "
-               f"profiles judge ownership over DCP, cpsim's profile over N = PCP x DCP = {s.cp.world})")
-
 
 def _release_cp(k, s: Scenario, g: KVGroup, rank: int) -> tuple[int, int]:
     """(CP size, CP rank) the release's v1 host hands group ``g``: vLLM 0.19-0.25 pass PCP x DCP and the
@@ -139,29 +100,36 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
     0.26-0.31 add KV_CACHE_BLOCK_SIZE / BLOCKS_PER_KV_BLOCK; 0.32+ take a physical table."""
     device = prep.device
     bt, _ = prep.batch()
-    out = v1._poisoned(s, knobs, prep)
+    out = prep.buffer(range(len(s.groups)), slot_entries(k, s, knobs, "v1"), torch.int64)
     T = out.shape[1]
     n_tok = min(bt.num_scheduled, T)
     qsl = bt.query_start_loc.clamp(max=T)
+    positions = bt.positions[:n_tok]  # the runner hands positions[:total_num_scheduled_tokens]
     if k.abi != "vllm-v1-0.19":
         _note_dcp_only(k, s)
     enabled = []
     for gi, g in enumerate(s.groups):
-        if not g.slot_mapped or g.circular:
+        state = v1_state_launch(k.abi, g)
+        if (not g.slot_mapped and not state) or g.circular:
             if g.circular:
                 k.note(f"group {g.name}: no vLLM release has a ring-buffer sliding-window slot rule (its "
                        f"sliding-window groups map every position as a plain table); group not checked")
             enabled.append(False)
             continue
-        n, cp_rank = _release_cp(k, s, g, rank)
-        if k.abi == "vllm-v1-0.32":
+        n, cp_rank = (s.cp.world, rank) if state else _release_cp(k, s, g, rank)
+        if state:  # one CP size for every group, the runner's state width; its output is not judged
+            k.note(f"group {g.name}: {g.kind} groups have no slot mapping, but the {k.abi} releases launch the "
+                   f"kernel for every group: launched, its output not checked")
+            table = prep.table(allocs[gi], dataclasses.replace(v1.table_shape(s, g, knobs),
+                                                               width=v1_state_width(s, g)))
+        elif k.abi == "vllm-v1-0.32":
             table = prep.table(allocs[gi], TableShape(gi, tuple(range(s.batch.num_reqs)), s.limits.max_num_reqs,
                                                       v1.physical_width(s, g, knobs), 1, g.num_blocks,
                                                       g.block_size, g.block_size))
         else:
             table = prep.table(allocs[gi], v1.table_shape(s, g, knobs))
         buf = prep.buffer([gi], T, torch.int64)[0]
-        args = dict(num_tokens=n_tok, max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=bt.positions,
+        args = dict(num_tokens=n_tok, max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=positions,
                     block_table_ptr=table, block_table_stride=table.stride(0), slot_mapping_ptr=buf,
                     TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=cp_rank, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave,
                     PAD_ID=PAD_SLOT_ID, BLOCK_SIZE=TILE)
@@ -177,7 +145,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
                            (gi, "block table", table)]):
             k.obj[(s.batch.num_reqs + 1,)](**args)
         out[gi] = buf
-        enabled.append(True)
+        enabled.append(not state)
     res = v1._result(out, s, knobs, enabled)
     if k.abi == "vllm-v1-0.32":  # physical entries: one per block of B slots
         res = RankOutput(res.slots, res.enabled, [v1.physical_width(s, g, knobs) for g in s.groups],
@@ -281,193 +249,6 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Kn
             out[gi] = buf.to(torch.int64)
     done = {gi for gi, _ in groups}
     return v1._result(out, s, knobs, [gi in done for gi in range(len(s.groups))])
-
-
-# ---- v2: physical tables through idx_mapping, one launch per CP size --------
-
-def _v2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
-    device = prep.device
-    bt, _ = prep.batch()
-    T = knobs.buffer_entries(s, "v2")
-    out = prep.buffer(range(len(s.groups)), T, torch.int64)
-    tables, entry = zip(*(_physical(s, g, a, knobs, prep) for g, a in zip(s.groups, allocs)))
-    has_enabled = "slot_mapping_enabled" in k.params
-    launches: dict[tuple[int, int], list[int]] = {}
-    for gi, g in enumerate(s.groups):
-        if g.circular:
-            _skip_circular(k, g)
-            continue
-        if not g.slot_mapped and not has_enabled:
-            k.note(f"group {g.name}: {g.kind} groups have no slot mapping and this {k.abi} kernel has no "
-                   f"slot_mapping_enabled flag; group left out of the launch and not checked")
-            continue
-        n = g.world(s.cp)
-        if k.v2_launch == "single":
-            key = (s.cp.world, rank)
-        elif n > 1:
-            key = (n, rank % n)  # a partially replicated group: its own CP size and shard rank
-        else:
-            key = (1, 0)
-            if s.cp.world > 1 and g.slot_mapped:
-                k.note(f"group {g.name} is not CP-sharded: launched separately with CP_SIZE=1 (the {k.abi} ABI "
-                       f"has no per-group CP size; the runtime's single launch applies CP_SIZE to every group - "
-                       f"--kernel-v2-launch single reproduces that)")
-        if ABIS[k.abi].out_dtype == "int32":
-            _check_int32(k, g)
-        launches.setdefault(key, []).append(gi)
-    dtype = _out_dtype(k)
-    rows = _i32(s.batch.rows_v2(), device)
-    qsl = bt.query_start_loc.clamp(max=T)
-    for (n, r), gis in launches.items():
-        buf = prep.buffer(gis, T, dtype)
-        args = dict(
-            max_num_tokens=T, idx_mapping=rows, query_start_loc=qsl, pos=bt.positions,
-            block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
-                                          device=device),
-            block_table_strides=_i64((tables[i].stride(0) for i in gis), device),
-            block_sizes=_i32((entry[i] for i in gis), device),
-            slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=r,
-            CP_SIZE=n, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
-        )
-        if k.abi == "vllm-v2":
-            # vLLM's runner hands the kernel positions[:num_tokens], the scheduled (unpadded) count.
-            args["num_tokens"] = min(bt.num_scheduled, T)
-        if "TOTAL_BLOCK_SIZE" in k.params:
-            args["TOTAL_BLOCK_SIZE"] = ASCEND_TOTAL_BLOCK_SIZE  # the fixed table window the release passes
-        if "BLOCK_TABLE_PAD_SIZE" in k.params:
-            args["BLOCK_TABLE_PAD_SIZE"] = kernels.next_pow2(max(tables[i].stride(0) for i in gis))
-        if "BLOCK_TABLE_WINDOW_SIZE" in k.params:
-            args["BLOCK_TABLE_WINDOW_SIZE"] = kernels.window_size(TILE, min(entry[i] for i in gis))
-        if has_enabled:
-            args["slot_mapping_enabled"] = _i32((int(s.groups[i].slot_mapped) for i in gis), device)
-            if "HAS_SLOT_MAPPING_ENABLED" in k.params:
-                args["HAS_SLOT_MAPPING_ENABLED"] = True
-        prep.launch(",".join(s.groups[i].name for i in gis))
-        with prep.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", qsl),
-                           (gis[0], "idx_mapping", rows)] + [(i, "block table", tables[i]) for i in gis]):
-            k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
-        out[gis] = buf.to(torch.int64)
-    done = {gi for gis in launches.values() for gi in gis}
-    return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], list(entry))
-
-
-# ---- released vLLM MRV2 (0.29-0.33): per-group flag arrays, one launch with the world CP size ----
-
-def _mrv2_tables(s: Scenario, bt, tables, gis: list[int], T: int, device) -> dict:
-    """The batch and table-pointer arguments every MRV2 signature shares (the groups ``gis``)."""
-    return dict(
-        max_num_tokens=T, idx_mapping=_i32(s.batch.rows_v2(), device),
-        query_start_loc=bt.query_start_loc.clamp(max=T), pos=bt.positions,
-        block_table_ptrs=torch.tensor([tables[i].data_ptr() for i in gis], dtype=_ptr_dtype(device),
-                                      device=device),
-        block_table_strides=_i64((tables[i].stride(0) for i in gis), device),
-    )
-
-
-def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
-    """As vLLM's ``BlockTables.compute_slot_mappings``: one launch over every group, grid
-    (num_groups, num_reqs + 1), ``CP_SIZE`` = the DCP size for every group and ``cp_rank`` the DCP rank
-    (the runner passes ``dcp_size`` / ``dcp_rank``; PCP does not shard KV), per-group
-    ``slot_mapping_enabled`` (true for state groups too: 0.29-0.30 enable every group but circular ones,
-    0.31+ read ``uses_slot_mapping``, true for ``MambaSpec``) and from 0.31 ``dcp_sharded`` (sharded
-    over all of DCP or replicated; false for state groups),
-    ``max_num_tokens`` = the buffer's width, int64. 0.29-0.31 tables hold kernel-block ids
-    (``kernel_block_sizes``), 0.32+ physical ids."""
-    device = prep.device
-    bt, _ = prep.batch()
-    T = knobs.buffer_entries(s, "v2")
-    out = prep.buffer(range(len(s.groups)), T, torch.int64)
-    kernel_blocks = "kernel_block_sizes" in k.params
-    if kernel_blocks:
-        tables = [prep.table(a, v2.kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)]
-        entry = [g.b for g in s.groups]
-    else:
-        tables, entry = map(list, zip(*(_physical(s, g, a, knobs, prep) for g, a in zip(s.groups, allocs))))
-    has_sharded = "dcp_sharded" in k.params
-    _note_dcp_only(k, s)
-    gis = []
-    dcp = s.cp.dcp
-    for gi, g in enumerate(s.groups):
-        n = g.world(s.cp)
-        if g.circular:
-            k.note(f"group {g.name}: a ring is the release's CircularBufferSpec, launched with "
-                   f"slot_mapping_enabled false (no vLLM release has a ring slot rule): PAD expected")
-            gis.append(gi)
-        elif 1 < n < s.cp.world and n != dcp:
-            k.note(f"group {g.name}: a partial replica (CP size {n} of {s.cp.world}) has no counterpart in vLLM, "
-                   f"whose groups are sharded over all of DCP or replicated; group not checked")
-        else:
-            if n == 1 and dcp > 1 and not has_sharded:
-                k.note(f"group {g.name} is {'replicated' if g.slot_mapped else 'a state group'}, but the {k.abi} "
-                       f"ABI has no dcp_sharded flag: launched with CP_SIZE={dcp} for every group, as that "
-                       f"release's runtime does")
-            gis.append(gi)
-    if gis:
-        buf = prep.buffer(gis, T, torch.int64)
-        args = dict(
-            **_mrv2_tables(s, bt, tables, gis, T, device),
-            block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
-                              for i in gis) if kernel_blocks else (entry[i] for i in gis), device),
-            slot_mapping_enabled=torch.tensor([not s.groups[i].circular for i in gis], dtype=torch.bool,
-                                              device=device),
-            slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=rank % dcp,
-            CP_SIZE=dcp, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
-        )
-        if kernel_blocks:
-            args["kernel_block_sizes"] = _i32((s.groups[i].b for i in gis), device)
-        if has_sharded:
-            args["dcp_sharded"] = torch.tensor([s.groups[i].world(s.cp) > 1 for i in gis], dtype=torch.bool,
-                                               device=device)
-        prep.launch(",".join(s.groups[i].name for i in gis))
-        with prep.bracket([(gis[0], "positions", args["pos"]), (gis[0], "query_start_loc", args["query_start_loc"]),
-                           (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
-            k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
-        out[gis] = buf
-    done = set(gis)
-    return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], entry)
-
-
-# ---- cpsim-mrv2: kernel-block tables, num_blocks, per-group CP sizes, one launch ----
-
-def _mrv2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankOutput:
-    device = prep.device
-    bt, _ = prep.batch()
-    T = knobs.buffer_entries(s, "v2")
-    out = prep.buffer(range(len(s.groups)), T, torch.int64)
-    tables = [prep.table(a, v2.kernel_table_shape(s, g, knobs)) for g, a in zip(s.groups, allocs)]
-    nb_all = v2.num_blocks(s, allocs, tables, device)
-    has_circular = "is_circular" in k.params
-    gis = []
-    for gi, g in enumerate(s.groups):
-        if g.circular and not has_circular:
-            _skip_circular(k, g)
-            continue
-        gis.append(gi)
-    if gis:
-        buf = prep.buffer(gis, T, torch.int64)
-        nb = nb_all[gis].contiguous()
-        args = dict(
-            **_mrv2_tables(s, bt, tables, gis, T, device),
-            num_blocks_ptr=nb, num_blocks_stride=nb.stride(0),
-            block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
-                              for i in gis), device),
-            kernel_block_sizes=_i32((s.groups[i].b for i in gis), device),
-            group_cp_sizes=_i32((s.groups[i].world(s.cp) for i in gis), device),
-            slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=rank,
-            CP_SIZE=s.cp.world, CP_INTERLEAVE=s.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
-        )
-        if "is_padding" in k.params:
-            args["is_padding"] = v2.padding_flags(s, bt.positions.numel(), device)
-        if has_circular:
-            args["is_circular"] = _i32((int(s.groups[i].circular) for i in gis), device)
-        prep.launch(",".join(s.groups[i].name for i in gis))
-        with prep.bracket([(gis[0], "positions", bt.positions), (gis[0], "query_start_loc", args["query_start_loc"]),
-                           (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
-            k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
-        out[gis] = buf.to(torch.int64)
-    done = set(gis)
-    return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables],
-                      [g.b for g in s.groups])
 
 
 # ---- callable: a Python function per group ----------------------------------

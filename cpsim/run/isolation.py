@@ -486,7 +486,8 @@ def probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
     timeout = _config.timeout_s
     reply = _worker._ask(("probe", spec, path, shim_vllm, device, where), timeout)
     if isinstance(reply, wire.SignatureRead):
-        return Signature(reply.name, reply.triton, reply.is_callable, tuple(reply.params), reply.origin)
+        return Signature(reply.name, reply.triton, reply.is_callable, tuple(reply.params), reply.origin,
+                         release=reply.release)
     if isinstance(reply, wire.Refused):
         raise ConfigError(reply.field, reply.rule)
     if isinstance(reply, wire.Unloaded):

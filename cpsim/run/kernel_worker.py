@@ -87,7 +87,7 @@ def _probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
     except BaseException as e:  # noqa: BLE001  (reading the kernel's signature raised: its failure, named)
         return wire.Unloaded("raised", f"raised {type(e).__name__} while its signature was read: {_first_line(e)}")
     return wire.SignatureRead(sig.name, sig.triton, sig.is_callable, [(n, bool(d)) for n, d in sig.params],
-                              sig.origin)
+                              sig.origin, sig.release)
 
 
 def _die_with(parent_pid: int) -> None:

@@ -130,6 +130,7 @@ class SignatureRead:
     is_callable: bool
     params: list[tuple[str, bool]]
     origin: str = ""
+    release: str = ""           # the release its file is of, where its folder says so
 
 
 @dataclass
@@ -285,14 +286,15 @@ def _message(header, numbers: _Numbers):
         _keys(f, {"shape", "notes"}, "Value")
         return Value(numbers.take(_shape(f["shape"], "Value.shape"), "Value"), _texts(f["notes"], "notes"))
     if kind == "SignatureRead":
-        _keys(f, {"name", "triton", "is_callable", "params", "origin"}, kind)
+        _keys(f, {"name", "triton", "is_callable", "params", "origin", "release"}, kind)
         params = f["params"]
         if not isinstance(params, list) or len(params) > 1024 or not all(
                 isinstance(p, list) and len(p) == 2 and isinstance(p[1], bool) for p in params):
             raise Malformed("SignatureRead.params is not a list of [name, has_default]")
         return SignatureRead(_text(f["name"], "name"), _bool(f["triton"], "triton"),
                              _bool(f["is_callable"], "is_callable"),
-                             [(_text(n, "params"), d) for n, d in params], _text(f["origin"], "origin"))
+                             [(_text(n, "params"), d) for n, d in params], _text(f["origin"], "origin"),
+                             _text(f["release"], "release"))
     return _plain_message(kind, f)
 
 

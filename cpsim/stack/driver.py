@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from cpsim.stack import FAMILIES
+from cpsim.stack import FAMILIES, recorder
 from cpsim.stack.exchange import Unsupported, read, write
 
 JOB_TIMEOUT = 300.0  # seconds for one path of one job (every rank), in its own child
@@ -54,12 +54,38 @@ def drive_path(adapter, module, meta: dict, arrays: dict, path: str, k: int, at_
     ranks = [runtime["dcp_rank"]] if runtime else range(meta["cp"]["dcp"] * meta["cp"]["pcp"])
     for rank in ranks:
         at_rank(rank)
-        tables, slots = adapter.drive(module, meta, arrays, path, rank)
+        if meta.get("record"):  # adapter conformance: the release's kernel replaced by a recorder
+            launches: list = []
+            with Recording(adapter.kernel_sites(module, path), launches):
+                tables, slots = adapter.drive(module, meta, arrays, path, rank)
+            out[f"j{k}/{path}_r{rank}_launches"] = recorder.to_bytes(launches)
+        else:
+            tables, slots = adapter.drive(module, meta, arrays, path, rank)
         out[f"j{k}/{path}_r{rank}_slots"] = slots
         for gi, t in enumerate(tables):
             if t is not None:
                 out[f"j{k}/{path}_r{rank}_g{gi}_table"] = t
     return out
+
+
+class Recording:
+    """Within: each (owner, attribute) site's slot-mapping kernel is a :class:`recorder.RecordingKernel`
+    appending to ``launches`` (the attribute the release's host looks up at launch time)."""
+
+    def __init__(self, sites, launches: list):
+        self.sites, self.launches, self.saved = list(sites), launches, []
+
+    def __enter__(self):
+        for owner, attr in self.sites:
+            kernel = getattr(owner, attr)
+            self.saved.append((owner, attr, owner.__dict__[attr] if attr in vars(owner) else kernel))
+            setattr(owner, attr, recorder.RecordingKernel(attr, kernel.arg_names, self.launches))
+        return self
+
+    def __exit__(self, *exc):
+        for owner, attr, kept in reversed(self.saved):
+            setattr(owner, attr, kept)
+        return False
 
 
 def _where_raised(e: BaseException) -> str:

@@ -24,7 +24,7 @@ from cpsim.check import coordinator, explicit
 from cpsim.errors import ConfigError
 from cpsim.paths import KernelFailure
 from cpsim.scenario import Scenario
-from cpsim.stack import FAMILIES
+from cpsim.stack import FAMILIES, recorder
 from cpsim.stack.exchange import read, write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +114,7 @@ class Job:
     unsupported_paths: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (field, rule)
     absent_paths: dict[str, str] = field(default_factory=dict)  # path -> why it is not in this release
     standing: releases.Standing | None = None
+    launches: dict[str, list] = field(default_factory=dict)  # "{path}_r{rank}" -> recorded launches (conformance)
 
     def profile_of(self, path: str) -> str | None:
         return self.path_profiles.get(path, self.profile)
@@ -136,13 +137,15 @@ def stack_source(given: str | None) -> list[str]:
 
 def drive_many(scenarios: list[Scenario], family: str, paths: list[str], python: str | None = None,
                classes: str | None = None, timeout: float = DEFAULT_TIMEOUT, source: str | None = None,
-               job_timeout: float | None = None) -> tuple[str, list[str], list[Job]]:
+               job_timeout: float | None = None, record: int = 0) -> tuple[str, list[str], list[Job]]:
     """All scenarios through one child (the release is imported once; each path of each job then runs
     in a forked child of its own, ``job_timeout`` seconds at most): (release, patches, jobs).
 
     A release that cannot be loaded is a ConfigError (exit 2); a dead or hung driver a RuntimeError;
     a job whose release code crashed, raised or hung carries it in ``Job.failures`` (kernel-completes)."""
     top, arrays, inputs = request(scenarios, family, paths, classes, source, job_timeout)
+    for meta in top["jobs"][len(scenarios) - record:] if record else []:
+        meta["record"] = True  # the last ``record`` jobs: the release's kernel recorded (cpsim.stack.conformance)
     out, got = call_driver(top, arrays, family, python, timeout)
     return out["release"], out["patches"], jobs_from(out, got, scenarios, inputs, paths, family)
 
@@ -245,9 +248,10 @@ def jobs_from(out: dict, got: dict, scenarios: list[Scenario], inputs: list, pat
         refused = {p: (u["field"], u["rule"]) for p, u in answer.get("unsupported_paths", {}).items()}
         steps = {p: _step(s, meta, arr, mine, sizes.get(p, answer["entry_sizes"]), p, family)
                  for p in paths if p not in failed and p not in refused and p not in gone}
+        launches = {n[: -len("_launches")]: recorder.from_bytes(a) for n, a in mine.items() if n.endswith("_launches")}
         jobs.append(Job(s, steps, profile=answer.get("profile"), failures=failed,
                         path_profiles=answer.get("path_profiles", {}), unsupported_paths=refused,
-                        absent_paths=gone, standing=held))
+                        absent_paths=gone, standing=held, launches=launches))
     return jobs
 
 

@@ -371,3 +371,15 @@ def _drive_v2(mod, meta, arrays, rank):
     tables.compute_slot_mappings(idx, qsl, pos[:n_pad], n_pad)
     return ([t.gpu.numpy().copy() for t in tables.block_tables],
             tables.slot_mappings.numpy().astype(np.int64).copy())
+
+
+def kernel_sites(mod, path: str) -> list[tuple[object, str]]:
+    """Where the release's host looks its slot-mapping kernel up at launch time (adapter conformance puts
+    a recorder there): v1 ``_compute_slot_mapping_kernel`` (0.19-0.28) or ``ComputeSlotMappingKernel.kernel``
+    (0.29+, launched through ``_COMPUTE_SLOT_MAPPING_KERNEL``'s ``self.kernel``); MRV2
+    ``_compute_slot_mappings_kernel`` (vllm/v1/worker/gpu/block_table.py)."""
+    if path == "v2":
+        return [(mod.v2, "_compute_slot_mappings_kernel")]
+    if hasattr(mod.v1, "ComputeSlotMappingKernel"):
+        return [(mod.v1.ComputeSlotMappingKernel, "kernel")]
+    return [(mod.v1, "_compute_slot_mapping_kernel")]

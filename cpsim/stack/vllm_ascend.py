@@ -403,3 +403,14 @@ def _drive_v2(mod, meta: dict, arrays: dict, rank: int):
     tables.compute_slot_mappings(torch.from_numpy(arrays["rows"].astype(np.int32)), qsl, pos[:n_pad], n_pad)
     return ([t.gpu.numpy().copy() for t in tables.block_tables],
             tables.slot_mappings.numpy().astype(np.int64).copy())
+
+
+def kernel_sites(mod, path: str) -> list[tuple[object, str]]:
+    """Where the release's host looks its slot-mapping kernel up at launch time (adapter conformance puts
+    a recorder there): MRV2 ``_compute_slot_mappings_kernel`` of vllm_ascend/worker/v2/block_table.py; v1
+    (0.23.0.post1) vLLM's ``_compute_slot_mapping_kernel`` as vllm_ascend/worker/block_table.py imports it,
+    launched at CP world 1 only (a larger world maps slots in torch: no launch to record)."""
+    if path == "v2":
+        return [(mod.v2, "_compute_slot_mappings_kernel")]
+    kernel = getattr(mod.bt, "_compute_slot_mapping_kernel", None)
+    return [(mod.bt, "_compute_slot_mapping_kernel")] if hasattr(kernel, "arg_names") else []

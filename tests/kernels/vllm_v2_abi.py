@@ -1,7 +1,7 @@
 """A slot-mapping kernel in upstream vLLM's MRV2 ABI, written for cpsim's tests.
 
 Same parameter list and launch as ``vllm/v1/worker/gpu/block_table.py``
-(grid ``(num_groups, num_reqs + 1)``, int64 output, padding from ``num_tokens``);
+(grid ``(num_groups, num_reqs + 1)``, int64 output, padding from ``query_start_loc[num_reqs]``: the host's ``num_tokens`` is the graph-padded count);
 our own plain body.
 """
 
@@ -31,7 +31,7 @@ def _compute_slot_mappings_kernel(
     batch_idx = tl.program_id(1)
     out = slot_mappings_ptr + group.to(tl.int64) * slot_mappings_stride
     if batch_idx == tl.num_programs(1) - 1:
-        for i in range(num_tokens, max_num_tokens, TRITON_BLOCK_SIZE):
+        for i in range(tl.load(query_start_loc + batch_idx), max_num_tokens, TRITON_BLOCK_SIZE):
             offs = i + tl.arange(0, TRITON_BLOCK_SIZE)
             tl.store(out + offs, tl.full((TRITON_BLOCK_SIZE,), PAD_ID, tl.int64), mask=offs < max_num_tokens)
         return
