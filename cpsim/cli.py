@@ -98,15 +98,28 @@ def main(argv: list[str] | None = None) -> int:
     import signal
     import time
     started = time.time()
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _raise_interrupted)
-    parser = build_parser()
+    # Until the options are known (the imports of every command: seconds on a loaded box), a SIGTERM or
+    # Ctrl-C is kept, then answered like one during the run, so --json still says so (a torchrun rank
+    # whose peer died at start-up is stopped right here).
+    pending: list[int] = []
+    held = {s: signal.signal(s, lambda signum, frame: pending.append(signum))
+            for s in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler)}
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # a torchrun rank ends with its agent
+        from cpsim.run.reaper import end_with_parent
+        end_with_parent()
+        # c10d's warnings with C++ frames when the agent's store is gone; each rank's own line says why
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, a usage error: the code argparse chose, returned
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    finally:
+        for s, old in held.items():
+            signal.signal(s, _raise_interrupted if s == signal.SIGTERM else old)
     terminal.set_format(getattr(args, "format", "rich"))
     err = terminal.console(stderr=True)
+    if pending:
+        return _interrupted(args, pending[0], started, err)
     try:
         from cpsim.validate import check_args
         check_args(args)  # option bounds and output paths, before any work

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from cpsim import layout
+from cpsim import bounds, layout
 from cpsim.plain_data import plain as _plain
 from cpsim.errors import ConfigError
 
@@ -421,7 +421,7 @@ def validate(s: Scenario) -> Scenario:
         if need > g.num_blocks - 1:
             raise ConfigError(f"groups[{i}]({g.name}).num_blocks", f"{g.num_blocks} too small: a rank needs "
                               f"{need} blocks and block 0 is reserved")
-    return s
+    return bounds.scenario_fits(s)
 
 
 def _replay_rule(s: Scenario, i: int, r: Request) -> None:

@@ -232,7 +232,7 @@ _Name = Annotated[StrictStr, Field(min_length=1, max_length=200)]
 
 
 class ExplicitGroupModel(KVGroupModel):
-    entry_size: Annotated[StrictInt, Field(ge=0, le=MAX_BLOCK)] = 0   # slots per table entry; 0: the kernel block
+    entry_size: Annotated[StrictInt, Field(ge=1, le=MAX_BLOCK)] | None = None  # slots per table entry; None: b
 
 
 class ExplicitRankModel(Strict):

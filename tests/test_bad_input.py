@@ -402,7 +402,7 @@ ROWS = [
         explicit(_set("arrays.r0/g0/table", [[3, 5], [1]]))),
     Row("explicit-is-padding-2", REPLAY, "explicit.arrays.is_padding[1]: must be true/false or 0/1, got 2",
         explicit(_set("arrays.is_padding", [0, 2, 0, 0, 0, 0, 0, 0]))),
-    Row("explicit-entry-size-negative", REPLAY, "explicit.groups[0].entry_size: must be greater than or equal to 0",
+    Row("explicit-entry-size-negative", REPLAY, "explicit.groups[0].entry_size: must be greater than or equal to 1",
         explicit(_set("groups[0].entry_size", -4))),
     Row("explicit-max-model-len-huge", REPLAY, "explicit.limits.max_model_len: must be less than or equal to "
         "16777216, got 1000000000000000000: cpsim allocates", explicit(_set("limits.max_model_len", 10**18))),

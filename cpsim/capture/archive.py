@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from cpsim import bounds
 from cpsim.errors import ConfigError
 
 
@@ -68,15 +69,46 @@ class ArchiveReader:
     def has(self, name: str) -> bool:
         return name + ".npy" in self.names or name + ".json" in self.names
 
+    def entries(self, name: str) -> int:
+        """The entries array ``name`` declares in its ``.npy`` header (read alone: nothing is allocated);
+        ConfigError past ``bounds.MAX_ARRAY_ENTRIES``."""
+        shape, _, _ = self._header(name)
+        return bounds.array_fits(self.field, f"{self.path.name}: array {name!r}", shape)
+
     def array(self, name: str) -> np.ndarray:
-        member = name + ".npy"
-        if member not in self.names:
-            raise ConfigError(self.field, f"{self.path.name}: array {name!r} is missing")
-        with self._zf.open(member) as f:
+        shape, dtype, start = self._header(name)
+        n = bounds.array_fits(self.field, f"{self.path.name}: array {name!r}", shape)
+        held = self._zf.getinfo(self._member(name)).file_size - start
+        if dtype.hasobject or n * dtype.itemsize > held:  # refused before numpy allocates what it declares
+            what = "Python objects" if dtype.hasobject else f"{n * dtype.itemsize} bytes of data, the member holds {held}"
+            raise ConfigError(self.field, f"{self.path.name}: array {name!r} declares shape {tuple(shape)} of {dtype}: "
+                                          f"{what}")
+        with self._zf.open(self._member(name)) as f:
             try:
                 return np.lib.format.read_array(f, allow_pickle=False)
             except ValueError as e:
                 raise ConfigError(self.field, f"{self.path.name}: array {name!r} is unreadable ({e})") from None
+
+    def _header(self, name: str) -> tuple[tuple[int, ...], np.dtype, int]:
+        """(shape, dtype, offset of the data) from the member's ``.npy`` header alone."""
+        with self._zf.open(self._member(name)) as f:
+            try:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f".npy format version {version[0]}.{version[1]} (cpsim reads 1.0 and 2.0)")
+            except ValueError as e:
+                raise ConfigError(self.field, f"{self.path.name}: array {name!r} is unreadable ({e})") from None
+            return shape, dtype, f.tell()
+
+    def _member(self, name: str) -> str:
+        member = name + ".npy"
+        if member not in self.names:
+            raise ConfigError(self.field, f"{self.path.name}: array {name!r} is missing")
+        return member
 
     def json(self, name: str) -> Any:
         member = name + ".json"

@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from cpsim import schema
+from cpsim import bounds, schema
+from cpsim.capture import reach
 from cpsim.capture.archive import ArchiveReader, ArchiveWriter
 from cpsim.check.batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
@@ -162,6 +163,7 @@ def validate(step: ExplicitStep) -> ExplicitStep:
                     raise ConfigError(tw, f"a run of kernel-block ids must start at a multiple of {bpk}")
         if rb.slots is not None and (rb.slots.ndim != 2 or rb.slots.shape[0] != G):
             raise ConfigError(f"{where}.slots", f"must be [groups = {G}, entries], got shape {rb.slots.shape}")
+    reach.check(step)
     return step
 
 
@@ -344,11 +346,18 @@ def _check_names(names: list[str], world: int, groups: int, field_name: str, sou
         raise ConfigError(field_name, f"unknown array {name!r}; {hint} (in {source})")
 
 
+def _json_entries(value: list) -> int:
+    """Entries of an inline array as written (rows of a 2-D one summed; anything else counts one)."""
+    return sum(len(x) if isinstance(x, list) else 1 for x in value)
+
+
 class _JsonArrays:
     """The arrays of the one-file JSON form, each checked (integers, int64, rectangular) when read."""
 
     def __init__(self, arrays: dict[str, list], source: str):
         self.arrays, self.source = arrays, source
+        bounds.batch_fits("explicit.arrays", sum(_json_entries(v) for v in arrays.values()),
+                          bounds.MAX_JSON_ENTRIES, f"the inline arrays of {source} (larger batches: .npz)")
 
     def names(self) -> list[str]:
         return list(self.arrays)
@@ -373,6 +382,8 @@ class _ArchiveArrays:
 
     def __init__(self, reader: ArchiveReader, source: str):
         self.reader, self.source = reader, source
+        bounds.batch_fits("explicit.arrays", sum(reader.entries(n) for n in self.names()),
+                          what=f"the arrays of {source}")  # from the headers: nothing is read yet
 
     def names(self) -> list[str]:
         return [n[: -len(".npy")] for n in self.reader.names if n.endswith(".npy")]
@@ -434,7 +445,7 @@ def from_meta(m, src, source: str) -> ExplicitStep:
     cp = CPConfig(**m.cp.model_dump())
     limits = Limits(**m.limits.model_dump())
     groups = tuple(KVGroup(**g.model_dump(exclude={"entry_size"})) for g in m.groups)
-    entry = tuple(g.entry_size or kv.b for g, kv in zip(m.groups, groups))
+    entry = tuple(kv.b if g.entry_size is None else g.entry_size for g, kv in zip(m.groups, groups))
     _check_names(src.names(), cp.world, len(groups), "explicit.arrays", src.source)
     rank_meta = m.ranks if m.ranks is not None else [schema.ExplicitRankModel()] * cp.world
 

@@ -8,6 +8,8 @@ A user's kernel is imported and called only in a kernel worker (``run``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -16,6 +18,7 @@ from cpsim.capture import rerun_released
 from cpsim.capture.batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
 from cpsim.layout import PAD_SLOT_ID, POISON
+from cpsim.paths import _intact
 
 TILE = 1024
 
@@ -35,7 +38,7 @@ def _builtin(path: str):
     return KernelUnderTest("builtin", k, "builtin", tuple(n for n, _ in parameters(k)))
 
 
-def _v1_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np.ndarray:
+def _v1_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, written) -> np.ndarray:
     out = np.full((len(step.groups), T), PAD_SLOT_ID, dtype=np.int64)
     qsl = _t(np.minimum(rb.query_start_loc, T), torch.int32, device)
     pos = _t(rb.positions, torch.int64, device)
@@ -53,12 +56,13 @@ def _v1_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np
                     BLOCK_TABLE_WINDOW_SIZE=kernels.window_size(TILE, e), IS_CIRCULAR=g.circular)
         if g.circular and "IS_CIRCULAR" not in k.params:
             raise ConfigError("kernel", f"{k.spec} has no IS_CIRCULAR flag; group {g.name} is a sliding-window ring")
-        k.obj[(rb.num_reqs + 1,)](**{n_: v for n_, v in args.items() if n_ in k.params})
+        with _intact.bracket(written, [(gi, "positions", pos), (gi, "query_start_loc", qsl), (gi, "block table", tab)]):
+            k.obj[(rb.num_reqs + 1,)](**{n_: v for n_, v in args.items() if n_ in k.params})
         out[gi] = buf.cpu().to(torch.int64).numpy()
     return out
 
 
-def _v2_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np.ndarray:
+def _v2_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, written) -> np.ndarray:
     G = len(step.groups)
     out = np.full((G, T), PAD_SLOT_ID, dtype=np.int64)
     tabs = [_t(t if t is not None else np.zeros((1, 1)), torch.int32, device) for t in rb.tables]
@@ -79,11 +83,12 @@ def _v2_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np
 
         def i32(values):
             return torch.tensor(list(values), dtype=torch.int32, device=device)
+        idx = _t(rb.idx_mapping, torch.int32, device)
+        qsl = _t(np.minimum(rb.query_start_loc, T), torch.int32, device)
+        pos = _t(rb.positions, torch.int64, device)
         args = dict(
             num_tokens=min(rb.num_tokens_padded if k.abi == "builtin" else rb.num_scheduled, T), max_num_tokens=T,
-            idx_mapping=_t(rb.idx_mapping, torch.int32, device),
-            query_start_loc=_t(np.minimum(rb.query_start_loc, T), torch.int32, device),
-            pos=_t(rb.positions, torch.int64, device),
+            idx_mapping=idx, query_start_loc=qsl, pos=pos,
             block_table_ptrs=torch.tensor([tabs[i].data_ptr() for i in gis], dtype=torch.int64, device=device),
             block_table_strides=torch.tensor([tabs[i].stride(0) for i in gis], dtype=torch.int64, device=device),
             block_sizes=i32(step.entry_sizes[i] for i in gis),
@@ -97,17 +102,27 @@ def _v2_rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np
             is_padding=_t(rb.is_padding if rb.is_padding is not None else np.zeros(rb.num_scheduled, bool),
                           torch.bool, device),
         )
-        k.obj[(len(gis), rb.num_reqs + 1)](**{n_: v for n_, v in args.items() if n_ in k.params})
+        watched = [(gis[0], "positions", pos), (gis[0], "query_start_loc", qsl), (gis[0], "idx_mapping", idx)]
+        with _intact.bracket(written, watched + [(i, "block table", tabs[i]) for i in gis]):
+            k.obj[(len(gis), rb.num_reqs + 1)](**{n_: v for n_, v in args.items() if n_ in k.params})
         out[gis] = buf.cpu().to(torch.int64).numpy()
     return out
 
 
-def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray]:
+@dataclass
+class Rerun:
+    """A kernel's rerun on every rank of a step: the slots, and the input entries it wrote (None: cpsim's own)."""
+
+    slots: list[np.ndarray]             # per rank: int64 [groups, entries]
+    written: list[np.ndarray] | None    # per rank: int64 [groups, inputs] (``cpsim.paths._intact.INPUTS``)
+
+
+def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> Rerun:
     """Per-rank ``[groups, entries]`` slots of ``kernel`` (None: cpsim's built-in kernel of the step's path).
 
     A user's kernel runs in a kernel worker, one rank at a time (``cpsim.run.isolation.call``): it is
-    imported and called there only, and each rank's slots come back as a plain array. Raises
-    ``KernelFailed`` naming the rank on which it raised, exited, crashed or hung."""
+    imported and called there only, and each rank's slots and written-input counts come back as plain
+    arrays. Raises ``KernelFailed`` naming the rank on which it raised, exited, crashed or hung."""
     own = [gi for rb in step.ranks for gi in range(len(step.groups)) if rb.own_tokens(gi) is not None]
     if own:
         raise ConfigError(f"--kernel-{step.path}", f"group {step.groups[own[0]].name} has its own positions "
@@ -115,7 +130,7 @@ def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray
                                                    f"tokens yet; give the slots it produced (r<R>/slots)")
     if kernel is None:
         k = _builtin(step.path)
-        return [rank_slots(k, step, r, device) for r in range(len(step.ranks))]
+        return Rerun([rank_slots(k, step, r, device)[0] for r in range(len(step.ranks))], None)
     rerunnable = ("ascend-v1", "ascend-v2", "vllm-v2") + rerun_released.RELEASED
     if kernel.load_failure is None and kernel.abi not in rerunnable:
         raise ConfigError(f"--kernel-{step.path}", f"{kernel.spec}: rerunning captured inputs supports the "
@@ -123,25 +138,29 @@ def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> list[np.ndarray
     if kernel.load_failure is None and kernel.abi in rerun_released.RELEASED:
         rerun_released.check_tables(kernel, step)
     from cpsim.run import isolation
-    return [isolation.call(rank_slots, step.path, kernel, step, r, device, rank=r, device=device)
+    outs = [isolation.call(rank_slots, step.path, kernel, step, r, device, rank=r, device=device)
             for r in range(len(step.ranks))]
+    return Rerun([slots for slots, _ in outs], [written for _, written in outs])
 
 
-def rank_slots(k, step: ExplicitStep, r: int, device: str = "cpu") -> np.ndarray:
-    """Rank ``r``'s ``[groups, entries]`` slots of the loaded kernel ``k`` (in a kernel worker for a user's)."""
+def rank_slots(k, step: ExplicitStep, r: int, device: str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``r``'s ``[groups, entries]`` slots of the loaded kernel ``k`` (in a kernel worker for a user's)
+    and the entries of its inputs it wrote, int64 ``[groups, inputs]`` (``cpsim.paths._intact``): every
+    launch is bracketed, so a kernel that stores into its block table is seen (``inputs-intact``)."""
     if k.abi != "builtin":
         from cpsim.paths._inputs import prepare_triton
         prepare_triton(torch.device(device))
     rb = step.ranks[r]
     T = rb.slots.shape[1] if rb.slots is not None else step.limits.slot_buffer_size
     fn = rerun_released.rank if k.abi in rerun_released.RELEASED else _v1_rank if step.path == "v1" else _v2_rank
-    out = fn(k, step, r, rb, T, torch.device(device))
+    written = _intact.counts(len(step.groups))
+    out = fn(k, step, r, rb, T, torch.device(device), written if k.abi != "builtin" else None)
     if rb.is_padding is not None and "is_padding" not in k.params:
         # The runtime masks flagged tokens around a kernel that does not take the flags.
         flagged = np.nonzero(rb.is_padding)[0]
         out[:, flagged[flagged < T]] = PAD_SLOT_ID
     _replay_pass(step, rb, out)
-    return out
+    return out, written.numpy()
 
 
 def _replay_pass(step: ExplicitStep, rb: RankBatch, out: np.ndarray) -> None:

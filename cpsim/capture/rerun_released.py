@@ -25,6 +25,7 @@ from cpsim.capture.batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS
 from cpsim.layout import PAD_SLOT_ID, POISON, table_guard_id
+from cpsim.paths import _intact
 from cpsim.paths._guard import WIDTH
 
 TILE = 1024
@@ -70,17 +71,19 @@ def _world(k, step: ExplicitStep) -> int:
     return step.cp.world if k.abi in ("vllm-v1-0.19", "ascend-v2-0.18", "cpsim-mrv2") else step.cp.dcp
 
 
-def rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device) -> np.ndarray:
-    """Rank ``r``'s ``[groups, entries]`` int64 slots of released-ABI kernel ``k`` on the step's inputs."""
+def rank(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, written=None) -> np.ndarray:
+    """Rank ``r``'s ``[groups, entries]`` int64 slots of released-ABI kernel ``k`` on the step's inputs;
+    ``written`` (``cpsim.paths._intact.counts``) counts the input entries each launch wrote."""
     gis = [gi for gi, t in enumerate(rb.tables) if t is not None]
     out = np.full((len(step.groups), T), PAD_SLOT_ID, dtype=np.int64)
     if gis:
         fn = _v1 if k.abi in V1 else _v2
-        fn(k, step, r, rb, T, device, gis, out)
+        fn(k, step, r, rb, T, device, gis, out, written)
     return out
 
 
-def _v1(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, gis: list[int], out: np.ndarray) -> None:
+def _v1(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, gis: list[int], out: np.ndarray,
+        written) -> None:
     """One launch per slot-mapped group, grid (num_reqs + 1,), ``num_tokens`` = the scheduled count."""
     qsl = _t(np.minimum(rb.query_start_loc, T), torch.int32, device)
     pos = _t(rb.positions, torch.int64, device)
@@ -98,11 +101,13 @@ def _v1(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, gis: list[
                     KV_CACHE_BLOCK_SIZE=g.block_size, BLOCKS_PER_KV_BLOCK=g.block_size // e, TOTAL_CP_WORLD_SIZE=n,
                     TOTAL_CP_RANK=r % n, CP_KV_CACHE_INTERLEAVE_SIZE=step.cp.interleave, PAD_ID=PAD_SLOT_ID,
                     BLOCK_SIZE=TILE)
-        k.obj[(rb.num_reqs + 1,)](**{n_: v for n_, v in args.items() if n_ in k.params})
+        with _intact.bracket(written, [(gi, "positions", pos), (gi, "query_start_loc", qsl), (gi, "block table", tab)]):
+            k.obj[(rb.num_reqs + 1,)](**{n_: v for n_, v in args.items() if n_ in k.params})
         out[gi] = buf.cpu().numpy()
 
 
-def _v2(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, gis: list[int], out: np.ndarray) -> None:
+def _v2(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, gis: list[int], out: np.ndarray,
+        written) -> None:
     """One launch over every group with a table, grid (groups, num_reqs + 1)."""
     n = _world(k, step)
     dtype = torch.int32 if ABIS[k.abi].out_dtype == "int32" else torch.int64
@@ -136,7 +141,10 @@ def _v2(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, gis: list[
         slot_mappings_ptr=buf, slot_mappings_stride=buf.stride(0), cp_rank=r % n, CP_SIZE=n,
         CP_INTERLEAVE=step.cp.interleave, PAD_ID=PAD_SLOT_ID, TRITON_BLOCK_SIZE=TILE,
     )
-    k.obj[(len(gis), rb.num_reqs + 1)](**{n_: v for n_, v in args.items() if n_ in k.params})
+    watched = [(gis[0], "positions", args["pos"]), (gis[0], "query_start_loc", args["query_start_loc"]),
+               (gis[0], "idx_mapping", args["idx_mapping"])]
+    with _intact.bracket(written, watched + [(gi, "block table", t) for gi, t in zip(gis, tabs)]):
+        k.obj[(len(gis), rb.num_reqs + 1)](**{n_: v for n_, v in args.items() if n_ in k.params})
     out[gis] = buf.cpu().to(torch.int64).numpy()
 
 

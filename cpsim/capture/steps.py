@@ -109,17 +109,19 @@ def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "c
     from cpsim.capture import rerun
     from cpsim.run.isolation import KernelFailed
     try:
-        slots = rerun.run(step, None if k in (None, "builtin") else k, device)
+        out = rerun.run(step, None if k in (None, "builtin") else k, device)
     except KernelFailed as e:  # the kernel's import or a rank's rerun did not complete: that is its verdict
         s, gath, verdicts = explicit.check(step) if step.has_outputs else (explicit.scenario(step), {}, [])
         return Outcome(step, s, gath, verdicts + coordinator.kernel_failed(f"rerun-{step.path}", e.failure,
                                                                           len(step.ranks)))
     given = [rb.slots for rb in step.ranks]
     plain = dataclasses.replace(step, ranks=[dataclasses.replace(rb, slots=None) for rb in step.ranks])
-    s, gath, verdicts = explicit.check(plain, {f"rerun-{step.path}": slots}, profile)
+    name = f"rerun-{step.path}"
+    s, gath, verdicts = explicit.check(plain, {name: out.slots}, profile,
+                                       written=None if out.written is None else {name: out.written})
     differs = None
     if step.has_outputs:
-        differs = sum(int((a[:, : b.shape[1]] != b[:, : a.shape[1]]).sum()) for a, b in zip(given, slots))
+        differs = sum(int((a[:, : b.shape[1]] != b[:, : a.shape[1]]).sum()) for a, b in zip(given, out.slots))
     return Outcome(step, s, gath, verdicts, differs)
 
 

@@ -134,8 +134,10 @@ def allocations(step: ExplicitStep) -> list[list[TableBlocks]]:
     return [[request_blocks(step, rb, gi) for gi in range(len(step.groups))] for rb in step.ranks]
 
 
-def gathered(step: ExplicitStep, slots: list[np.ndarray] | None = None, path: str | None = None) -> Gathered:
-    """The all-gather of the given outputs (or of ``slots``, one [groups, entries] array per rank)."""
+def gathered(step: ExplicitStep, slots: list[np.ndarray] | None = None, path: str | None = None,
+             written: list[np.ndarray] | None = None) -> Gathered:
+    """The all-gather of the given outputs (or of ``slots``, one [groups, entries] array per rank);
+    ``written``: per rank, the [groups, inputs] input entries a user's kernel wrote (``inputs-intact``)."""
     slots = slots if slots is not None else [rb.slots for rb in step.ranks]
     if any(s is None for s in slots):
         missing = [r for r, s in enumerate(slots) if s is None]
@@ -152,6 +154,8 @@ def gathered(step: ExplicitStep, slots: list[np.ndarray] | None = None, path: st
         torch.tensor(enabled, dtype=torch.bool),
         torch.tensor([[0 if t is None else t.shape[1] for t in rb.tables] for rb in step.ranks], dtype=torch.int64),
         torch.tensor([list(step.entry_sizes)] * len(step.ranks), dtype=torch.int64),
+        written=None if written is None else torch.from_numpy(np.stack([np.asarray(w, dtype=np.int64)
+                                                                        for w in written])),
     )
 
 
@@ -217,9 +221,11 @@ def _flagged_verdicts(step: ExplicitStep, verdicts, aside: dict, flagged: np.nda
             verdict.status = "fail"
 
 
-def check(step: ExplicitStep, runs: dict[str, list[np.ndarray]] | None = None, profile=None
+def check(step: ExplicitStep, runs: dict[str, list[np.ndarray]] | None = None, profile=None,
+          written: dict[str, list[np.ndarray]] | None = None
           ) -> tuple[Scenario, dict[str, Gathered], list[coordinator.Verdict]]:
-    """Every applicable invariant on the given outputs and on each extra run (``{name: per-rank slots}``).
+    """Every applicable invariant on the given outputs and on each extra run (``{name: per-rank slots}``);
+    ``written``: ``{name: per-rank [groups, inputs] counts}`` of a run whose kernel was a user's.
 
     ``same-scenario`` compares the ranks' batch inputs: all ranks of one step must
     have been handed the same positions, ``query_start_loc``, ``idx_mapping`` and
@@ -234,7 +240,7 @@ def check(step: ExplicitStep, runs: dict[str, list[np.ndarray]] | None = None, p
     if step.has_outputs:
         gath[step.path if not runs else "captured"] = gathered(step)
     for name, slots in (runs or {}).items():
-        gath[name] = gathered(step, slots, name)
+        gath[name] = gathered(step, slots, name, (written or {}).get(name))
     if not gath:
         gathered(step)  # raises: nothing to check
     verdicts = coordinator.check(s, allocations(step), gath, fingerprints, profile)

@@ -44,13 +44,22 @@ def main_stack(args) -> int:
     from cpsim.stack import host
     s = scenario_from_args(args)
     paths = _paths(args)
-    try:
+    try:  # the driver's start, the release's import and every answer: within --timeout together
         result = host.judge(host.drive(s, args.stack, paths, args.stack_python, args.stack_classes,
-                                       source=args.stack_source), getattr(args, "profile", None))
-    except RuntimeError as e:  # the release's code died or hung: never a pass
+                                       args.timeout, args.stack_source), getattr(args, "profile", None))
+    except RuntimeError as e:  # the release's code died, hung or answered nothing: never a pass
         Console().print(f"[bold red]FAIL[/bold red] {e}", highlight=False, soft_wrap=True)
-        return 1
+        result = no_answer(s, paths, str(e))
     return _report(args, s, result)
+
+
+def no_answer(s, paths: list[str], why: str):
+    """A driver that gave no answer (died, hung, printed anything but an answer): every path fails
+    ``kernel-completes`` with ``why`` on rank 0 (the others not run), judged like an answer so that
+    every requested report is written."""
+    from cpsim.stack import host
+    return host.judge(host.StackResult("(no answer)", [], {}, scenario=s, failures={
+        p: host.KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
 
 
 def _report(args, s, result, torchrun: dict | None = None, write_json: bool = True) -> int:

@@ -808,10 +808,10 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
     SIGTERM, the parent's stop, ends the search with SystemExit, so this process's exit ends its own
     kernel workers; once the search has ended, SIGTERM is ignored (the process is already leaving)."""
     import signal
-    import sys
     import traceback
+    from cpsim.fuzz.stop import end_job
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    signal.signal(signal.SIGTERM, end_job)  # the kernel workers end before the job unwinds
     os.environ["CPSIM_KERNEL_WORKERS"] = workers
     job = cfg_state["seed_stream"]
     try:

@@ -37,6 +37,7 @@ from typing import Iterable
 
 _SUBREAPER: list[bool] = []  # set once this process is its descendants' subreaper (``become_subreaper``)
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+PR_SET_PDEATHSIG = 1
 SESSION_VAR = "CPSIM_WORKER_SESSION"
 _tokens: dict[int, str] = {}  # pid -> its token: a forked copy of this module gets a token of its own
 
@@ -59,6 +60,20 @@ def become_subreaper() -> bool:
     except (OSError, AttributeError):  # no prctl here
         pass
     return bool(_SUBREAPER)
+
+
+def end_with_parent(signum: int = signal.SIGTERM) -> None:
+    """Ask for ``signum`` when this process's parent dies (Linux ``PR_SET_PDEATHSIG``): a torchrun
+    rank whose agent was killed (by a kernel, say) ends as one stopped by torchrun, so rank 0 still
+    writes its report and no rank outlives its job, failing later on the agent's store. A parent
+    already gone by now is not seen (the rank then ends on its collectives' bound)."""
+    if not os.path.isdir("/proc"):
+        return
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl here
+        pass
 
 
 def is_subreaper() -> bool:

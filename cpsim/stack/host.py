@@ -96,6 +96,9 @@ def stack_python(given: str | None) -> str:
     py = given or os.environ.get(PYTHON_ENV) or sys.executable
     if not Path(py).exists():
         raise ConfigError("--stack-python", f"{py} does not exist (make a side venv, docs/UPSTREAM.md)")
+    if not Path(py).is_file() or not os.access(py, os.X_OK):
+        raise ConfigError("--stack-python", f"{py} is {'a directory' if Path(py).is_dir() else 'not executable'}; "
+                                            f"give the side venv's python (its bin/python, docs/UPSTREAM.md)")
     return os.path.abspath(py)  # the child runs in a folder of its own; not resolved: a venv's python is a link
 
 
@@ -199,8 +202,12 @@ def _bounded(argv: list[str], env: dict, cwd: str, timeout: float, family: str) 
     torchrun's SIGTERM), the child's whole tree is ended (cpsim.run.reaper): its forked job and
     whatever the release's code started would otherwise outlive it."""
     from cpsim.run import reaper
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    try:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    except OSError as e:  # not a program the system can start (no #! line, a foreign binary)
+        raise ConfigError("--stack-python", f"{argv[0]} cannot be run ({e.strerror or e}); give the side venv's "
+                                            f"python (docs/UPSTREAM.md)") from None
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except BaseException as e:
