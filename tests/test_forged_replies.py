@@ -135,7 +135,8 @@ def test_every_message_round_trips():
             wire.Refused("--x", "rule"), wire.Unloaded("exited", "m"), wire.Raised("ValueError", "boom", "*"),
             wire.Exited("0", "*"), wire.LostOnReadback("E", "t"),
             wire.SignatureRead("k", True, False, [("a", False), ("b", True)], "vllm", "0.26.0"),
-            wire.Value(np.array([[1, -1]], dtype=np.int64), ["note"])]
+            wire.Value([np.array([[1, -1]], dtype=np.int64)], False, ["note"]),
+            wire.Value([np.zeros((2, 3), np.int64), np.ones((2, 4), np.int64)], True, [])]
     for m in msgs:
         got = wire.decode(wire.encode(m))
         assert type(got) is type(m)

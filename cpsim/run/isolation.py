@@ -353,7 +353,8 @@ class Worker:
         if isinstance(reply, wire.Value):  # a ``call``'s result
             for note in reply.notes:
                 kernel.note(note)
-            return np.array(reply.array)
+            arrays = tuple(np.array(a) for a in reply.arrays)
+            return arrays if reply.many else arrays[0]
         if isinstance(reply, wire.Refused):
             raise ConfigError(reply.field, reply.rule)
         if isinstance(reply, wire.Raised):
@@ -514,8 +515,8 @@ def call(fn: Callable, path: str, kernel, *args, rank: int = 0, device: str = "c
     """``fn(kernel, *args)`` run in a kernel worker that loads the user's ``kernel`` there, within
     ``--kernel-timeout``: for rank runs that are not a scenario's (a capture's or an explicit
     batch's steps rerun, ``cpsim.capture.rerun``). ``fn`` is a module-level function (it travels by
-    name) and returns plain data (numpy arrays): the worker's result is unpickled here, and nothing of
-    the kernel's runs in this process. Raises ``KernelFailed`` naming ``rank`` when the kernel's import
+    name) and returns an integer array or a tuple of them, sent back as plain data (``cpsim.run.wire``):
+    nothing of the kernel's runs in this process. Raises ``KernelFailed`` naming ``rank`` when the kernel's import
     or the call raised, exited, crashed or hung. In-process where isolation is off."""
     device = str(device)
     failure = _unloaded(path, kernel, rank, 1)

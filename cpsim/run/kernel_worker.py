@@ -224,7 +224,7 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
 
 def _call(kernels: dict, fn, path: str, record: dict, device: str, args: tuple):
     """``fn(kernel, *args)`` with the user's kernel loaded here (``cpsim.run.isolation.call``): its
-    result, an integer array sent as plain data."""
+    result, integer arrays (one, or a tuple of them) sent as plain data."""
     from cpsim.kernels.under_test import KernelImportError, where_raised
     try:
         k = _kernel(kernels, path, record, device)
@@ -235,11 +235,12 @@ def _call(kernels: dict, fn, path: str, record: dict, device: str, args: tuple):
     if k.load_failure is not None:
         return wire.Unloaded(k.load_failure.kind, k.load_failure.message)
     try:
-        value = np.asarray(fn(k, *args))
+        value = fn(k, *args)
+        arrays = [np.asarray(v) for v in value] if isinstance(value, tuple) else [np.asarray(value)]
     except ConfigError as e:
         return wire.Refused(e.field, e.rule)
     except SystemExit as e:
         return wire.Exited(repr(e.code)[:200])
     except BaseException as e:  # noqa: BLE001  (the kernel's exception, KeyboardInterrupt too, becomes a violation)
         return wire.Raised(type(e).__name__[:200], (_first_line(e) + where_raised(k, e))[:wire.MAX_TEXT])
-    return wire.Value(value, list(k.notes))
+    return wire.Value(arrays, isinstance(value, tuple), list(k.notes))

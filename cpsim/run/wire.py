@@ -135,9 +135,10 @@ class SignatureRead:
 
 @dataclass
 class Value:
-    """A ``call``'s result: one integer array, and the kernel's notes."""
+    """A ``call``'s result: its integer arrays (``many``: it returned a tuple of them), and the kernel's notes."""
 
-    array: np.ndarray
+    arrays: list[np.ndarray]
+    many: bool = False
     notes: list[str] = field(default_factory=list)
 
 
@@ -190,8 +191,8 @@ def _fields(msg, numbers: list) -> dict:
         return {"path": msg.path, "rank": msg.rank, "notes": msg.notes,
                 "output": None if msg.output is None else _output_fields(msg.output, numbers)}
     if isinstance(msg, Value):
-        numbers.append(np.asarray(msg.array, dtype=np.int64))
-        return {"shape": list(msg.array.shape), "notes": msg.notes}
+        numbers += [np.asarray(a, dtype=np.int64) for a in msg.arrays]
+        return {"shapes": [list(a.shape) for a in msg.arrays], "many": msg.many, "notes": msg.notes}
     if isinstance(msg, SignatureRead):
         return {**msg.__dict__, "params": [list(p) for p in msg.params]}
     return dict(msg.__dict__)
@@ -283,8 +284,12 @@ def _message(header, numbers: _Numbers):
                 raise Malformed("a Batch inside a Batch")
         return Batch([_message(r, numbers) for r in replies])
     if kind == "Value":
-        _keys(f, {"shape", "notes"}, "Value")
-        return Value(numbers.take(_shape(f["shape"], "Value.shape"), "Value"), _texts(f["notes"], "notes"))
+        _keys(f, {"shapes", "many", "notes"}, "Value")
+        shapes = f["shapes"]
+        if not isinstance(shapes, list) or not 1 <= len(shapes) <= 16:
+            raise Malformed("Value.shapes is not a list of 1 to 16 shapes")
+        return Value([numbers.take(_shape(s, "Value.shapes[]"), "Value") for s in shapes],
+                     _bool(f["many"], "Value.many"), _texts(f["notes"], "notes"))
     if kind == "SignatureRead":
         _keys(f, {"name", "triton", "is_callable", "params", "origin", "release"}, kind)
         params = f["params"]
