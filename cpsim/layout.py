@@ -19,21 +19,30 @@ virtual block holds whole interleave rounds).
 from __future__ import annotations
 
 import functools
-from typing import Union
+import sys
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is costly to import (seconds): `cpsim --help` and input errors answer without it
+    import torch
 
 PAD_SLOT_ID = -1
 POISON = -7777  # written into output buffers before every launch; never a slot nor PAD
 GUARD = -7919   # held by the guard entries around every output row; a kernel never writes there
 TABLE_GUARD_GAP = 7  # guard block id = first id past the cache + this gap (see table_guard_id)
 
-IntOrTensor = Union[int, torch.Tensor, np.ndarray]
+IntOrTensor = Union[int, "torch.Tensor", np.ndarray]
+
+
+def _is_tensor(x) -> bool:
+    """``x`` is a torch tensor; without torch imported nothing is one (this module never imports it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def _clip(x: IntOrTensor, lo: int, hi: int) -> IntOrTensor:
-    if isinstance(x, torch.Tensor):
+    if _is_tensor(x):
         return x.clamp(lo, hi)
     if isinstance(x, np.ndarray):
         return np.clip(x, lo, hi)
@@ -108,7 +117,7 @@ def table_index(pos: IntOrTensor, block_size: int, kernel_block_size: int,
     return vb * bpk + lo // kernel_block_size, lo % kernel_block_size, owner
 
 
-def local_index(pos: torch.Tensor, block_size: int, world: int, interleave: int):
+def local_index(pos: "torch.Tensor", block_size: int, world: int, interleave: int):
     """Rank-local token index (``vb * B + local offset``) under the virtual-block formula."""
     if world == 1:
         return pos
@@ -131,7 +140,7 @@ def blocks_touched(seq_len: int, rank: int, block_size: int, world: int,
         return cdiv(seq_len, block_size)
     if block_size % interleave:
         # Invalid layout run on purpose: the local offset can pass B, so scan.
-        pos = torch.arange(seq_len, dtype=torch.int64)
+        pos = np.arange(seq_len, dtype=np.int64)
         vb, vo = virtual_split(pos, block_size, world)
         mine = (virtual_owner(vo, world, interleave) == rank)
         phys = vb + virtual_local_offset(vo, world, interleave) // block_size

@@ -12,42 +12,21 @@ from typing import TYPE_CHECKING
 from cpsim.report import terminal
 
 from cpsim.allocator import allocate_world
-from cpsim.check import coordinator
+from cpsim.check import coordinator, profiles
 from cpsim import scenario as sc
-from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, apply_overrides, check_paths_apply,
-                       KERNEL_FLAGS, add_profile_arg, kernels_from_args, kernels_with_record, knobs_with_sizing,
-                       parse_paths, profile_from_args, scenario_from_args, sizer_from_args, sizing_failed,
-                       subjects_for)
+from cpsim.cmd.options import KERNEL_FLAGS
+from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernels_from_args, kernels_with_record,
+                              knobs_with_sizing, parse_paths, profile_from_args, scenario_from_args, sizer_from_args,
+                              sizing_failed, subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.report import draw
 from cpsim.run.world import run_virtual
 from cpsim.validate import load_scenario
+from cpsim.run.sizing import SizingFailure
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
-
-
-def register(sub) -> None:
-    p = sub.add_parser("draw", help="draw who owns each token and where it lands (PNG/SVG)",
-                       description="Draw one scenario's CP layout: token owners per request, each rank's "
-                                   "blocks slot by slot, violations outlined in red and named.")
-    add_scenario_args(p)
-    add_path_args(p)
-    # None = "not given", so --inject can fall back to the fault's own scenario.
-    p.set_defaults(scenario=None, paths="v1,v2")
-    p.add_argument("--repro", metavar="FILE", help="draw the scenario (and knobs, if any) of a repro file")
-    p.add_argument("--inject", metavar="NAME", help="inject a catalogued fault (cpsim.faults); uses the fault's "
-                                                     "own scenario unless --scenario or --repro is given")
-    p.add_argument("--capture", metavar="PATH", help="draw a captured step (capture dir/file or explicit batch; "
-                                                      "docs/CAPTURE.md): the first failing one unless --step")
-    p.add_argument("--step", type=int, metavar="N", help="with --capture: the step to draw")
-    p.add_argument("--out", required=True, metavar="FILE.png|FILE.svg", help="where to write the picture")
-    p.add_argument("--title", default="", help="figure title (default: scenario summary)")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
-    add_kernel_args(p)  # the same kernels as `run`; a repro's recorded kernels unless these replace them
-    add_profile_arg(p, strict_sizing=False)  # a repro's recorded profile and sizing unless these replace them
-    p.set_defaults(func=main)
 
 
 def _fault(name: str):
@@ -126,8 +105,6 @@ def main(args) -> int:
         raise ConfigError("repro.sizing", f"{args.repro}: must be a SPEC string, got {recorded!r}")
     sizer = sizer_from_args(args, recorded)
     if sizer is not None:
-        from cpsim.check import profiles
-        from cpsim.run.sizing import SizingFailure
         try:
             with sizer:  # asked for the scenario as the profile lays it out, as simulate runs it
                 knobs = knobs_with_sizing(args, knobs, profiles.scenario_for(s, prof), paths, sizer)
@@ -149,7 +126,6 @@ def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_P
              inject_rank: int | None = None, kernels: dict | None = None, profile=None) -> draw.Picture:
     """Run the virtual world (with the user's ``kernels``, if any), check it by ``profile`` (None: cpsim's
     model; it lays the scenario out too), and lay out the picture's data."""
-    from cpsim.check import profiles
     if profile is not None:
         s = profiles.scenario_for(s, profile)
     draw.check_size(s)

@@ -15,7 +15,6 @@ or a TOML file (`--config`); flags win. TOML keys:
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import os
 import sys
@@ -28,44 +27,22 @@ from rich.console import Console
 from cpsim.report import terminal
 from rich.table import Table
 
-from cpsim.check import coordinator
+from cpsim.check import coordinator, profiles
 
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim import schema
-from cpsim.cmd import (add_kernel_args, add_profile_arg, check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
-                       scenario_from_args, sizer_from_args, sizing_failed)
-from cpsim.run.dist import add_dist_args, launched_by_torchrun
+from cpsim.cmd.commands import KEYS
+from cpsim.cmd.inputs import (check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
+                              scenario_from_args, sizer_from_args, sizing_failed)
+from cpsim.run.dist import launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.validate import load_scenario, load_sweep_config, write_outputs
-
-KEYS = ("presets", "cp", "interleaves", "paths", "seed")
-
-
-def register(sub) -> None:
-    p = sub.add_parser("sweep", help="run a matrix of scenarios x CP sizes x paths, one report",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="FILE", help="TOML file with the matrix (keys: " + ", ".join(KEYS) + ")")
-    p.add_argument("--presets", help="comma-separated presets or scenario files; 'all' = every preset "
-                                     "(default: default)")
-    p.add_argument("--cp", help="comma-separated CP sizes, N or DxP (default: each preset's own)")
-    p.add_argument("--interleaves", help="comma-separated interleave sizes (default: each preset's own)")
-    p.add_argument("--paths", help="comma-separated paths (default: all)")
-    p.add_argument("--seed", type=int, help="base seed (replica g of a torchrun job uses seed + g; default 0)")
-    p.add_argument("--allow-large", action="store_true",
-                   help="run CP world sizes above 64 in the virtual world (every rank in turn: minutes)")
-    add_kernel_args(p)
-    add_profile_arg(p, strict_sizing=False)
-    add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the whole report as JSON")
-    p.add_argument("--html", metavar="FILE", help="write one self-contained HTML page with every scenario's "
-                                                   "invariant table and violations")
-    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per (scenario, path, invariant)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
-    from cpsim.cmd import add_report_args
-    add_report_args(p)
-    p.set_defaults(func=main)
+from cpsim.run.sizing import SizingFailure
+from cpsim.cmd.inputs import subjects_for, show_profile
+from cpsim.cmd.torchrun_job import stop_writer
+from cpsim.report.progress import columns
 
 
 @dataclass(frozen=True)
@@ -170,7 +147,6 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=N
     cannot express is skipped with the reason. ``sizer``: the host sizing under test
     (``cpsim.run.sizing.Sizer``), asked for each cell's laid-out scenario; its ``SizingFailure`` names
     the cell (the sweep fails)."""
-    from cpsim.check import profiles
     from cpsim.run.distrun import Entry
 
     prof = profile or profiles.for_abis([k.abi for k in (kernels or {}).values()])
@@ -196,7 +172,6 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=N
             continue
         knobs = Knobs()
         if sizer is not None:
-            from cpsim.run.sizing import SizingFailure
             try:
                 knobs = Knobs(host_sizing=sizer.answer(s, matrix["paths"]))
             except SizingFailure as e:
@@ -213,7 +188,6 @@ def main(args) -> int:
     from cpsim.run.dist import select_device
     kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
     prof = profile_from_args(args, kernels)
-    from cpsim.run.sizing import SizingFailure
     sizer = sizer_from_args(args)
     try:
         entries, skipped = plan(matrix, world, kernels, prof, sizer)
@@ -233,7 +207,6 @@ def main(args) -> int:
     def report_(results, infos) -> int:
         return finish(console, args, results, skipped, infos, world, kernels, prof)
 
-    from cpsim.cmd import stop_writer, subjects_for
     stopped = stop_writer(args, f"sweep on {world} ranks", subjects_for(kernels or {}, matrix["paths"]), len(entries),
                           {"mode": "sweep-torchrun", "skipped": skipped})
     return execute(args, entries, report_, progress=progress.advance if progress else None, stopped=stopped)
@@ -243,7 +216,6 @@ class _Bar:
     def __init__(self, console: Console, total: int):
         from rich.progress import Progress, TextColumn
 
-        from cpsim.report.progress import columns
         self.p = Progress(*columns("[bold]sweep"), TextColumn("{task.description}"), console=console,
                           transient=True)
         self.task = self.p.add_task("", total=total)
@@ -305,7 +277,6 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
         t.add_row(label, "", "", "", f"[dim]skipped: {why}[/dim]")
     console.print(t)
     failing = [r for r in results if not coordinator.passed(r.verdicts)]
-    from cpsim.cmd import subjects_for
     subjects = subjects_for(kernels or {}, dict.fromkeys(v.path for r in results for v in r.verdicts
                                                          if v.path != "*" and "~" not in v.path),
                             prof.name if prof else None)
@@ -314,7 +285,6 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     if not args.quiet and results:
         describe_kernels(console, kernels or {}, notes_only=bool(failing))
     if prof is not None and not args.quiet:
-        from cpsim.cmd import show_profile
         show_profile(console, prof)
     if getattr(args, "sizing", None) and not args.quiet:
         console.print(f"host sizing under test: {args.sizing} (asked for every cell)", highlight=False,
