@@ -105,8 +105,10 @@ def bench_issue15(examples: int, device: str = "cpu", explore: str = "random") -
               + (f", {r.examples / c:.1f}/s per CPU second" if n == 1 else ""), flush=True)
     if device == "cpu":
         from cpsim.kernels.under_test import load
+        from cpsim.run import isolation
         root = Path(__file__).resolve().parents[1]
-        k = {"v1": load(str(root / "tests/kernels/two_bugs_v1.py") + ":_compute_slot_mapping_kernel", "v1")}
+        k = {"v1": load(str(root / "tests/kernels/two_bugs_v1.py") + ":_compute_slot_mapping_kernel", "v1",
+                        inspect=isolation.probe)}
         cfg = fz.FuzzConfig(paths=["v1"], kernels=k, max_examples=400, seed=0, database=None,
                             shrink_seconds=15, out=Path(tempfile.mkdtemp()), explore=explore)
         w = time.perf_counter()
@@ -183,6 +185,7 @@ def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: 
     from pathlib import Path
 
     from cpsim.kernels.under_test import load
+    from cpsim.run import isolation
     rows = []
     for name in ([kernel] if kernel else faults):
         for s in seeds:
@@ -197,7 +200,7 @@ def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: 
                 if first[0] is None and prog.signatures:
                     first[0] = time.monotonic() - started
 
-            how = ({"paths": ["v1"], "kernels": {"v1": load(kernel, "v1")}} if kernel else
+            how = ({"paths": ["v1"], "kernels": {"v1": load(kernel, "v1", inspect=isolation.probe)}} if kernel else
                    {"sizing": name} if sizing else {"inject": name})
             cfg = fz.FuzzConfig(**how, minutes=minutes, max_examples=10**9, seed=s, database=None, jobs=jobs,
                                 stop_after_first=True, shrink_seconds=5, space=space, out=Path(tempfile.mkdtemp()))

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from cpsim import scenario as sc  # noqa: E402
 from cpsim.allocator import allocate_world  # noqa: E402
-from cpsim.kernels.under_test import here, load  # noqa: E402
+from cpsim.kernels.under_test import here, inspect_here, load  # noqa: E402
 from cpsim.paths import _intact, run_path  # noqa: E402
 
 KERNELS = {"callable": "tests/kernels/callable_abi.py:slot_mapping",
@@ -60,7 +60,7 @@ def main() -> None:
         s = sc.preset(preset)
         allocs = allocate_world(s)
         for label, spec in KERNELS.items():
-            k = here(load(str(ROOT / spec), "v1", device=args.device), args.device)
+            k = here(load(str(ROOT / spec), "v1", device=args.device, inspect=inspect_here), args.device)
             on, off = time_rank_runs(k, s, allocs, args.device, args.reps)
             print(f"{preset:13s} {label:20s} checked {on * 1e3:8.2f} ms  unchecked {off * 1e3:8.2f} ms  "
                   f"cost {(on - off) * 1e3:+7.2f} ms ({(on / off - 1) * 100:+.1f} %)")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from cpsim.kernels.under_test import ABIS, choose_abi, load
+from cpsim.kernels.under_test import ABIS, choose_abi
+from kernel_load import load
 from cpsim.paths import v2
 from cpsim.paths.types import Knobs
 from cpsim.plugin.testing import check_kernel

@@ -348,7 +348,7 @@ def test_jobs_merge_their_signatures(tmp_path):
 
 def test_classification_splits_one_scenario_into_its_bugs():
     """One scenario with both defects of the two-bug kernel: each failed invariant goes to its own dimension."""
-    from cpsim.kernels.under_test import load
+    from kernel_load import load
     k = {"v1": load(TWO_BUGS, "v1")}
     from cpsim.allocator import allocate
     g = sc.KVGroup("g0", "attention", 16, num_blocks=2**25)

@@ -311,7 +311,7 @@ def test_a_worker_crashing_with_later_paths_queued_names_the_rank_and_runs_the_r
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")  # both ranks in one child: rank 1 is left unrun
     from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
-    from cpsim.kernels.under_test import load
+    from kernel_load import load
     from cpsim.run import isolation
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
@@ -350,7 +350,7 @@ def test_a_crash_in_the_first_scenario_in_flight_resends_the_second_to_a_fresh_w
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
     from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
-    from cpsim.kernels.under_test import load
+    from kernel_load import load
     from cpsim.run import isolation
     s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
     (a1, k1), (a2, k2) = _world(s1), _world(s2)
@@ -375,7 +375,7 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
                      f"    open({str(tmp_path / 'crashed')!r}, 'w').close()\n    os.kill(os.getpid(), signal.SIGSEGV)\n")
     from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
-    from cpsim.kernels.under_test import load
+    from kernel_load import load
     from cpsim.run import isolation
     s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
     (a1, k1), (a2, k2) = _world(s1), _world(s2)
@@ -508,7 +508,7 @@ def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, workers, 
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", str(workers))
     from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
-    from cpsim.kernels.under_test import load
+    from kernel_load import load
     from cpsim.run import isolation
     real = isolation._shares
     monkeypatch.setattr(isolation, "_shares", lambda paths, world, size, device: real(paths, world, size, "cuda"))
@@ -580,7 +580,7 @@ def test_a_kernel_killing_its_worker_is_named_on_its_rank_and_the_other_ranks_ru
         return out'''))
     from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
-    from cpsim.kernels.under_test import load
+    from kernel_load import load
     from cpsim.run import isolation
     s = sc.preset("mtp", dcp=4)
     allocs, knobs = _world(s)

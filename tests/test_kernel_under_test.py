@@ -12,7 +12,8 @@ import pytest
 from cpsim import cli, kernels
 from cpsim.kernels import vllm_shim
 from cpsim.errors import ConfigError
-from cpsim.kernels.under_test import ABIS, load
+from cpsim.kernels.under_test import ABIS
+from kernel_load import load
 from cpsim.scenario import preset
 from cpsim.plugin.testing import check_kernel
 from mutants import mutant

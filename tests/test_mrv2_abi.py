@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli, kernels
-from cpsim.kernels.under_test import load
+from kernel_load import load
 from cpsim.plugin.testing import check_kernel
 from mutants import mutant
 

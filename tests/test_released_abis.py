@@ -11,7 +11,8 @@ import pytest
 
 from cpsim import kernels
 from cpsim.errors import ConfigError
-from cpsim.kernels.under_test import ABIS, choose_abi, load
+from cpsim.kernels.under_test import ABIS, choose_abi
+from kernel_load import load
 from cpsim.plugin.testing import check_kernel
 from cpsim.scenario import Request, preset
 from mutants import mutant

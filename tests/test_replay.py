@@ -19,7 +19,8 @@ from cpsim.check import coordinator, reference  # noqa: E402
 from cpsim.allocator import allocate_rank, allocate_world  # noqa: E402
 from cpsim.layout import PAD_SLOT_ID  # noqa: E402
 from cpsim.paths import PATHS, run_path  # noqa: E402
-from cpsim.kernels.under_test import ABIS, from_record, load, to_record, with_replay  # noqa: E402
+from cpsim.kernels.under_test import ABIS, to_record, with_replay  # noqa: E402
+from kernel_load import from_record, load  # noqa: E402
 from cpsim.plugin.testing import check_kernel  # noqa: E402
 from cpsim.run.world import run_virtual  # noqa: E402
 from mutants import mutant  # noqa: E402

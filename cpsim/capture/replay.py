@@ -104,7 +104,7 @@ def _kernels(args) -> dict:
     worker (this process learns its signature as plain data), and every rerun of it runs there too
     (``cpsim.capture.rerun``)."""
     from cpsim.kernels.under_test import load
-    from cpsim.run import isolation  # noqa: F401  (importing it installs the probe: a SPEC is imported by a worker)
+    from cpsim.run import isolation  # its probe: a SPEC is imported by a kernel worker
     if getattr(args, "kernel_v1_fused", None):
         raise ConfigError("--kernel-v1-fused", "captures and explicit batches rerun v1 and v2 kernels only")
     out = {}
@@ -115,6 +115,6 @@ def _kernels(args) -> dict:
         if spec == "builtin":
             out[path] = "builtin"
             continue
-        out[path] = load(spec, path, getattr(args, "kernel_abi", "auto") or "auto",
+        out[path] = load(spec, path, getattr(args, "kernel_abi", "auto") or "auto", inspect=isolation.probe,
                          shim_vllm=bool(getattr(args, "shim_vllm", False)))
     return out

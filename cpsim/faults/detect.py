@@ -200,12 +200,13 @@ def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tu
     """Worker: one run, summarised as (failed, applicable, seconds); picklable both ways.
 
     Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded in the worker."""
-    from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
+    from cpsim.run import isolation  # kernel SPECs are imported by its workers only
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None
     s = f.trigger() if where == TRIGGER else preset(where, seed=seed)
     r = run(s, f.knobs_for(s) if (f and faulty) else Knobs(), paths,
-            kernels={p: k for p, k in from_record(kernel_record or {}).items() if p in paths})
+            kernels={p: k for p, k in from_record(kernel_record or {}, inspect=isolation.probe).items()
+                     if p in paths})
     return r.failed, bool(r.gathered), r.seconds
 
 

@@ -46,10 +46,10 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
     os.environ["CPSIM_KERNEL_WORKERS"] = workers
     job = cfg_state["seed_stream"]
     try:
-        from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
+        from cpsim.run import isolation  # kernel SPECs are imported by its workers only
 
         use_interpreter()
-        cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu"))
+        cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu", inspect=isolation.probe))
         last = [0.0]
 
         def tell(p: Progress) -> None:

@@ -454,33 +454,28 @@ def check_spec(spec: str, path: str, where: str) -> None:
             raise ConfigError(where, f"kernel file {file} does not exist")
 
 
-# How a SPEC is turned into a signature: ``inspect_here`` by default; ``cpsim.run.isolation``
-# installs one that asks a kernel worker, so that cpsim's own process never imports the kernel.
-_inspector: Callable[..., "Signature | LoadFailure"] | None = None
-
-
-def inspect_with(inspector: Callable[..., "Signature | LoadFailure"] | None) -> None:
-    global _inspector
-    _inspector = inspector
-
-
 def _inspect(spec: str, path: str, shim_vllm: bool, device: str, where: str,
              inspect: Callable | None) -> "Signature | LoadFailure":
-    chosen = inspect or _inspector
-    if chosen is None or chosen is inspect_here:
+    """How a SPEC becomes a signature is the caller's to say, every time: ``cpsim.run.isolation.probe``
+    (a kernel worker imports it; the judge never does) or ``inspect_here`` (this process: the kernel
+    worker itself, or isolation switched off). No default: a caller that forgot would import the
+    kernel into the judge."""
+    if inspect is None:
+        raise RuntimeError(f"{where}: no inspector given for {spec!r} (cpsim.run.isolation.probe or inspect_here)")
+    if inspect is inspect_here:
         try:
             return inspect_here(spec, path, shim_vllm, device, where)
         except KernelImportError as e:
             return e.failure
-    return chosen(spec, path, shim_vllm, device, where)
+    return inspect(spec, path, shim_vllm, device, where)
 
 
 def load(spec: Any, path: str | None, abi: str = "auto", *, shim_vllm: bool = False, device: str = "cpu",
          v2_launch: str = "split", where: str | None = None, inspect: Callable | None = None) -> KernelUnderTest:
     """Load a kernel for cpsim ``path``; ``spec`` may also be the kernel object itself.
 
-    A SPEC string is imported by ``inspect`` (default: the installed inspector, a kernel worker
-    under isolation): this process gets the kernel's signature only. An import that raises, exits,
+    A SPEC string is imported by ``inspect`` (``cpsim.run.isolation.probe``: a kernel worker; this
+    process gets the kernel's signature only). An import that raises, exits,
     hangs or crashes gives a kernel whose ``failed`` says so; its runs are ``kernel-completes``
     failures."""
     where = where or f"--kernel-{path or 'v1'}"
@@ -582,7 +577,8 @@ def load_record(item: dict[str, Any], path: str, device: str = "cpu", where: str
     return out
 
 
-def from_record(record: dict[str, Any], device: str = "cpu", where: str = "kernels") -> dict[str, KernelUnderTest]:
+def from_record(record: dict[str, Any], device: str = "cpu", where: str = "kernels",
+                inspect: Callable | None = None) -> dict[str, KernelUnderTest]:
     """Load what ``to_record`` wrote (a bare SPEC string is accepted too, with the ABI auto-detected)."""
     out = {}
     for path, item in (record or {}).items():
@@ -593,5 +589,5 @@ def from_record(record: dict[str, Any], device: str = "cpu", where: str = "kerne
         if not isinstance(item, dict) or not isinstance(item.get("spec"), str):
             raise ConfigError(f"{where}.{path}", f"expected {BUILTIN!r}, a SPEC string or {{spec, abi, ...}}, "
                                                  f"got {item!r}")
-        out[path] = load_record(item, path, device, f"{where}.{path}")
+        out[path] = load_record(item, path, device, f"{where}.{path}", inspect=inspect)
     return out

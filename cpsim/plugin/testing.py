@@ -109,10 +109,11 @@ def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim
     process; ``path`` None: the first path its ABI stands in for. An import that raises, exits,
     hangs or crashes fails the test, naming the file."""
     from cpsim.kernels.under_test import KernelUnderTest, load
-    from cpsim.run import isolation  # noqa: F401  (installs the worker probe)
+    from cpsim.run import isolation
     if isinstance(kernel, KernelUnderTest):
         return kernel
-    k = load(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, where="kernel")
+    k = load(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, where="kernel",
+             inspect=isolation.probe)
     if k.failed is not None:
         raise AssertionError(f"{k.spec}: kernel {k.failed.message}")
     return k

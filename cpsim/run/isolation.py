@@ -953,10 +953,3 @@ def run_rank_checked(path: str, s, allocs, rank: int, device, knobs: Knobs = Kno
     out.slots = out.slots.to(torch.device(device))
     return out
 
-
-def _install_probe() -> None:
-    from cpsim.kernels import under_test
-    under_test.inspect_with(probe)
-
-
-_install_probe()  # from here on a kernel SPEC is imported by a worker, not by this process
