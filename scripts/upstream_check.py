@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from cpsim import scenario as sc  # noqa: E402
 
-VLLM = ("0.23.0", "0.28.0", "0.31.0", "0.33.0")
-VLLM_KERNELS_ONLY = ("0.26.0",)  # releases whose kernels run (from the wheel, unpacked), host classes not driven
+VLLM = ("0.23.0", "0.26.0", "0.28.0", "0.31.0", "0.33.0")
+VLLM_KERNELS_ONLY: tuple[str, ...] = ()  # releases whose kernels run (from the wheel, unpacked), host classes not driven
 ASCEND_KERNELS = ("0.18.0", "0.23.0.post1")
 # vllm-ascend host classes: (release, the vLLM release it was built for, its paths). The pairing is read
 # from each sdist: vllm_version_is("X") throughout vllm_ascend/ and docs/source/conf.py's ci_vllm_version.

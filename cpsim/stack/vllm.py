@@ -1,4 +1,4 @@
-"""Adapter for vLLM's host block tables, read from vLLM 0.23.0, 0.28.0, 0.31.0 and 0.33.0 (what differs is
+"""Adapter for vLLM's host block tables, read from vLLM 0.23.0, 0.26.0, 0.28.0, 0.31.0 and 0.33.0 (what differs is
 ``RELEASE_RULES``).
 
 Read from (vLLM 0.33.0 wheel; the same files of the others): ``vllm/v1/worker/block_table.py`` (``MultiGroupBlockTable``,
@@ -39,17 +39,19 @@ from cpsim.stack.exchange import Unsupported, request_blocks
 #   "runner-0.28" = cdiv(max_len, B x DCP) for every group, a mamba group's then
 #   (+ num_speculative_blocks, no alignment) (0.28).
 # v1_call: "0.28" = MultiGroupBlockTable(..., max_num_blocks = the spec's max_num_blocks_per_req,
-#   slot_mapping_modes) (0.28 on); "0.23" = (max_model_len, ..., kernel_block_sizes, max_num_blocks = the
+#   slot_mapping_modes) (0.26 on); "0.23" = (max_model_len, ..., kernel_block_sizes, max_num_blocks = the
 #   runner's cdiv(max_model_len, B x CP), a mamba group's + num_speculative_blocks; no slot_mapping_modes:
 #   every group is slot-mapped; the constructor rounds widths up to 128 // B entries)
 #   (gpu_model_runner.py may_reinitialize_input_batch, 0.23.0);
 # "runner-0.23" MRV2 widths: cdiv(max_len, B x DCP) rounded up to 128 // B entries (B <= 128), a mamba
-#   group's then + num_speculative_blocks (gpu/model_runner.py initialize_kv_cache, 0.23.0);
+#   group's then + num_speculative_blocks (gpu/model_runner.py initialize_kv_cache, 0.23.0 and 0.26.0);
 # profile: the release profile (cpsim.check.profiles) whose release range holds it, v2_profile where the
 #   MRV2 path's differs.
 RELEASE_RULES = {
     "0.23.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.23", "v1_call": "0.23",
                "profile": "vllm-0.25", "v2_profile": "vllm-0.26"},
+    "0.26.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.23", "v1_call": "0.28",
+               "profile": "vllm-0.31", "v2_profile": "vllm-0.26"},
     "0.28.0": {"kernel_blocks": True, "v2_flags": False, "v2_widths": "runner-0.28", "v1_call": "0.28",
                "profile": "vllm-0.31"},
     "0.31.0": {"kernel_blocks": True, "v2_flags": True, "v2_widths": "spec", "v1_call": "0.28",
