@@ -1,5 +1,5 @@
-"""Adapter for vLLM's host block tables, read from vLLM 0.23.0, 0.28.0, 0.31.0, 0.33.0 and 0.34.0 (what differs
-is each release's ``rules`` in cpsim/releases/vllm.json; 0.34.0 has no v1 runner, its v1 is not in the release).
+"""Adapter for vLLM's host block tables, read from vLLM 0.23.0, 0.26.0, 0.28.0, 0.31.0, 0.33.0 and 0.34.0 (what
+differs is each release's ``rules`` in cpsim/releases/vllm.json; 0.34.0 has no v1 runner, its v1 is not in the release).
 
 Read from (vLLM 0.33.0 wheel; the same files of the others): ``vllm/v1/worker/block_table.py`` (``MultiGroupBlockTable``,
 ``BlockTable``, ``get_block_table_width``), ``vllm/v1/worker/gpu/block_table.py``
@@ -42,12 +42,12 @@ from cpsim.stack.exchange import Unsupported, request_blocks
 #   "runner-0.28" = cdiv(max_len, B x DCP) for every group, a mamba group's then
 #   (+ num_speculative_blocks, no alignment) (0.28).
 # v1_call: "0.28" = MultiGroupBlockTable(..., max_num_blocks = the spec's max_num_blocks_per_req,
-#   slot_mapping_modes) (0.28-0.33); "0.23" = (max_model_len, ..., kernel_block_sizes, max_num_blocks = the
+#   slot_mapping_modes) (0.26-0.33); "0.23" = (max_model_len, ..., kernel_block_sizes, max_num_blocks = the
 #   runner's cdiv(max_model_len, B x CP), a mamba group's + num_speculative_blocks; no slot_mapping_modes:
 #   every group is slot-mapped; the constructor rounds widths up to 128 // B entries)
 #   (gpu_model_runner.py may_reinitialize_input_batch, 0.23.0); null: no v1 runner (0.34);
 # "runner-0.23" MRV2 widths: cdiv(max_len, B x DCP) rounded up to 128 // B entries (B <= 128), a mamba
-#   group's then + num_speculative_blocks (gpu/model_runner.py initialize_kv_cache, 0.23.0).
+#   group's then + num_speculative_blocks (gpu/model_runner.py initialize_kv_cache, 0.23.0 and 0.26.0).
 # Each path's profile, host class and the module of get_block_table_width (vllm.v1.worker.block_table to
 # 0.33, vllm.v1.kv_cache_interface in 0.34) are the table's too. A release the table does not list is
 # driven by the rules of the nearest listed one (cpsim.releases.standing).
