@@ -626,7 +626,7 @@ def test_an_interrupted_fuzz_with_two_jobs_keeps_every_jobs_findings_so_far(tmp_
 _JOB_BREAKER = '''
 import os, sys
 if "--multiprocessing-fork" in sys.argv and os.environ.get("BREAK_JOB"):
-    import cpsim.fuzz as fz
+    import cpsim.fuzz.jobs as jobs  # where a job process calls its search
     def search(*a, **k):
         if os.environ["BREAK_JOB"] == "die":
             os._exit(7)
@@ -634,7 +634,7 @@ if "--multiprocessing-fork" in sys.argv and os.environ.get("BREAK_JOB"):
             import atexit, time
             atexit.register(time.sleep, 3)  # the parent's SIGTERM lands while this job is leaving
         raise RuntimeError("broken on purpose in the job")
-    fz.search = search
+    jobs.search = search
 '''
 
 
