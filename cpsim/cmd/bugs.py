@@ -14,9 +14,10 @@ from rich.table import Table
 
 from cpsim import faults
 from cpsim.report import report
-from cpsim.cmd import (DefaultPaths, add_kernel_args, add_report_args, check_paths_apply, describe_kernels,
-                       execute_torchrun, kernels_from_args, parse_paths, subjects_for, torchrun_world,
-                       add_profile_arg, knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
+from cpsim.cmd.options import DefaultPaths, add_kernel_args, add_report_args, add_profile_arg
+from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernels_from_args, parse_paths, subjects_for,
+                              knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
+from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.check import profiles
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError

@@ -14,10 +14,10 @@ from cpsim.report import terminal
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim import scenario as sc
-from cpsim.cmd import (add_kernel_args, add_path_args, add_scenario_args, apply_overrides, check_paths_apply,
-                       KERNEL_FLAGS, add_profile_arg, kernels_from_args, kernels_with_record, knobs_with_sizing,
-                       parse_paths, profile_from_args, scenario_from_args, sizer_from_args, sizing_failed,
-                       subjects_for)
+from cpsim.cmd.options import add_kernel_args, add_path_args, add_scenario_args, KERNEL_FLAGS, add_profile_arg
+from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernels_from_args, kernels_with_record,
+                              knobs_with_sizing, parse_paths, profile_from_args, scenario_from_args, sizer_from_args,
+                              sizing_failed, subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.report import draw

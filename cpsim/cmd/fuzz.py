@@ -22,8 +22,9 @@ from rich.text import Text
 
 from cpsim import fuzz as fz
 from cpsim.errors import ConfigError, Interrupted
-from cpsim.cmd import (add_kernel_args, add_path_args, add_profile_arg, describe_kernels, kernels_from_args,
-                       parse_paths, profile_from_args, show_profile, sizer_from_args, sizing_failed)
+from cpsim.cmd.options import add_kernel_args, add_path_args, add_profile_arg
+from cpsim.cmd.inputs import (describe_kernels, kernels_from_args, parse_paths, profile_from_args, show_profile,
+                              sizer_from_args, sizing_failed)
 
 
 def register(sub) -> None:

@@ -29,9 +29,10 @@ from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.report import report
 from cpsim.check import profiles
-from cpsim.cmd import (add_kernel_args, add_profile_arg, add_report_args, describe_kernels, execute_torchrun,
-                       kernels_with_record, knobs_with_sizing, profile_from_args, show_profile, sizer_from_args,
-                       sizing_failed, subjects_for, torchrun_world)
+from cpsim.cmd.options import add_kernel_args, add_profile_arg, add_report_args
+from cpsim.cmd.inputs import (describe_kernels, kernels_with_record, knobs_with_sizing, profile_from_args,
+                              show_profile, sizer_from_args, sizing_failed, subjects_for)
+from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import to_record

@@ -21,9 +21,10 @@ from cpsim.check import coordinator
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
-from cpsim.cmd import (add_kernel_args, add_path_args, add_profile_arg, add_report_args, add_scenario_args,
-                       check_paths_apply, describe_kernels, execute_torchrun, kernels_from_args, knobs_with_sizing,
-                       parse_paths, profile_from_args, scenario_from_args, show_profile, subjects_for, torchrun_world)
+from cpsim.cmd.options import add_kernel_args, add_path_args, add_profile_arg, add_report_args, add_scenario_args
+from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernels_from_args, knobs_with_sizing, parse_paths,
+                              profile_from_args, scenario_from_args, show_profile, subjects_for)
+from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.check import profiles
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.run.sizing import SizingFailure

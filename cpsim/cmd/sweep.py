@@ -33,8 +33,9 @@ from cpsim.check import coordinator
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim import schema
-from cpsim.cmd import (add_kernel_args, add_profile_arg, check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
-                       scenario_from_args, sizer_from_args, sizing_failed)
+from cpsim.cmd.options import add_kernel_args, add_profile_arg
+from cpsim.cmd.inputs import (check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
+                              scenario_from_args, sizer_from_args, sizing_failed)
 from cpsim.run.dist import add_dist_args, launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
@@ -63,7 +64,7 @@ def register(sub) -> None:
                                                    "invariant table and violations")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per (scenario, path, invariant)")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
-    from cpsim.cmd import add_report_args
+    from cpsim.cmd.options import add_report_args
     add_report_args(p)
     p.set_defaults(func=main)
 
@@ -233,7 +234,8 @@ def main(args) -> int:
     def report_(results, infos) -> int:
         return finish(console, args, results, skipped, infos, world, kernels, prof)
 
-    from cpsim.cmd import stop_writer, subjects_for
+    from cpsim.cmd.inputs import subjects_for
+    from cpsim.cmd.torchrun_job import stop_writer
     stopped = stop_writer(args, f"sweep on {world} ranks", subjects_for(kernels or {}, matrix["paths"]), len(entries),
                           {"mode": "sweep-torchrun", "skipped": skipped})
     return execute(args, entries, report_, progress=progress.advance if progress else None, stopped=stopped)
@@ -305,7 +307,7 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
         t.add_row(label, "", "", "", f"[dim]skipped: {why}[/dim]")
     console.print(t)
     failing = [r for r in results if not coordinator.passed(r.verdicts)]
-    from cpsim.cmd import subjects_for
+    from cpsim.cmd.inputs import subjects_for
     subjects = subjects_for(kernels or {}, dict.fromkeys(v.path for r in results for v in r.verdicts
                                                          if v.path != "*" and "~" not in v.path),
                             prof.name if prof else None)
@@ -314,7 +316,7 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     if not args.quiet and results:
         describe_kernels(console, kernels or {}, notes_only=bool(failing))
     if prof is not None and not args.quiet:
-        from cpsim.cmd import show_profile
+        from cpsim.cmd.inputs import show_profile
         show_profile(console, prof)
     if getattr(args, "sizing", None) and not args.quiet:
         console.print(f"host sizing under test: {args.sizing} (asked for every cell)", highlight=False,

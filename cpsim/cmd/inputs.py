@@ -1,0 +1,218 @@
+"""What a sub-command builds from its options, in one place: the scenario, the paths, the kernels
+under test, the profile judging and the sizing under test; and the lines that describe them."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from cpsim import scenario as sc
+from cpsim.cmd.options import KERNEL_FLAGS, DefaultPaths
+from cpsim.errors import ConfigError
+from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
+from cpsim.paths import PATHS
+from cpsim.run.dist import launched_by_torchrun
+from cpsim.validate import check_world, load_scenario
+
+
+def parse_paths(text: str) -> list[str]:
+    paths = [x.strip() for x in text.split(",")]
+    if "" in paths and any(paths):
+        raise ConfigError("--paths", f"{text!r} has an empty entry (two commas, or one at an end)")
+    paths = [x for x in paths if x]
+    bad = [x for x in paths if x not in PATHS]
+    if bad or not paths:
+        raise ConfigError("--paths", f"unknown path(s) {bad}; choose from {', '.join(PATHS)}")
+    return paths
+
+
+def scenario_from_args(args) -> sc.Scenario:
+    name = args.scenario
+    if name in sc.PRESETS:
+        # The preset sizes its caches for the CP layout it is given.
+        s = sc.preset(name, **{k: getattr(args, k, None) for k in ("dcp", "pcp", "interleave")}, seed=args.seed)
+    elif Path(name).suffix in (".json", ".toml"):
+        s = load_scenario(name)
+    else:
+        close = difflib.get_close_matches(name, sc.PRESETS, n=1)
+        raise ConfigError("--scenario", f"{name!r} is neither a preset ({', '.join(sc.PRESETS)}) "
+                                        f"nor a .json/.toml file" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return apply_overrides(s, args)
+
+
+def apply_overrides(s: sc.Scenario, args) -> sc.Scenario:
+    """The shared --dcp/--pcp/--interleave/--allow-invalid overrides, then validation."""
+    cp = {k: getattr(args, k) for k in ("dcp", "pcp", "interleave") if getattr(args, k, None) is not None}
+    if cp:
+        import dataclasses
+        s = s.replace(cp=dataclasses.replace(s.cp, **cp))
+    if getattr(args, "allow_invalid", False):
+        s = s.replace(allow_invalid=True)
+    s = sc.validate(s)
+    if not launched_by_torchrun():  # under torchrun every rank is a real process: no virtual-world cost
+        check_world(s, getattr(args, "allow_large", False))
+    return s
+
+
+def not_applicable(s: sc.Scenario, path: str) -> str | None:
+    """Why ``path`` does not run on ``s`` (the path returns no mapping), or None."""
+    if path == "v1-fused" and s.cp.world > 1:
+        return f"the v1-fused path runs at CP world size 1 only, this scenario has {s.cp.world}"
+    return None
+
+
+def check_paths_apply(scenarios: list[sc.Scenario], paths: list[str], args, explicit: bool | None = None) -> None:
+    """A kernel, or an explicitly chosen path, that runs on none of ``scenarios`` is bad input, not a pass.
+
+    ``explicit``: the user chose ``paths`` (default: --paths was given on the command line).
+    """
+    def nowhere(path: str) -> str | None:
+        whys = [not_applicable(s, path) for s in scenarios]
+        return whys[0] if whys and all(whys) else None
+
+    for path, attr in KERNEL_FLAGS.items():
+        spec = getattr(args, attr, None)
+        why = nowhere(path) if spec and spec != BUILTIN and path in paths else None
+        if why:
+            raise ConfigError("--" + attr.replace("_", "-"), f"{why}: the kernel would never run")
+    if getattr(args, "kernel_replay", None) not in (None, BUILTIN) and not any(s.batch.has_replay for s in scenarios):
+        raise ConfigError("--kernel-replay", "no request of the scenario replays (batch.requests[].replay_start): "
+                                             "the kernel would never run")
+    if explicit is None:
+        explicit = not isinstance(getattr(args, "paths", None), DefaultPaths)
+    if explicit:
+        for path in paths:
+            why = nowhere(path)
+            if why:
+                raise ConfigError("--paths", f"{why}; drop {path} from --paths")
+    if all(nowhere(p) for p in paths):
+        raise ConfigError("--paths", f"none of {', '.join(paths)} runs on this scenario: nothing would be checked")
+
+
+
+def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None, base: dict | None = None) -> dict:
+    """{path: KernelUnderTest} for each --kernel-* option given (empty when none), over ``base``.
+
+    With ``paths``, a kernel for a path that will not run is an error, not a silent no-op.
+    ``--kernel-replay`` goes with every path (``paths``, else all): the replay pass follows each.
+    """
+    from cpsim.kernels.under_test import load, with_replay
+    out = dict(base or {})
+    for path, attr in KERNEL_FLAGS.items():
+        spec = getattr(args, attr, None)
+        if spec == BUILTIN:
+            continue
+        if spec and paths is not None and path not in paths:
+            raise ConfigError("--" + attr.replace("_", "-"), f"the {path} path is not selected (--paths {','.join(paths)})")
+        if spec:
+            k = load(spec, path, getattr(args, "kernel_abi", "auto"), shim_vllm=getattr(args, "shim_vllm", False),
+                     device=device, v2_launch=getattr(args, "kernel_v2_launch", "split"),
+                     where="--" + attr.replace("_", "-"))
+            out[path] = with_replay(k, getattr(out.get(path), "replay", None))
+    return _with_replay_kernel(args, device, paths, out)
+
+
+def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dict) -> dict:
+    """``--kernel-replay SPEC`` attached to every path's entry; ``builtin`` drops a recorded one."""
+    from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, load, with_replay
+    spec = getattr(args, "kernel_replay", None)
+    if not spec:
+        return kernels
+    replay = None
+    if spec != BUILTIN:
+        abi = getattr(args, "kernel_abi", "auto")
+        replay = load(spec, REPLAY, abi if abi in REPLAY_ABIS else "auto",
+                      shim_vllm=getattr(args, "shim_vllm", False), device=device, where="--kernel-replay")
+    out = {}
+    for path in dict.fromkeys([*(paths or PATHS), *kernels]):
+        k = with_replay(kernels.get(path), replay)
+        if k is not None:
+            out[path] = k
+    return out
+
+
+
+def sizer_from_args(args, recorded: str = ""):
+    """The ``cpsim.run.sizing.Sizer`` of ``--sizing`` (else of ``recorded``, a repro's ``sizing``), or None
+    (cpsim's own sizing). A malformed SPEC or a file that is gone is exit 2 naming the field it came from."""
+    from cpsim.run.sizing import TIMEOUT_S, Sizer
+    spec, where = (getattr(args, "sizing", None), "--sizing") if getattr(args, "sizing", None) else (recorded, "repro.sizing")
+    if not spec:
+        return None
+    return Sizer(spec, getattr(args, "sizing_timeout", TIMEOUT_S), where)
+
+
+def profile_from_args(args, kernels: dict, recorded: str = ""):
+    """``--profile NAME`` (exit 2 if unknown), else ``recorded`` (a repro file's), else the one the kernels'
+    released ABIs imply, else the release a built-in ``--sizing`` names (cpsim for builtin)."""
+    from cpsim.check import profiles
+    name = getattr(args, "profile", None) or recorded
+    if name:
+        return profiles.get(name)
+    implied = profiles.for_abis([k.abi for k in (kernels or {}).values()])
+    sizing = getattr(args, "sizing", None)
+    if implied.name == "cpsim" and sizing in profiles.PROFILES:
+        return profiles.PROFILES[sizing]
+    return implied
+
+
+def show_profile(console, prof, s=None, paths=()) -> None:
+    """``profile: NAME (releases)``, then what the profile leaves unjudged or lays out anew in ``s``."""
+    from cpsim.check import profiles
+    console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
+    for line in (profiles.notes(s, prof, paths) if s is not None else []):
+        console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
+
+
+def knobs_with_sizing(args, knobs, s, paths: list[str], sizer=None):
+    """``knobs`` carrying what the sizing under test (``sizer``, else ``--sizing``'s) gives each host of
+    ``s`` (unchanged without one). The user's function runs in a child process (``cpsim.run.sizing``);
+    its failure is a ``SizingFailure`` (exit 1)."""
+    own = sizer is None
+    sizer = sizer or sizer_from_args(args)
+    if sizer is None:
+        return knobs
+    import dataclasses
+    try:
+        return dataclasses.replace(knobs, host_sizing=sizer.answer(s, paths))
+    finally:
+        if own:
+            sizer.close()
+
+
+def sizing_failed(console, e: Exception, where: str = "") -> int:
+    """The one line a command prints when the sizing under test failed (exit 1: a failure, not a pass)."""
+    console.print(f"FAIL (--sizing){' ' + where if where else ''}: {e}", highlight=False, soft_wrap=True, markup=False)
+    return 1
+
+
+def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
+    """One line per kernel under test, then what its adapter could not model.
+
+    ``notes_only``: the report's heading already named the kernels (``report.print_report``)."""
+    for path, k in kernels.items():
+        if not notes_only:
+            console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
+        for note in k.notes:
+            console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
+
+
+def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> dict:
+    """A repro file's recorded kernels on ``paths``, each replaced by the --kernel-* option given for its path."""
+    from cpsim.kernels.under_test import from_record
+    given = {p for p, attr in KERNEL_FLAGS.items() if getattr(args, attr, None)}
+    # A replaced path kernel keeps its recorded replay kernel (--kernel-replay replaces that one).
+    kept = {p: (v if p not in given else {"spec": BUILTIN, "replay": v["replay"]})
+            for p, v in (record or {}).items()
+            if p in paths and (p not in given or (isinstance(v, dict) and v.get("replay")))}
+    out = from_record(kept, device, where="repro kernels")
+    return kernels_from_args(args, device, paths, base=out)
+
+
+def subjects_for(kernels: dict, paths, profile: str | None = None) -> dict:
+    """What ran on each of ``paths``, as plain data for every report (``cpsim.kernels.subject``), with the
+    release profile the oracle judged by (default: the one the kernels imply)."""
+    from cpsim.check import profiles
+    from cpsim.kernels.subject import subjects
+    name = profile or profiles.for_abis([k.abi for k in (kernels or {}).values()]).name
+    return subjects(kernels or {}, list(dict.fromkeys([*paths, *(kernels or {})])), name)

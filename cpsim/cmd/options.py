@@ -1,0 +1,105 @@
+"""The options the sub-commands share: scenario, paths, kernels under test, profile and sizing, the
+printed report."""
+
+from __future__ import annotations
+
+import argparse
+
+from cpsim import scenario as sc
+from cpsim.paths import PATHS
+
+
+def add_scenario_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("scenario")
+    g.add_argument("--scenario", default="default", metavar="NAME|FILE",
+                   help=f"preset ({', '.join(sc.PRESETS)}) or a .json/.toml file (default: default)")
+    g.add_argument("--dcp", type=int, help="decode context-parallel size (overrides the scenario)")
+    g.add_argument("--pcp", type=int, help="prefill context-parallel size (overrides the scenario)")
+    g.add_argument("--interleave", type=int, help="CP KV-cache interleave size (overrides the scenario)")
+    g.add_argument("--seed", type=int, default=0, help="seed for the preset's batch and the allocator")
+    g.add_argument("--allow-invalid", action="store_true",
+                   help="run CP layouts that break the global owner rule, to see what breaks")
+    g.add_argument("--allow-large", action="store_true",
+                   help="run a CP world size above 64 in the virtual world (every rank in turn: minutes)")
+
+
+class DefaultPaths(str):
+    """--paths when the user did not give it: paths that do not apply are skipped quietly then."""
+
+
+def add_path_args(p: argparse.ArgumentParser, default: str = ",".join(PATHS)) -> None:
+    p.add_argument("--paths", default=DefaultPaths(default),
+                   help=f"comma-separated paths to run, from {','.join(PATHS)} (default: {default})")
+
+
+
+# ---- kernel under test -------------------------------------------------------
+
+KERNEL_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2"}
+
+
+def add_kernel_args(p: argparse.ArgumentParser) -> None:
+    """``--kernel-v1/--kernel-v1-fused/--kernel-v2 SPEC``: the user's kernel replaces the built-in one."""
+    from cpsim.kernels.under_test import ABIS, V2_LAUNCHES
+    g = p.add_argument_group("kernel under test",
+                             "SPEC is package.module:attr or path/to/file.py:attr; "
+                             "'vllm' or 'ascend' (v1, v2) imports the installed release's kernel; "
+                             "'builtin' is cpsim's own")
+    g.add_argument("--kernel-v1", metavar="SPEC", help="kernel for the v1 path (vllm-ascend BlockTable)")
+    g.add_argument("--kernel-v1-fused", metavar="SPEC", help="kernel for the v1-fused path (CP size 1 only)")
+    g.add_argument("--kernel-v2", metavar="SPEC", help="kernel for the v2 path (vLLM BlockTables)")
+    g.add_argument("--kernel-replay", metavar="SPEC",
+                   help="prefix-cache replay-padding kernel run after every path's slot mapping "
+                        "(vLLM _pad_replayed_slots_kernel signature)")
+    g.add_argument("--kernel-abi", default="auto", choices=("auto", *ABIS),
+                   help="calling convention (default: auto, from the kernel's parameter names)")
+    g.add_argument("--kernel-v2-launch", default="split", choices=V2_LAUNCHES,
+                   help="v2 ABIs have one CP size per launch: 'split' launches unsharded groups with CP_SIZE=1, "
+                        "'single' launches every group with the CP size, as the runtime does (default: split)")
+    g.add_argument("--shim-vllm", action="store_true",
+                   help="provide vllm.triton_utils and _load_ptr from Triton so a kernel file loads without vLLM")
+    g.add_argument("--kernel-timeout", type=float, metavar="SECONDS",
+                   help="wall-clock bound of one rank's run of a path; kernels run in a worker process, and one "
+                        "that raises, crashes, hangs past this or exits is a violation (default: --timeout, else 300; "
+                        "under torchrun 3/4 of --timeout, so the report gets the failure before the peers' bound)")
+
+
+
+def add_profile_arg(p: argparse.ArgumentParser, strict_sizing: bool = True) -> None:
+    """``--profile NAME``, ``--sizing SPEC`` and ``--sizing-timeout`` (every command that judges);
+    ``--strict-sizing`` (``run``)."""
+    from cpsim.check import profiles
+    from cpsim.run.sizing import TIMEOUT_S
+    p.add_argument("--profile", metavar="NAME",
+                   help=f"the runtime contract the oracle judges by ({', '.join(profiles.PROFILES)}; default: the "
+                        f"loaded kernel's release (a repro's recorded one), else the --sizing release, builtin = "
+                        f"cpsim; docs/SPEC.md §4.1)")
+    if strict_sizing:
+        p.add_argument("--strict-sizing", action="store_true",
+                       help="also note tables wider and slot buffers larger than the profile's rule (waste; exit 0)")
+    p.add_argument("--sizing", metavar="SPEC",
+                   help="host sizing under test: table widths and slot-buffer length from a built-in release "
+                        "(cpsim, vllm-0.33, vllm-ascend-0.23) or your function, path/to/file.py:fn or "
+                        "package.module:fn, asked for every scenario (run in a child process; a repro's recorded "
+                        "one unless this replaces it; docs/TESTING_YOUR_KERNEL.md §Host sizing)")
+    p.add_argument("--sizing-timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+                   help=f"bound on the sizing function's answer for one scenario (default {TIMEOUT_S:g})")
+
+
+
+def _examples(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--examples must be an integer >= 0, got {text!r}")
+    return n
+
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    """Options of the printed report."""
+    from cpsim.report.report import DEFAULT_EXAMPLES
+    p.add_argument("--examples", type=_examples, default=DEFAULT_EXAMPLES, metavar="N",
+                   help=f"examples printed per failing invariant, paths that agree printed once "
+                        f"(default: {DEFAULT_EXAMPLES}; --json has them all)")

@@ -1,0 +1,130 @@
+"""A sub-command's check on every CP group of a torchrun world: rank 0's report and outputs, also when
+the job stops early."""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from cpsim.cmd.inputs import describe_kernels, show_profile, subjects_for
+from cpsim.errors import ConfigError
+from cpsim.validate import write_outputs
+
+
+# ---- torchrun ------------------------------------------------------------------
+
+def torchrun_world(cp_size: int, what: str, field: str) -> int:
+    """WORLD_SIZE, which must hold whole CP groups of ``cp_size`` ranks."""
+    world = int(os.environ["WORLD_SIZE"])
+    if world % cp_size:
+        raise ConfigError(field, f"world size {world} is not a multiple of the CP size {cp_size} of {what}")
+    return world
+
+
+def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict | None = None) -> int:
+    """Check one ``distrun.Entry`` on every CP group of the torchrun world.
+
+    Rank 0 prints the ranks, every group's report and the kernels under test, then
+    ``summary(console, results)`` (a command's own verdict line), and writes the
+    --json / --junit / --html files the command has. Exit 1 when any group fails.
+    """
+    from cpsim.report import terminal
+
+    from cpsim.check import coordinator
+
+    from cpsim.report import report
+    from cpsim.report.torchrun import print_groups, to_dict
+    from cpsim.run.distrun import execute, print_ranks
+
+    world = int(os.environ["WORLD_SIZE"])
+    quiet = getattr(args, "quiet", False)
+    prof = entry.profile
+    subjects = subjects_for(entry.kernels, entry.paths, prof.name if prof else None)
+
+    def report_(results, infos) -> int:
+        console = terminal.console()
+        ok = all(coordinator.passed(r.verdicts) for r in results)
+        s0 = results[0].scenario
+        if quiet:
+            console.print("pass" if ok else "FAIL")
+        else:
+            console.print(f"[bold]torchrun world {world}[/bold]: {world // entry.cp_size} CP group(s) of "
+                          f"{entry.cp_size} (DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
+            print_ranks(console, infos, results)
+            print_groups(console, results, subjects, getattr(args, "examples", None))
+            describe_kernels(console, entry.kernels, notes_only=True)
+            if prof is not None:
+                show_profile(console, prof, s0, entry.paths)
+            console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
+                          f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
+                          f"{len(results)} CP group(s) fail[/bold red]")
+        if summary is not None:
+            summary(console, results)
+
+        def junit() -> None:
+            from cpsim.report.junit import write_junit
+            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results],
+                        subjects=subjects)
+
+        def html() -> None:
+            from cpsim.report.html import write_html_many
+            write_html_many(args.html, f"{entry.label} on torchrun world {world}",
+                            [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})", r.scenario,
+                              r.verdicts) for r in results], extra=extra, subjects=subjects)
+
+        try:  # every output that can be written is, even when another fails
+            write_outputs([("--json", getattr(args, "json", None),
+                            lambda: report.write_json(args.json, to_dict(results, infos, extra, subjects))),
+                           ("--junit", getattr(args, "junit", None), junit),
+                           ("--html", getattr(args, "html", None), html)])
+        except ConfigError as e:
+            terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+            return 2
+        return 0 if ok else 1
+
+    return execute(args, [entry], report_, stopped=stop_writer(args, f"{entry.label} on torchrun world {world}",
+                                                                subjects, 1, extra))
+
+
+def stop_writer(args, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:
+    """What rank 0 calls when a torchrun job stops early (``distrun.execute``'s ``stopped``): the
+    --json / --junit / --html files the command has, saying the run stopped, with rank 0's stop line,
+    the ranks it names, and the CP groups finished so far; then one line naming the files."""
+    from rich.markup import escape
+
+    from cpsim.report import report, terminal
+    from cpsim.report.torchrun import stopped_record, to_dict
+
+    def write(results, infos, message: str, ranks: list[int]) -> None:
+        world = int(os.environ.get("WORLD_SIZE", len(infos)))
+        done = len({r.label for r in results})
+        record = stopped_record(message, ranks, world, done, planned)
+        items = [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results]
+
+        def junit() -> None:
+            from cpsim.report.junit import write_junit
+            write_junit(args.junit, items, subjects=subjects, errors={"torchrun": message})
+
+        def html() -> None:
+            from cpsim.report.html import write_html_many
+            write_html_many(args.html, title, [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})",
+                                                r.scenario, r.verdicts) for r in results],
+                            extra=extra, subjects=subjects, stopped=message)
+
+        outputs = [("--json", getattr(args, "json", None),
+                    lambda: report.write_json(args.json, {**to_dict(results, infos, extra, subjects, record),
+                                                          "world_size": world})),
+                   ("--junit", getattr(args, "junit", None), junit),
+                   ("--html", getattr(args, "html", None), html)]
+        written = [path for _, path, _ in outputs if path]
+        try:
+            write_outputs(outputs)
+        except ConfigError as e:
+            written = []
+            terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        if written:
+            named = ", ".join(f"rank {r}" for r in ranks) or "no rank"
+            terminal.console(stderr=True).print(escape(f"[rank 0] the run stopped early; {', '.join(written)} "
+                                                       f"say so ({named} named)"), highlight=False, soft_wrap=True)
+
+    return write
