@@ -11,23 +11,14 @@ import importlib
 import os
 import sys
 
-from cpsim.report import terminal
 from rich.markup import escape
 
 from cpsim import __version__
+from cpsim.cmd.commands import COMMANDS
 from cpsim.errors import ConfigError, DistError, Interrupted
-
-# Each module registers one sub-command through ``register(subparsers)``.
-COMMANDS = (
-    "cpsim.cmd.run",
-    "cpsim.cmd.sweep",
-    "cpsim.cmd.draw",
-    "cpsim.cmd.fuzz",
-    "cpsim.cmd.replay",
-    "cpsim.cmd.bugs",
-    "cpsim.cmd.doctor",
-    "cpsim.cmd.ascend_check",
-)
+from cpsim.report import terminal
+from cpsim.report.terminal import FORMATS
+from cpsim.validate import check_args
 
 
 class Parser(argparse.ArgumentParser):
@@ -52,17 +43,23 @@ def _leaves(parser: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cpsim.report.terminal import FORMATS
     parser = Parser(prog="cpsim", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"cpsim {__version__}")
     parser.add_argument("--format", choices=FORMATS, default="rich", help=FORMAT_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
-        importlib.import_module(name).register(sub)
+    for register in COMMANDS:
+        register(sub)
     for leaf in _leaves(parser):  # `cpsim run --format plain` as well as `cpsim --format plain run`
         if leaf is not parser:
             leaf.add_argument("--format", choices=FORMATS, default=argparse.SUPPRESS, help=FORMAT_HELP)
     return parser
+
+
+def command(spec: str):
+    """The function that runs a sub-command, ``module:function`` (``cpsim.cmd.commands``): its module is
+    imported only now, after the options were read and checked, since it imports torch."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _raise_interrupted(signum, frame) -> None:
@@ -108,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     terminal.set_format(getattr(args, "format", "rich"))
     err = terminal.console(stderr=True)
     try:
-        from cpsim.validate import check_args
         check_args(args)  # option bounds and output paths, before any work
+        if getattr(args, "check_inputs", None):
+            args.check_inputs(args)  # the command's own inputs (scenario, paths): still without torch
         from cpsim.run import isolation, reaper
         isolation.configure_from_args(args)
         reaper.become_subreaper()  # a kernel's setsid() child still ends with cpsim
-        return int(args.func(args) or 0)
+        return int(command(args.func)(args) or 0)
     except ConfigError as e:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: every rank ends together, one line
             from cpsim.run.dist import end_on_bad_input

@@ -10,9 +10,7 @@ or no triton-ascend.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import time
 
 from cpsim.report import terminal
@@ -21,27 +19,6 @@ from rich.table import Table
 from cpsim.errors import ConfigError
 
 PATH_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2", "replay": "kernel_replay"}
-
-
-def register(sub) -> None:
-    from cpsim.kernels.under_test import ABIS
-    p = sub.add_parser("ascend-check", help="compile kernels for Ascend offline (triton-ascend, first lowering stage)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--kernel-v1", metavar="SPEC", help="your v1 kernel (package.module:attr or file.py:attr)")
-    p.add_argument("--kernel-v1-fused", metavar="SPEC", help="your v1-fused kernel")
-    p.add_argument("--kernel-v2", metavar="SPEC", help="your v2 kernel")
-    p.add_argument("--kernel-replay", metavar="SPEC", help="your prefix-cache replay-padding kernel")
-    p.add_argument("--kernel-abi", default="auto", choices=("auto", *ABIS),
-                   help="calling convention (default: auto, from the kernel's parameter names)")
-    p.add_argument("--shim-vllm", action="store_true", help="load a kernel file that imports vllm.triton_utils")
-    p.add_argument("--builtin", action="store_true", help="also check the built-in kernels when --kernel-* is given")
-    p.add_argument("--only", metavar="NAME", action="append", help="built-in kernel(s) to check (default: all)")
-    p.add_argument("--arch", default="Ascend910B3", help="target passed to GPUTarget('npu', ARCH, 0)")
-    p.add_argument("--ascend-python", metavar="PY", help="interpreter with triton-ascend (default: .venv-ascend)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (default: CPU count)")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds for the whole check (default 3600)")
-    p.add_argument("--json", metavar="FILE", help="every compilation's result as JSON")
-    p.set_defaults(func=main)
 
 
 def _jobs(args, py: str):

@@ -14,14 +14,13 @@ from rich.table import Table
 
 from cpsim import faults
 from cpsim.report import report
-from cpsim.cmd.options import DefaultPaths, add_kernel_args, add_report_args, add_profile_arg
 from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernels_from_args, parse_paths, subjects_for,
                               knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
 from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.check import profiles
-from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
+from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
-from cpsim.paths import PATHS, Knobs
+from cpsim.paths import Knobs
 from cpsim.scenario import PRESETS, Scenario
 from cpsim.validate import write_outputs
 
@@ -31,45 +30,6 @@ def _sharding(s, g) -> str:
     if n == 1:
         return "not sharded"
     return "CP-sharded" if n == s.cp.world else f"CP size {n} ({s.cp.world // n} replicas)"
-
-
-def register(sub) -> None:
-    p = sub.add_parser("bugs", help="the catalogue of real CP slot-mapping bugs: list, show, reproduce, matrix")
-    bsub = p.add_subparsers(dest="bugs_command", required=True, metavar="ACTION")
-
-    q = bsub.add_parser("list", help="every catalogue entry: paths, invariants, references")
-    q.add_argument("--markdown", action="store_true", help="print a Markdown table (as in docs/BUGS.md)")
-    q.set_defaults(func=main_list)
-
-    q = bsub.add_parser("show", help="one entry: explanation, triggering scenario, expected violation")
-    q.add_argument("name", help="fault name (see `cpsim bugs list`)")
-    q.add_argument("--dump", metavar="FILE", help="write the triggering scenario (.json/.toml) for `cpsim run`")
-    q.set_defaults(func=main_show)
-
-    q = bsub.add_parser("reproduce", help="run the triggering scenario with the fault (exit 1 when it shows)")
-    q.add_argument("name", help="fault name (see `cpsim bugs list`)")
-    q.add_argument("--fixed", action="store_true", help="run the fixed form instead (exit 0 when clean)")
-    q.add_argument("--paths", default=DefaultPaths(",".join(PATHS)), help=f"paths to run (default: {','.join(PATHS)})")
-    q.add_argument("--inject-on-rank", type=int, metavar="R", help="inject the fault on CP rank R only")
-    add_kernel_args(q)
-    add_profile_arg(q, strict_sizing=False)
-    add_dist_args(q)
-    q.add_argument("--json", metavar="FILE", help="write the full report as JSON")
-    q.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
-                                                   "when the scenario is small enough to draw)")
-    add_report_args(q)
-    q.set_defaults(func=main_reproduce)
-
-    q = bsub.add_parser("matrix", help="every fault against its trigger and the presets; catch rate last")
-    q.add_argument("--presets", default=",".join(PRESETS),
-                   help=f"comma-separated presets, or 'none' (default: {','.join(PRESETS)})")
-    q.add_argument("--faults", help="comma-separated fault names (default: all)")
-    q.add_argument("--seed", type=int, default=0, help="seed for the presets")
-    q.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count, at most 8)")
-    q.add_argument("--markdown", action="store_true", help="print the matrix as a Markdown table")
-    q.add_argument("--json", metavar="FILE", help="write the matrix as JSON")
-    add_kernel_args(q)
-    q.set_defaults(func=main_matrix)
 
 
 # ---- list / show ------------------------------------------------------------------

@@ -13,7 +13,6 @@ checks rank r's kernels compiled with `CPSIM_TEST_FAULT` fault bits.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import time
@@ -25,18 +24,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from cpsim import doctor
-from cpsim.run.dist import add_dist_args, launched_by_torchrun
+from cpsim.run.dist import launched_by_torchrun
 
 STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "fail": "bold red"}
-
-
-def register(sub) -> None:
-    p = sub.add_parser("doctor", help="check this machine: versions, devices, backend, every built-in kernel",
-                       description=__doc__.split("\n\nTest hook")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write every row (and each rank's device) as JSON")
-    p.add_argument("--skip-kernels", action="store_true", help="only the environment: no kernel launches")
-    p.set_defaults(func=main)
 
 
 def main(args) -> int:

@@ -14,7 +14,7 @@ from cpsim.report import terminal
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim import scenario as sc
-from cpsim.cmd.options import add_kernel_args, add_path_args, add_scenario_args, KERNEL_FLAGS, add_profile_arg
+from cpsim.cmd.options import KERNEL_FLAGS
 from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernels_from_args, kernels_with_record,
                               knobs_with_sizing, parse_paths, profile_from_args, scenario_from_args, sizer_from_args,
                               sizing_failed, subjects_for)
@@ -26,28 +26,6 @@ from cpsim.validate import load_scenario
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
-
-
-def register(sub) -> None:
-    p = sub.add_parser("draw", help="draw who owns each token and where it lands (PNG/SVG)",
-                       description="Draw one scenario's CP layout: token owners per request, each rank's "
-                                   "blocks slot by slot, violations outlined in red and named.")
-    add_scenario_args(p)
-    add_path_args(p)
-    # None = "not given", so --inject can fall back to the fault's own scenario.
-    p.set_defaults(scenario=None, paths="v1,v2")
-    p.add_argument("--repro", metavar="FILE", help="draw the scenario (and knobs, if any) of a repro file")
-    p.add_argument("--inject", metavar="NAME", help="inject a catalogued fault (cpsim.faults); uses the fault's "
-                                                     "own scenario unless --scenario or --repro is given")
-    p.add_argument("--capture", metavar="PATH", help="draw a captured step (capture dir/file or explicit batch; "
-                                                      "docs/CAPTURE.md): the first failing one unless --step")
-    p.add_argument("--step", type=int, metavar="N", help="with --capture: the step to draw")
-    p.add_argument("--out", required=True, metavar="FILE.png|FILE.svg", help="where to write the picture")
-    p.add_argument("--title", default="", help="figure title (default: scenario summary)")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
-    add_kernel_args(p)  # the same kernels as `run`; a repro's recorded kernels unless these replace them
-    add_profile_arg(p, strict_sizing=False)  # a repro's recorded profile and sizing unless these replace them
-    p.set_defaults(func=main)
 
 
 def _fault(name: str):

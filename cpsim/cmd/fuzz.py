@@ -9,8 +9,6 @@ stream on its own device, independently: no collective, so no rank can hang anot
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import time
 from pathlib import Path
@@ -21,81 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from cpsim import fuzz as fz
-from cpsim.errors import ConfigError, Interrupted
-from cpsim.cmd.options import add_kernel_args, add_path_args, add_profile_arg
+from cpsim.errors import Interrupted
 from cpsim.cmd.inputs import (describe_kernels, kernels_from_args, parse_paths, profile_from_args, show_profile,
                               sizer_from_args, sizing_failed)
-
-
-def register(sub) -> None:
-    p = sub.add_parser("fuzz", help="search random scenarios for violations; shrink each distinct one; write repros",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--max-examples", type=int, default=300, metavar="N",
-                        help="scenarios to run, search and shrink together, all jobs together (default: 300)")
-    budget.add_argument("--minutes", type=float, metavar="M",
-                        help="keep searching in rounds of 100 examples until M minutes have passed")
-    p.add_argument("--seed", type=int, help="the same seed draws the same scenarios; the example database is then "
-                                            "neither read nor written (default: random, database on). Shrinking is "
-                                            "seeded too with --explore hypothesis only")
-    add_path_args(p, default=",".join(fz.DEFAULT_PATHS))
-    p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim fuzz --list-faults`)")
-    p.add_argument("--list-faults", action="store_true", help="print the fault names --inject accepts and exit")
-    add_kernel_args(p)  # recorded in the repro file, so `cpsim replay` loads the same kernels
-    add_profile_arg(p, strict_sizing=False)  # profile and --sizing recorded in the repro file too; replay uses them
-    p.add_argument("--allow-invalid", action="store_true",
-                   help="also draw CP layouts that break the global owner rule (interleave not dividing B)")
-    p.add_argument("--extreme", action="store_true",
-                   help="also draw integer-boundary caches: kernel-block ids up to 2^31 - 1, slots past 2^31 "
-                        "(default space: kernel-block ids up to 2^26; slot ids past 2^31 only where every kernel "
-                        "under test writes int64 slots)")
-    p.add_argument("--stop-after-first", action="store_true",
-                   help="stop at the first violation and shrink only it (one repro)")
-    p.add_argument("--ignore", action="append", default=[], metavar="SIGNATURE",
-                   help="do not report this signature (path:kind:invariants:dimension, globs allowed); repeatable")
-    p.add_argument("--known", metavar="FILE",
-                   help="signatures already triaged, one a line (# comments), or a fuzz-summary.json")
-    p.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="worker processes (CPU only), each its own seed stream, one shared example database")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda", "npu"),
-                   help="where the kernels run (the checks stay on the host); repro files replay on CPU too")
-    p.add_argument("--explore", default="random", choices=fz.EXPLORERS,
-                   help="how scenarios are drawn: random (default: plain random draws, ~0.2 ms a scenario, each new "
-                        "failure handed to Hypothesis to shrink) or hypothesis (Hypothesis draws them too, ~3 ms); "
-                        "both draw from one definition of the space")
-    p.add_argument("--out", default="out", metavar="DIR",
-                   help="where repro-<fingerprint>.json and fuzz-summary.json go (default: out)")
-    p.add_argument("--db", default=str(fz.DEFAULT_DB), metavar="DIR",
-                   help="Hypothesis example database, one subdirectory per configuration (paths, kernels, fault, "
-                        "space), so a rerun starts from known failures (default: .cpsim/hypothesis)")
-    p.add_argument("--no-db", action="store_true", help="do not read or write the example database")
-    p.add_argument("--max-programs", type=int, default=48, metavar="P",
-                   help="bound on CP world x groups x (requests + 1), the interpreter programs one path "
-                        "launches per scenario; larger worlds get fewer requests (default 48)")
-    p.add_argument("--shrink-seconds", type=float, default=60.0, metavar="S",
-                   help="time each search round may spend shrinking (default 60); as much again goes to "
-                        "lowering the findings' cache sizes at the end")
-    p.add_argument("--quiet", action="store_true", help="no progress display, no per-signature report")
-    p.set_defaults(func=main)
-
-
-def validate_args(args) -> None:
-    """Every value checked before any work starts (exit 2, one line)."""
-    if args.max_examples is not None and args.max_examples < 1:
-        raise ConfigError("--max-examples", f"must be an integer >= 1, got {args.max_examples}")
-    if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
-        raise ConfigError("--minutes", f"must be a number > 0, got {args.minutes}")
-    if args.seed is not None and args.seed < 0:
-        raise ConfigError("--seed", f"must be an integer >= 0, got {args.seed}")
-    if args.jobs < 1:
-        raise ConfigError("--jobs", f"must be an integer >= 1, got {args.jobs}")
-    if args.jobs > 1 and args.device != "cpu":
-        raise ConfigError("--jobs", "worker processes are for --device cpu; one process drives a device "
-                                    "(use launch/local.sh N fuzz for several devices)")
-    if args.max_programs < 1:
-        raise ConfigError("--max-programs", f"must be an integer >= 1, got {args.max_programs}")
-    if not (math.isfinite(args.shrink_seconds) and args.shrink_seconds >= 0):
-        raise ConfigError("--shrink-seconds", f"must be a number >= 0, got {args.shrink_seconds}")
 
 
 def _status(prog: fz.Progress, budget: int = 0) -> Text:
@@ -151,7 +77,6 @@ def main(args) -> int:
     if args.list_faults:
         print("\n".join(fz.fault_names()))
         return 0
-    validate_args(args)
     console = terminal.console()
     paths = parse_paths(args.paths)
     fz.resolve_fault(args.inject)  # bad names fail before the search starts

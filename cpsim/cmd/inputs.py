@@ -3,15 +3,21 @@ under test, the profile judging and the sizing under test; and the lines that de
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
 from pathlib import Path
 
 from cpsim import scenario as sc
+from cpsim.check import profiles
 from cpsim.cmd.options import KERNEL_FLAGS, DefaultPaths
 from cpsim.errors import ConfigError
+from cpsim.kernels.subject import subjects
 from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
-from cpsim.paths import PATHS
-from cpsim.run.dist import launched_by_torchrun
+from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, from_record, load, with_replay
+from cpsim.run.sizing import TIMEOUT_S, Sizer
+from cpsim.run.torchrun_env import launched_by_torchrun
+from cpsim.schema import PATH_NAMES as PATHS
 from cpsim.validate import check_world, load_scenario
 
 
@@ -44,7 +50,6 @@ def apply_overrides(s: sc.Scenario, args) -> sc.Scenario:
     """The shared --dcp/--pcp/--interleave/--allow-invalid overrides, then validation."""
     cp = {k: getattr(args, k) for k in ("dcp", "pcp", "interleave") if getattr(args, k, None) is not None}
     if cp:
-        import dataclasses
         s = s.replace(cp=dataclasses.replace(s.cp, **cp))
     if getattr(args, "allow_invalid", False):
         s = s.replace(allow_invalid=True)
@@ -52,6 +57,43 @@ def apply_overrides(s: sc.Scenario, args) -> sc.Scenario:
     if not launched_by_torchrun():  # under torchrun every rank is a real process: no virtual-world cost
         check_world(s, getattr(args, "allow_large", False))
     return s
+
+
+def check_run_inputs(args) -> None:
+    """``cpsim run``'s scenario and paths, built and checked before its module (and torch) is imported, so a
+    bad one is exit 2 at once; ``cmd.run`` builds them again (cached: well under a millisecond).
+    ``--stack`` has path rules of its own and under torchrun the world sizes the CP groups: there only
+    the scenario is checked here."""
+    s = scenario_from_args(args)
+    if not getattr(args, "stack", None) and not launched_by_torchrun():
+        check_paths_apply([s], parse_paths(args.paths), args)
+    if getattr(args, "inject_on_rank", None) is not None and not args.inject:
+        raise ConfigError("--inject-on-rank", "needs --inject NAME")
+    if args.profile:
+        profiles.get(args.profile)
+
+
+def check_fuzz_inputs(args) -> None:
+    """``cpsim fuzz``: every value checked before any work starts (exit 2, one line), and before torch loads
+    (``--list-faults`` only lists)."""
+    if args.list_faults:
+        return
+    parse_paths(args.paths)
+    if args.max_examples is not None and args.max_examples < 1:
+        raise ConfigError("--max-examples", f"must be an integer >= 1, got {args.max_examples}")
+    if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
+        raise ConfigError("--minutes", f"must be a number > 0, got {args.minutes}")
+    if args.seed is not None and args.seed < 0:
+        raise ConfigError("--seed", f"must be an integer >= 0, got {args.seed}")
+    if args.jobs < 1:
+        raise ConfigError("--jobs", f"must be an integer >= 1, got {args.jobs}")
+    if args.jobs > 1 and args.device != "cpu":
+        raise ConfigError("--jobs", "worker processes are for --device cpu; one process drives a device "
+                                    "(use launch/local.sh N fuzz for several devices)")
+    if args.max_programs < 1:
+        raise ConfigError("--max-programs", f"must be an integer >= 1, got {args.max_programs}")
+    if not (math.isfinite(args.shrink_seconds) and args.shrink_seconds >= 0):
+        raise ConfigError("--shrink-seconds", f"must be a number >= 0, got {args.shrink_seconds}")
 
 
 def not_applicable(s: sc.Scenario, path: str) -> str | None:
@@ -89,14 +131,12 @@ def check_paths_apply(scenarios: list[sc.Scenario], paths: list[str], args, expl
         raise ConfigError("--paths", f"none of {', '.join(paths)} runs on this scenario: nothing would be checked")
 
 
-
 def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None, base: dict | None = None) -> dict:
     """{path: KernelUnderTest} for each --kernel-* option given (empty when none), over ``base``.
 
     With ``paths``, a kernel for a path that will not run is an error, not a silent no-op.
     ``--kernel-replay`` goes with every path (``paths``, else all): the replay pass follows each.
     """
-    from cpsim.kernels.under_test import load, with_replay
     out = dict(base or {})
     for path, attr in KERNEL_FLAGS.items():
         spec = getattr(args, attr, None)
@@ -114,7 +154,6 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None,
 
 def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dict) -> dict:
     """``--kernel-replay SPEC`` attached to every path's entry; ``builtin`` drops a recorded one."""
-    from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, load, with_replay
     spec = getattr(args, "kernel_replay", None)
     if not spec:
         return kernels
@@ -131,11 +170,9 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
     return out
 
 
-
 def sizer_from_args(args, recorded: str = ""):
     """The ``cpsim.run.sizing.Sizer`` of ``--sizing`` (else of ``recorded``, a repro's ``sizing``), or None
     (cpsim's own sizing). A malformed SPEC or a file that is gone is exit 2 naming the field it came from."""
-    from cpsim.run.sizing import TIMEOUT_S, Sizer
     spec, where = (getattr(args, "sizing", None), "--sizing") if getattr(args, "sizing", None) else (recorded, "repro.sizing")
     if not spec:
         return None
@@ -145,7 +182,6 @@ def sizer_from_args(args, recorded: str = ""):
 def profile_from_args(args, kernels: dict, recorded: str = ""):
     """``--profile NAME`` (exit 2 if unknown), else ``recorded`` (a repro file's), else the one the kernels'
     released ABIs imply, else the release a built-in ``--sizing`` names (cpsim for builtin)."""
-    from cpsim.check import profiles
     name = getattr(args, "profile", None) or recorded
     if name:
         return profiles.get(name)
@@ -158,7 +194,6 @@ def profile_from_args(args, kernels: dict, recorded: str = ""):
 
 def show_profile(console, prof, s=None, paths=()) -> None:
     """``profile: NAME (releases)``, then what the profile leaves unjudged or lays out anew in ``s``."""
-    from cpsim.check import profiles
     console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
     for line in (profiles.notes(s, prof, paths) if s is not None else []):
         console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
@@ -172,7 +207,6 @@ def knobs_with_sizing(args, knobs, s, paths: list[str], sizer=None):
     sizer = sizer or sizer_from_args(args)
     if sizer is None:
         return knobs
-    import dataclasses
     try:
         return dataclasses.replace(knobs, host_sizing=sizer.answer(s, paths))
     finally:
@@ -199,7 +233,6 @@ def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
 
 def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> dict:
     """A repro file's recorded kernels on ``paths``, each replaced by the --kernel-* option given for its path."""
-    from cpsim.kernels.under_test import from_record
     given = {p for p, attr in KERNEL_FLAGS.items() if getattr(args, attr, None)}
     # A replaced path kernel keeps its recorded replay kernel (--kernel-replay replaces that one).
     kept = {p: (v if p not in given else {"spec": BUILTIN, "replay": v["replay"]})
@@ -212,7 +245,5 @@ def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> di
 def subjects_for(kernels: dict, paths, profile: str | None = None) -> dict:
     """What ran on each of ``paths``, as plain data for every report (``cpsim.kernels.subject``), with the
     release profile the oracle judged by (default: the one the kernels imply)."""
-    from cpsim.check import profiles
-    from cpsim.kernels.subject import subjects
     name = profile or profiles.for_abis([k.abi for k in (kernels or {}).values()]).name
     return subjects(kernels or {}, list(dict.fromkeys([*paths, *(kernels or {})])), name)

@@ -1,12 +1,22 @@
 """The options the sub-commands share: scenario, paths, kernels under test, profile and sizing, the
-printed report."""
+printed report, devices and torchrun, ``--stack``.
+
+Everything here is read before torch or Triton is imported (``cpsim --help`` and every usage error
+answer without them), so it imports only the light modules that hold the names and defaults.
+"""
 
 from __future__ import annotations
 
 import argparse
 
 from cpsim import scenario as sc
-from cpsim.paths import PATHS
+from cpsim.check import profiles
+from cpsim.kernels.under_test import ABIS, V2_LAUNCHES
+from cpsim.report.terminal import DEFAULT_EXAMPLES
+from cpsim.run.sizing import TIMEOUT_S
+from cpsim.run.torchrun_env import DEFAULT_TIMEOUT_S, DEVICES
+from cpsim.schema import PATH_NAMES as PATHS
+from cpsim.stack import FAMILIES
 
 
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
@@ -32,7 +42,6 @@ def add_path_args(p: argparse.ArgumentParser, default: str = ",".join(PATHS)) ->
                    help=f"comma-separated paths to run, from {','.join(PATHS)} (default: {default})")
 
 
-
 # ---- kernel under test -------------------------------------------------------
 
 KERNEL_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2"}
@@ -40,7 +49,6 @@ KERNEL_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_
 
 def add_kernel_args(p: argparse.ArgumentParser) -> None:
     """``--kernel-v1/--kernel-v1-fused/--kernel-v2 SPEC``: the user's kernel replaces the built-in one."""
-    from cpsim.kernels.under_test import ABIS, V2_LAUNCHES
     g = p.add_argument_group("kernel under test",
                              "SPEC is package.module:attr or path/to/file.py:attr; "
                              "'vllm' or 'ascend' (v1, v2) imports the installed release's kernel; "
@@ -64,12 +72,9 @@ def add_kernel_args(p: argparse.ArgumentParser) -> None:
                         "under torchrun 3/4 of --timeout, so the report gets the failure before the peers' bound)")
 
 
-
 def add_profile_arg(p: argparse.ArgumentParser, strict_sizing: bool = True) -> None:
     """``--profile NAME``, ``--sizing SPEC`` and ``--sizing-timeout`` (every command that judges);
     ``--strict-sizing`` (``run``)."""
-    from cpsim.check import profiles
-    from cpsim.run.sizing import TIMEOUT_S
     p.add_argument("--profile", metavar="NAME",
                    help=f"the runtime contract the oracle judges by ({', '.join(profiles.PROFILES)}; default: the "
                         f"loaded kernel's release (a repro's recorded one), else the --sizing release, builtin = "
@@ -86,7 +91,6 @@ def add_profile_arg(p: argparse.ArgumentParser, strict_sizing: bool = True) -> N
                    help=f"bound on the sizing function's answer for one scenario (default {TIMEOUT_S:g})")
 
 
-
 def _examples(text: str) -> int:
     try:
         n = int(text)
@@ -99,7 +103,30 @@ def _examples(text: str) -> int:
 
 def add_report_args(p: argparse.ArgumentParser) -> None:
     """Options of the printed report."""
-    from cpsim.report.report import DEFAULT_EXAMPLES
     p.add_argument("--examples", type=_examples, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"examples printed per failing invariant, paths that agree printed once "
                         f"(default: {DEFAULT_EXAMPLES}; --json has them all)")
+
+
+def add_dist_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("devices and torchrun")
+    g.add_argument("--device", choices=DEVICES, default="auto",
+                   help="where kernels run: auto picks npu, then cuda, then cpu (default: auto)")
+    g.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks than devices on a node: kernels share the devices, "
+                        "collectives go through gloo on host copies")
+    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"bound on process-group init and on every collective (default: {DEFAULT_TIMEOUT_S:g})")
+
+
+def add_stack_args(p) -> None:
+    p.add_argument("--stack", metavar="FAMILY", choices=sorted(FAMILIES),
+                   help="drive the installed release's host block-table classes per CP rank "
+                        f"({', '.join(sorted(FAMILIES))}) instead of cpsim's paths")
+    p.add_argument("--stack-python", metavar="PY", help="the side venv's python that has the release "
+                                                       "(default: $CPSIM_STACK_PYTHON, else this python)")
+    p.add_argument("--stack-classes", metavar="FILE", help="host classes of your own in the release's shape, "
+                                                          "driven instead of the installed ones")
+    p.add_argument("--stack-source", metavar="DIR[:DIR...]", help="unpacked releases (an sdist's top folder, a "
+                   "--target folder) put first on the child's sys.path, in order: vllm-ascend without installing "
+                   "it, e.g. SDIST:VLLM_FOLDER for the vLLM it was built for")

@@ -14,7 +14,6 @@ world reruns the repro's scenario. Exit 1 while the violation shows.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from pathlib import Path
 
@@ -29,38 +28,15 @@ from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.report import report
 from cpsim.check import profiles
-from cpsim.cmd.options import add_kernel_args, add_profile_arg, add_report_args
 from cpsim.cmd.inputs import (describe_kernels, kernels_with_record, knobs_with_sizing, profile_from_args,
                               show_profile, sizer_from_args, sizing_failed, subjects_for)
 from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
-from cpsim.run.dist import add_dist_args, launched_by_torchrun, select_device
+from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
 from cpsim.schema import parse
 from cpsim.validate import check_world, read_data, write_outputs
-
-
-def register(sub) -> None:
-    p = sub.add_parser("replay", help="rerun a fuzz repro (virtual world or torchrun), a capture or an explicit batch",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", metavar="FILE", help="repro-<fingerprint>.json, a capture (directory of rank*.cpcap, "
-                                                "docs/CAPTURE.md) or an explicit batch (.npz/.json)")
-    p.add_argument("--accept-edited", action="store_true",
-                   help="replay a repro whose scenario was edited (its fingerprint no longer matches)")
-    p.add_argument("--allow-large", action="store_true",
-                   help="replay a CP world size above 64 in the virtual world (every rank in turn: minutes)")
-    add_kernel_args(p)
-    add_profile_arg(p, strict_sizing=False)
-    add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the report and the violation summary as JSON")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
-                                                   "when the scenario is small enough to draw)")
-    p.add_argument("--quiet", action="store_true", help="print only the verdict line")
-    add_report_args(p)
-    p.add_argument("--shrink", metavar="OUT", help="capture/explicit batch: write the smallest explicit batch "
-                                                    "that still fails the first failing step to OUT (.npz/.json)")
-    p.set_defaults(func=main)
 
 
 def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]) -> int:

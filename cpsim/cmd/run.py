@@ -8,7 +8,6 @@ whole world (DCP = W // PCP) unless `--dcp` says otherwise.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import copy
 import os
@@ -21,44 +20,20 @@ from cpsim.check import coordinator
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
-from cpsim.cmd.options import add_kernel_args, add_path_args, add_profile_arg, add_report_args, add_scenario_args
 from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernels_from_args, knobs_with_sizing, parse_paths,
                               profile_from_args, scenario_from_args, show_profile, subjects_for)
 from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.check import profiles
-from cpsim.run.dist import add_dist_args, launched_by_torchrun
+from cpsim.run.dist import launched_by_torchrun
 from cpsim.run.sizing import SizingFailure
 from cpsim import sizing
 from cpsim.errors import ConfigError
-from cpsim.paths import KERNEL_DESIGNS, Knobs
+from cpsim.paths import Knobs
 from cpsim.report.progress import progress
 from cpsim.validate import write_outputs
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
 PROGRESS_MIN_WORK = 200_000
-
-
-def register(sub) -> None:
-    p = sub.add_parser("run", help="check one scenario on every CP rank (virtual world or torchrun)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_scenario_args(p)
-    add_path_args(p)
-    add_kernel_args(p)
-    add_profile_arg(p)
-    add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/REPORT_SCHEMA.md)")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
-                                                   "when the scenario is small enough to draw)")
-    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per path, group and invariant")
-    p.add_argument("--quiet", action="store_true", help="print only the verdict line; no progress bar")
-    add_report_args(p)
-    p.add_argument("--kernel-design", choices=KERNEL_DESIGNS, default="per-request",
-                   help="built-in Triton kernels: per-request (vllm-ascend-faithful) or tile (tile-parallel)")
-    p.add_argument("--inject", metavar="NAME", help="inject a catalogue fault (see `cpsim bugs list`)")
-    p.add_argument("--inject-on-rank", type=int, metavar="R", help="inject it on CP rank R only")
-    from cpsim.cmd.stack_run import add_stack_args
-    add_stack_args(p)
-    p.set_defaults(func=main)
 
 
 def main(args) -> int:

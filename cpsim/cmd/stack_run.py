@@ -13,23 +13,9 @@ from cpsim.cmd.options import DefaultPaths
 from cpsim.cmd.inputs import parse_paths, scenario_from_args
 from cpsim.errors import ConfigError
 from cpsim.report import report
-from cpsim.stack import FAMILIES
 
 # v1: the release's per-group BlockTable (MultiGroupBlockTable); v2: its MRV2 BlockTables.
 STACK_PATHS = ("v1", "v2")
-
-
-def add_stack_args(p) -> None:
-    p.add_argument("--stack", metavar="FAMILY", choices=sorted(FAMILIES),
-                   help="drive the installed release's host block-table classes per CP rank "
-                        f"({', '.join(sorted(FAMILIES))}) instead of cpsim's paths")
-    p.add_argument("--stack-python", metavar="PY", help="the side venv's python that has the release "
-                                                       "(default: $CPSIM_STACK_PYTHON, else this python)")
-    p.add_argument("--stack-classes", metavar="FILE", help="host classes of your own in the release's shape, "
-                                                          "driven instead of the installed ones")
-    p.add_argument("--stack-source", metavar="DIR[:DIR...]", help="unpacked releases (an sdist's top folder, a "
-                   "--target folder) put first on the child's sys.path, in order: vllm-ascend without installing "
-                   "it, e.g. SDIST:VLLM_FOLDER for the vLLM it was built for")
 
 
 def _paths(args) -> list[str]:

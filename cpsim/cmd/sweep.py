@@ -15,7 +15,6 @@ or a TOML file (`--config`); flags win. TOML keys:
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import os
 import sys
@@ -33,40 +32,13 @@ from cpsim.check import coordinator
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim import schema
-from cpsim.cmd.options import add_kernel_args, add_profile_arg
+from cpsim.cmd.commands import KEYS
 from cpsim.cmd.inputs import (check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
                               scenario_from_args, sizer_from_args, sizing_failed)
-from cpsim.run.dist import add_dist_args, launched_by_torchrun
+from cpsim.run.dist import launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.validate import load_scenario, load_sweep_config, write_outputs
-
-KEYS = ("presets", "cp", "interleaves", "paths", "seed")
-
-
-def register(sub) -> None:
-    p = sub.add_parser("sweep", help="run a matrix of scenarios x CP sizes x paths, one report",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", metavar="FILE", help="TOML file with the matrix (keys: " + ", ".join(KEYS) + ")")
-    p.add_argument("--presets", help="comma-separated presets or scenario files; 'all' = every preset "
-                                     "(default: default)")
-    p.add_argument("--cp", help="comma-separated CP sizes, N or DxP (default: each preset's own)")
-    p.add_argument("--interleaves", help="comma-separated interleave sizes (default: each preset's own)")
-    p.add_argument("--paths", help="comma-separated paths (default: all)")
-    p.add_argument("--seed", type=int, help="base seed (replica g of a torchrun job uses seed + g; default 0)")
-    p.add_argument("--allow-large", action="store_true",
-                   help="run CP world sizes above 64 in the virtual world (every rank in turn: minutes)")
-    add_kernel_args(p)
-    add_profile_arg(p, strict_sizing=False)
-    add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the whole report as JSON")
-    p.add_argument("--html", metavar="FILE", help="write one self-contained HTML page with every scenario's "
-                                                   "invariant table and violations")
-    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per (scenario, path, invariant)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
-    from cpsim.cmd.options import add_report_args
-    add_report_args(p)
-    p.set_defaults(func=main)
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import torch
 
 from cpsim.errors import ConfigError
+from cpsim.schema import KERNEL_DESIGNS, PATH_NAMES
 
-PATHS = ("v1", "v1-fused", "v1-torch", "v2")
-KERNEL_DESIGNS = ("per-request", "tile")
+PATHS = PATH_NAMES
 
 
 @dataclass(frozen=True)

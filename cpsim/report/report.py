@@ -13,7 +13,7 @@ from rich.table import Table
 
 from cpsim import __version__
 from cpsim.check.coordinator import INVARIANTS, Verdict, Violation, passed
-from cpsim.report.terminal import table_box
+from cpsim.report.terminal import DEFAULT_EXAMPLES, table_box
 from cpsim.scenario import Scenario
 
 SCHEMA_VERSION = 1
@@ -170,7 +170,6 @@ def merged_ownership(rows) -> list[tuple[list[str], list]]:
 
 
 MAX_OWNERSHIP_ROWS = 32
-DEFAULT_EXAMPLES = 3
 
 
 def print_ownership(console: Console, rows, max_rows: int = MAX_OWNERSHIP_ROWS) -> None:

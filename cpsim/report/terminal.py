@@ -19,6 +19,7 @@ from rich.console import Console
 # Wide enough that no table or path we print is folded; a terminal's own width wins.
 WIDE = 1000
 FORMATS = ("rich", "plain")
+DEFAULT_EXAMPLES = 3  # examples printed per failing invariant (`--examples`)
 
 _format = "rich"
 

@@ -13,7 +13,6 @@ and which therefore outlives any single worker:
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import pickle
@@ -30,27 +29,10 @@ from typing import Callable
 import torch
 
 from cpsim.errors import ConfigError, DistError
+from cpsim.run.torchrun_env import DEVICES, launched_by_torchrun  # noqa: F401  (re-exported)
 
-DEVICES = ("auto", "npu", "cuda", "cpu")
-DEFAULT_TIMEOUT_S = 300.0
 HEARTBEAT_S = 0.5
 FINAL = ("done", "failed", "aborted", "terminated")
-
-
-def add_dist_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("devices and torchrun")
-    g.add_argument("--device", choices=DEVICES, default="auto",
-                   help="where kernels run: auto picks npu, then cuda, then cpu (default: auto)")
-    g.add_argument("--oversubscribe", action="store_true",
-                   help="allow more ranks than devices on a node: kernels share the devices, "
-                        "collectives go through gloo on host copies")
-    g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                   help=f"bound on process-group init and on every collective (default: {DEFAULT_TIMEOUT_S:g})")
-
-
-def launched_by_torchrun() -> bool:
-    """torchrun (and any env:// launcher) exports RANK and WORLD_SIZE to each worker."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 @dataclass(frozen=True)
