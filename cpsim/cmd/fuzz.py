@@ -33,7 +33,8 @@ def _status(prog: fz.Progress, budget: int = 0) -> Text:
         z = prog.shrink
         shrink = (f"  smallest failing: CP {z['world']}, {z['groups']} group(s), "
                   f"{z['requests']} request(s), {z['tokens']} token(s)")
-    return Text(f"{prog.phase}: {prog.examples}/{budget or '?'} examples, {prog.rate:.1f}/s{left}, "
+    return Text(f"{prog.phase}: {prog.drawn}/{budget or '?'} examples drawn, {prog.shrink_runs} shrink runs, "
+                f"{prog.rate:.1f} runs/s{left}, "
                 f"{prog.signatures} signature(s), {prog.failures} failing run(s){shrink}")
 
 
@@ -209,7 +210,8 @@ def _report(args, cfg: fz.FuzzConfig, console, kernels: dict, result: fz.FuzzRes
     if not args.quiet:
         describe_kernels(console, kernels)
     rate = result.examples / max(result.elapsed_s, 1e-9)
-    head = (f"{where}{result.examples} examples in {result.elapsed_s:.1f} s ({rate:.1f}/s"
+    head = (f"{where}{result.drawn} examples drawn and {result.shrink_runs} shrink runs in {result.elapsed_s:.1f} s "
+            f"({rate:.1f} runs/s"
             + (f", {cfg.jobs} jobs" if cfg.jobs > 1 else "") + f"), space {cfg.space}, "
             f"{result.not_expressible} not expressible under profile {cfg.judged_by().name} (left out)")
     ignored = [f for f in result.findings if f.ignored]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from pathlib import Path
 
 from cpsim import scenario as sc
@@ -227,8 +228,19 @@ def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
     for path, k in kernels.items():
         if not notes_only:
             console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
-        for note in k.notes:
+        for note in distinct_notes(k.notes):
             console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
+
+
+def distinct_notes(notes: list[str]) -> list[str]:
+    """Each kind of note once. An adapter notes what it could not model per group and size, so a search over
+    many scenarios collects the same note for other group names and numbers: those are one kind, printed
+    as the first one seen with how many there were."""
+    kinds: dict[str, list[str]] = {}
+    for note in notes:
+        kinds.setdefault(re.sub(r"\d+", "N", re.sub(r"\bgroup [^\s:,;]+", "group G", note)), []).append(note)
+    return [same[0] + (f" ({len(same)} notes like this one, for other groups or sizes)" if len(same) > 1 else "")
+            for same in kinds.values()]
 
 
 def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> dict:

@@ -64,7 +64,7 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
 
         r = search(cfg, tell, found)
         queue.put(("progress", job, (r.examples, len(r.reported), "done")))
-        queue.put(("done", job, {"examples": r.examples, "classify_runs": r.classify_runs,
+        queue.put(("done", job, {"examples": r.examples, "shrink_runs": r.shrink_runs, "classify_runs": r.classify_runs,
                                  "not_expressible": r.not_expressible,
                                  "findings": [_finding_record(f) for f in r.findings]}))
     except SystemExit:
@@ -210,9 +210,11 @@ def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = No
         raise
     jobs.queue.close()
     results = [FuzzResult(d["examples"], 0.0, [_finding_from(x) for x in d["findings"]], cfg.space, 1,
-                          d["classify_runs"], d["not_expressible"]) for _, d in sorted(jobs.done.items())]
+                          d["classify_runs"], d["not_expressible"], d["shrink_runs"])
+               for _, d in sorted(jobs.done.items())]
     return FuzzResult(sum(r.examples for r in results), time.monotonic() - started, merge(results), cfg.space,
-                      cfg.jobs, sum(r.classify_runs for r in results), sum(r.not_expressible for r in results))
+                      cfg.jobs, sum(r.classify_runs for r in results), sum(r.not_expressible for r in results),
+                      sum(r.shrink_runs for r in results))
 
 
 # ---- writing the findings -------------------------------------------------------------
@@ -248,7 +250,7 @@ def write_findings(cfg: FuzzConfig, result: FuzzResult, interrupted: str | None 
     problems = []
     fallback: Path | None = None
     for f in result.reported:
-        r = repro_of(cfg, f, result.examples)
+        r = repro_of(cfg, f, result.drawn)
         try:
             f.repro = write_repro(cfg.out, r)
         except OSError as e:
@@ -257,7 +259,8 @@ def write_findings(cfg: FuzzConfig, result: FuzzResult, interrupted: str | None 
             f.repro = write_repro(fallback, r)
             f.repro_error = f"could not write to {cfg.out} ({e.strerror or e}); written to {f.repro}"
             problems.append(f.repro_error)
-    summary = {"schema": "cpsim-fuzz-summary/1", "space": cfg.describe_space(), "examples": result.examples,
+    summary = {"schema": "cpsim-fuzz-summary/1", "space": cfg.describe_space(), "examples": result.drawn,
+               "shrink_runs": result.shrink_runs,
                "not_expressible": result.not_expressible, "elapsed_s": round(result.elapsed_s, 3), "jobs": result.jobs, "seed": cfg.seed,
                "paths": cfg.paths, "inject": cfg.inject, **({"sizing": cfg.sizing} if cfg.sizing else {}),
                "signatures": [f.to_dict() for f in result.findings],

@@ -112,7 +112,8 @@ class FuzzConfig:
 class Progress:
     """Live counters the display reads (also handy in tests)."""
 
-    examples: int = 0
+    examples: int = 0           # scenarios run: drawn ones and shrink runs (what --max-examples bounds)
+    shrink_runs: int = 0        # of those, the runs not drawn: shrinking, replaying saved failures
     failures: int = 0           # failing scenarios seen (search and shrink)
     started: float = field(default_factory=time.monotonic)
     shrink: dict[str, int] | None = None   # size of the smallest failing scenario so far
@@ -125,6 +126,11 @@ class Progress:
     def rate(self) -> float:
         return self.examples / max(time.monotonic() - self.started, 1e-9)
 
+    @property
+    def drawn(self) -> int:
+        """Scenarios drawn by the search (phase "search"), shrink runs left out."""
+        return self.examples - self.shrink_runs
+
 
 @dataclass
 class FuzzResult:
@@ -135,6 +141,12 @@ class FuzzResult:
     jobs: int = 1
     classify_runs: int = 0
     not_expressible: int = 0   # draws left out: the profile's release cannot express them
+    shrink_runs: int = 0       # of ``examples``, the runs that shrank a failure (or replayed a saved one)
+
+    @property
+    def drawn(self) -> int:
+        """Scenarios the search drew (``examples`` without the shrink runs)."""
+        return self.examples - self.shrink_runs
 
     @property
     def reported(self) -> list[Finding]:
@@ -240,6 +252,9 @@ class _Searcher:
                 self.prog.phase = "shrink (budget spent)"
                 return None
             self.prog.examples += 1
+            # Runs in any other phase are the shrinker's (or the database's replay). Under --explore hypothesis
+            # the round's first failure is drawn; the draws Hypothesis makes after it count as shrink runs.
+            self.prog.shrink_runs += self.prog.phase != "search"
             out = self.run(s, meanwhile)
             self.prog.not_expressible += bool(out.not_expressible)
             sigs = self.classify(s, out) if out.failed else {}
@@ -343,7 +358,7 @@ def finish(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
         first = ([f for f in shown if f.shrunk] or shown)[:1]
         findings = first + [f for f in findings if f.ignored]
     return FuzzResult(me.prog.examples, elapsed, findings, cfg.space, 1, me.classify_runs,
-                      me.prog.not_expressible)
+                      me.prog.not_expressible, me.prog.shrink_runs)
 
 
 def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None,
