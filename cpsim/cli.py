@@ -19,6 +19,7 @@ from cpsim.errors import ConfigError, DistError, Interrupted
 from cpsim.report import terminal
 from cpsim.report.terminal import FORMATS
 from cpsim.validate import check_args
+from cpsim.run import reaper
 
 
 class Parser(argparse.ArgumentParser):
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         check_args(args)  # option bounds and output paths, before any work
         if getattr(args, "check_inputs", None):
             args.check_inputs(args)  # the command's own inputs (scenario, paths): still without torch
-        from cpsim.run import isolation, reaper
+        from cpsim.run import isolation
         isolation.configure_from_args(args)
         reaper.become_subreaper()  # a kernel's setsid() child still ends with cpsim
         return int(command(args.func)(args) or 0)

@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 
 from cpsim.errors import ConfigError
+from cpsim import scenario as sc
 
 STATUSES = ("ok", "info", "warn", "fail")
 ENV_VARS = ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "HCCL_CONNECT_TIMEOUT", "HCCL_EXEC_TIMEOUT",
@@ -283,7 +284,6 @@ def tiny_scenario(dcp: int):
     cache of 2^27 blocks: block ids above 2^24 (not exact through fp32) and
     slots above 2^31 (not exact in int32) occur.
     """
-    from cpsim import scenario as sc
     groups = (sc.KVGroup("attn", "attention", 32, 16, num_blocks=1 << 27),
               sc.KVGroup("local", "attention", 16, cp_sharded=False, num_blocks=256))
     limits = sc.Limits(max_model_len=512, max_num_reqs=4, max_num_batched_tokens=48, num_speculative_tokens=2)

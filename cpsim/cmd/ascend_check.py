@@ -17,12 +17,12 @@ from cpsim.report import terminal
 from rich.table import Table
 
 from cpsim.errors import ConfigError
+from cpsim.ascend_check import registry, runner
 
 PATH_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2", "replay": "kernel_replay"}
 
 
 def _jobs(args, py: str):
-    from cpsim.ascend_check import registry, runner
     jobs = []
     user = {path: getattr(args, attr) for path, attr in PATH_FLAGS.items() if getattr(args, attr)}
     if not user or args.builtin:
@@ -52,7 +52,6 @@ def _jobs(args, py: str):
 
 
 def main(args) -> int:
-    from cpsim.ascend_check import runner
     if args.jobs < 1:
         raise ConfigError("--jobs", f"must be >= 1, got {args.jobs}")
     out = terminal.console()

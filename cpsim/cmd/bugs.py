@@ -12,7 +12,7 @@ from rich.console import Console
 from cpsim.report import terminal
 from rich.table import Table
 
-from cpsim import faults
+from cpsim import faults, kernels
 from cpsim.report import report
 from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernels_from_args, parse_paths, subjects_for,
                               knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
@@ -23,6 +23,9 @@ from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.scenario import PRESETS, Scenario
 from cpsim.validate import write_outputs
+from cpsim.run.sizing import SizingFailure
+from cpsim.kernels.under_test import to_record
+from cpsim.report.progress import progress
 
 
 def _sharding(s, g) -> str:
@@ -64,7 +67,6 @@ def main_list(args) -> int:
 
 
 def knob_text(k: Knobs) -> str:
-    from cpsim import kernels
     bits = {v: n[len("FAULT_"):].lower() for n, v in vars(kernels).items()
             if n.startswith("FAULT_") and isinstance(v, int) and v}
     parts = []
@@ -165,7 +167,6 @@ def main_reproduce(args) -> int:
         c.print(f"[bold]{f.name}[/bold]: {mode}{where}; references {'; '.join(f.references)}", highlight=False)
     if launched_by_torchrun():
         return _reproduce_torchrun(args, f, s, paths, kernels, prof)
-    from cpsim.run.sizing import SizingFailure
     try:  # the host sizing under test, over the fault's knobs (its widths and buffer stand in for the fault's)
         raw = f.trigger()  # detect.run lays it out by the profile, as detect.reproduce does; sized as laid out
         knobs = knobs_with_sizing(args, detect.knobs(f, raw, args.fixed), s, paths)
@@ -205,7 +206,6 @@ def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict, p
     from cpsim.faults import detect
 
     torchrun_world(s.cp.world, f"{f.name}'s trigger scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "name")
-    from cpsim.run.sizing import SizingFailure
     try:
         knobs = knobs_with_sizing(args, detect.knobs(f, s, args.fixed), s, paths)
     except SizingFailure as e:
@@ -274,7 +274,6 @@ def main_matrix(args) -> int:
     if args.jobs < 0:
         raise ConfigError("--jobs", f"must be >= 0, got {args.jobs}")
     jobs = args.jobs or detect.default_jobs()
-    from cpsim.kernels.under_test import to_record
     kernels = kernels_from_args(args)
     c = terminal.console()
     describe_kernels(c, kernels)
@@ -283,7 +282,6 @@ def main_matrix(args) -> int:
                 "'baseline fails' means that kernel fails the fault-free scenario[/dim]")
     scenarios = [detect.TRIGGER, *presets]
     record = to_record(kernels, kernels) if kernels else None
-    from cpsim.report.progress import progress
     with progress("detection matrix", total=detect.num_tasks(names, presets, record, args.seed),
                   console=terminal.console(stderr=True)) as bar:
         m = detect.matrix(names, presets, args.seed, jobs, on_done=lambda label: bar.advance(label=label),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from cpsim.report import terminal
 
 from cpsim.allocator import allocate_world
-from cpsim.check import coordinator
+from cpsim.check import coordinator, profiles
 from cpsim import scenario as sc
 from cpsim.cmd.options import KERNEL_FLAGS
 from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernels_from_args, kernels_with_record,
@@ -23,6 +23,7 @@ from cpsim.paths import Knobs
 from cpsim.report import draw
 from cpsim.run.world import run_virtual
 from cpsim.validate import load_scenario
+from cpsim.run.sizing import SizingFailure
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -104,8 +105,6 @@ def main(args) -> int:
         raise ConfigError("repro.sizing", f"{args.repro}: must be a SPEC string, got {recorded!r}")
     sizer = sizer_from_args(args, recorded)
     if sizer is not None:
-        from cpsim.check import profiles
-        from cpsim.run.sizing import SizingFailure
         try:
             with sizer:  # asked for the scenario as the profile lays it out, as simulate runs it
                 knobs = knobs_with_sizing(args, knobs, profiles.scenario_for(s, prof), paths, sizer)
@@ -127,7 +126,6 @@ def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_P
              inject_rank: int | None = None, kernels: dict | None = None, profile=None) -> draw.Picture:
     """Run the virtual world (with the user's ``kernels``, if any), check it by ``profile`` (None: cpsim's
     model; it lays the scenario out too), and lay out the picture's data."""
-    from cpsim.check import profiles
     if profile is not None:
         s = profiles.scenario_for(s, profile)
     draw.check_size(s)

@@ -22,11 +22,12 @@ from cpsim import fuzz as fz
 from cpsim.errors import Interrupted
 from cpsim.cmd.inputs import (describe_kernels, kernels_from_args, parse_paths, profile_from_args, show_profile,
                               sizer_from_args, sizing_failed)
+from cpsim.report.progress import eta
+from cpsim.run.sizing import SizingFailure
 
 
 def _status(prog: fz.Progress, budget: int = 0) -> Text:
     """One live line: phase, examples and rate, signatures found, eta against the --max-examples budget."""
-    from cpsim.report.progress import eta
     left = f", eta {eta(prog.examples, budget, time.monotonic() - prog.started)}" if budget else ""
     shrink = ""
     if prog.shrink:
@@ -39,7 +40,6 @@ def _status(prog: fz.Progress, budget: int = 0) -> Text:
 
 
 def _jobs_status(started: float, status: dict, budget: int = 0) -> Text:
-    from cpsim.report.progress import eta
     n = sum(v[0] for v in status.values())
     parts = ", ".join(f"job {j}: {v[0]} ({v[2]})" for j, v in sorted(status.items()))
     left = f", eta {eta(n, budget, time.monotonic() - started)}" if budget else ""
@@ -89,7 +89,6 @@ def main(args) -> int:
     ignore = list(args.ignore) + (fz.load_known(args.known) if args.known else [])
     sizer = sizer_from_args(args)
     if sizer is not None:  # a SPEC that does not load is exit 2 (exit 1 if its import fails) before any search
-        from cpsim.run.sizing import SizingFailure
         try:
             with sizer:
                 sizer.check()

@@ -37,6 +37,7 @@ from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
 from cpsim.schema import parse
 from cpsim.validate import check_world, read_data, write_outputs
+from cpsim.run.sizing import SizingFailure
 
 
 def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]) -> int:
@@ -69,7 +70,6 @@ def main(args) -> int:
     r = dataclasses.replace(r, profile=prof.name, sizing=sizer.spec if sizer else "")
     console = terminal.console()
     if sizer is not None:
-        from cpsim.run.sizing import SizingFailure
         try:
             sizer.check()  # a module or function that is not there: exit 2 before the run
         except SizingFailure as e:
@@ -116,7 +116,6 @@ def main_torchrun(args, r: fz.Repro) -> int:
     kernels = kernels_with_record(args, r.kernels, select_device(args.device).device, r.paths)
     prof = profile_from_args(args, kernels, r.profile)
     s = profiles.scenario_for(s, prof)
-    from cpsim.run.sizing import SizingFailure
     try:
         knobs = knobs_with_sizing(args, r.knobs, s, r.paths, sizer_from_args(args, r.sizing))
     except SizingFailure as e:

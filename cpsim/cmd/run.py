@@ -31,6 +31,7 @@ from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.report.progress import progress
 from cpsim.validate import write_outputs
+from cpsim.kernels.under_test import to_record
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
 PROGRESS_MIN_WORK = 200_000
@@ -173,7 +174,6 @@ def _fault_must_show(args, s, paths: list[str], device: str, kernels: dict, gath
     is a miss of the checker, and stays exit 0 with the report."""
     from cpsim import faults
     from cpsim.faults.detect import reaches
-    from cpsim.kernels.under_test import to_record
     from cpsim.run.world import run_virtual
 
     fault = faults.get(args.inject, "--inject")

@@ -13,6 +13,7 @@ from cpsim.cmd.options import DefaultPaths
 from cpsim.cmd.inputs import parse_paths, scenario_from_args
 from cpsim.errors import ConfigError
 from cpsim.report import report
+from cpsim.cmd.torchrun_job import stop_writer, torchrun_world
 
 # v1: the release's per-group BlockTable (MultiGroupBlockTable); v2: its MRV2 BlockTables.
 STACK_PATHS = ("v1", "v2")
@@ -90,7 +91,6 @@ def main_stack_torchrun(args) -> int:
     Every wait is bounded: the groups' setup and each gather by --timeout, the host code by half of it
     (:func:`cpsim.stack.host.drive_rank`); a rank whose driver died or hung fails every path on that
     rank, named; a rank that never reaches the gather is named by the gather."""
-    from cpsim.cmd.torchrun_job import stop_writer, torchrun_world
     from cpsim.run.dist import Comm, Env, select_device
     from cpsim.stack import host
 

@@ -27,7 +27,7 @@ from rich.console import Console
 from cpsim.report import terminal
 from rich.table import Table
 
-from cpsim.check import coordinator
+from cpsim.check import coordinator, profiles
 
 from cpsim.report import report
 from cpsim import scenario as sc
@@ -39,6 +39,10 @@ from cpsim.run.dist import launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.validate import load_scenario, load_sweep_config, write_outputs
+from cpsim.run.sizing import SizingFailure
+from cpsim.cmd.inputs import subjects_for, show_profile
+from cpsim.cmd.torchrun_job import stop_writer
+from cpsim.report.progress import columns
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,6 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=N
     cannot express is skipped with the reason. ``sizer``: the host sizing under test
     (``cpsim.run.sizing.Sizer``), asked for each cell's laid-out scenario; its ``SizingFailure`` names
     the cell (the sweep fails)."""
-    from cpsim.check import profiles
     from cpsim.run.distrun import Entry
 
     prof = profile or profiles.for_abis([k.abi for k in (kernels or {}).values()])
@@ -169,7 +172,6 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=N
             continue
         knobs = Knobs()
         if sizer is not None:
-            from cpsim.run.sizing import SizingFailure
             try:
                 knobs = Knobs(host_sizing=sizer.answer(s, matrix["paths"]))
             except SizingFailure as e:
@@ -186,7 +188,6 @@ def main(args) -> int:
     from cpsim.run.dist import select_device
     kernels = kernels_from_args(args, select_device(args.device).device, matrix["paths"])
     prof = profile_from_args(args, kernels)
-    from cpsim.run.sizing import SizingFailure
     sizer = sizer_from_args(args)
     try:
         entries, skipped = plan(matrix, world, kernels, prof, sizer)
@@ -206,8 +207,6 @@ def main(args) -> int:
     def report_(results, infos) -> int:
         return finish(console, args, results, skipped, infos, world, kernels, prof)
 
-    from cpsim.cmd.inputs import subjects_for
-    from cpsim.cmd.torchrun_job import stop_writer
     stopped = stop_writer(args, f"sweep on {world} ranks", subjects_for(kernels or {}, matrix["paths"]), len(entries),
                           {"mode": "sweep-torchrun", "skipped": skipped})
     return execute(args, entries, report_, progress=progress.advance if progress else None, stopped=stopped)
@@ -217,7 +216,6 @@ class _Bar:
     def __init__(self, console: Console, total: int):
         from rich.progress import Progress, TextColumn
 
-        from cpsim.report.progress import columns
         self.p = Progress(*columns("[bold]sweep"), TextColumn("{task.description}"), console=console,
                           transient=True)
         self.task = self.p.add_task("", total=total)
@@ -279,7 +277,6 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
         t.add_row(label, "", "", "", f"[dim]skipped: {why}[/dim]")
     console.print(t)
     failing = [r for r in results if not coordinator.passed(r.verdicts)]
-    from cpsim.cmd.inputs import subjects_for
     subjects = subjects_for(kernels or {}, dict.fromkeys(v.path for r in results for v in r.verdicts
                                                          if v.path != "*" and "~" not in v.path),
                             prof.name if prof else None)
@@ -288,7 +285,6 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     if not args.quiet and results:
         describe_kernels(console, kernels or {}, notes_only=bool(failing))
     if prof is not None and not args.quiet:
-        from cpsim.cmd.inputs import show_profile
         show_profile(console, prof)
     if getattr(args, "sizing", None) and not args.quiet:
         console.print(f"host sizing under test: {args.sizing} (asked for every cell)", highlight=False,

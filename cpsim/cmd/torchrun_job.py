@@ -9,6 +9,7 @@ from typing import Callable
 from cpsim.cmd.inputs import describe_kernels, show_profile, subjects_for
 from cpsim.errors import ConfigError
 from cpsim.validate import write_outputs
+from cpsim.report import terminal
 
 
 # ---- torchrun ------------------------------------------------------------------
@@ -28,10 +29,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     ``summary(console, results)`` (a command's own verdict line), and writes the
     --json / --junit / --html files the command has. Exit 1 when any group fails.
     """
-    from cpsim.report import terminal
-
     from cpsim.check import coordinator
-
     from cpsim.report import report
     from cpsim.report.torchrun import print_groups, to_dict
     from cpsim.run.distrun import execute, print_ranks
@@ -92,7 +90,7 @@ def stop_writer(args, title: str, subjects: dict, planned: int, extra: dict | No
     the ranks it names, and the CP groups finished so far; then one line naming the files."""
     from rich.markup import escape
 
-    from cpsim.report import report, terminal
+    from cpsim.report import report
     from cpsim.report.torchrun import stopped_record, to_dict
 
     def write(results, infos, message: str, ranks: list[int]) -> None:

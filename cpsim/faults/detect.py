@@ -16,16 +16,17 @@ from typing import Callable
 
 from cpsim.check import coordinator, profiles
 
-from cpsim import faults
+from cpsim import faults, kernels
 from cpsim.allocator import allocate_world
 from cpsim.check.coordinator import Verdict
 from cpsim.check.gathered import Gathered
 from cpsim.check.ownership import Ownership, ranges  # noqa: F401  (re-exported)
 from cpsim.check.ownership import ownership as _ownership
-from cpsim.kernels.under_test import ABIS
+from cpsim.kernels.under_test import ABIS, from_record
 from cpsim.paths import PATHS, Knobs
-from cpsim.scenario import PRESETS, Scenario, preset
+from cpsim.scenario import PRESETS, Scenario, preset, INT32_MAX
 from cpsim.run.world import run_virtual
+from cpsim.kernels import use_interpreter
 
 
 @dataclass
@@ -148,7 +149,6 @@ def reaches(fault: faults.Fault, path: str, record: dict | None) -> str:
     FAULT_* switches are compiled into cpsim's built-in kernels only, so they reach a path only where
     its kernel is built-in (the replay switches: where the replay-padding kernel is, or always for the
     host-side list of groups)."""
-    from cpsim import kernels
     k, replay = _user(record, path)
     if k is None and replay is None:
         return ""
@@ -168,7 +168,6 @@ def reaches(fault: faults.Fault, path: str, record: dict | None) -> str:
 
 def representable(s: Scenario, path: str, record: dict | None) -> str:
     """Why ``path``'s kernel cannot represent ``s`` ("" when it can): an int32 ABI and slots >= 2^31."""
-    from cpsim.scenario import INT32_MAX
     k, _ = _user(record, path)
     if k is None or k.get("abi") not in INT32_SLOT_ABIS:
         return ""
@@ -201,8 +200,6 @@ def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tu
     """Worker: one run, summarised as (failed, applicable, seconds); picklable both ways.
 
     Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded in the worker."""
-    from cpsim.kernels.under_test import from_record
-    from cpsim.kernels import use_interpreter
     from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None

@@ -16,7 +16,8 @@ from cpsim.errors import ConfigError, Interrupted
 from cpsim.fuzz.repro import Repro, knobs_for_scenario, resolve_fault, size_key, write_repro
 from cpsim.fuzz.searcher import SPACES, FuzzConfig, FuzzResult, Progress, search
 from cpsim.fuzz.signature import Finding, merge_nested
-from cpsim.kernels.under_test import to_record
+from cpsim.kernels.under_test import to_record, from_record
+from cpsim.kernels import use_interpreter
 
 
 # ---- several jobs --------------------------------------------------------------------
@@ -45,9 +46,7 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
     os.environ["CPSIM_KERNEL_WORKERS"] = workers
     job = cfg_state["seed_stream"]
     try:
-        from cpsim.kernels import use_interpreter
         from cpsim.run import isolation  # noqa: F401  (kernel SPECs are imported by its workers only)
-        from cpsim.kernels.under_test import from_record
 
         use_interpreter()
         cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu"))

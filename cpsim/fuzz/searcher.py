@@ -22,6 +22,7 @@ from cpsim.fuzz.signature import (ANY_DIMENSION, Finding, _ablation_order, _trip
                                   merge_nested, signature_invariants, signature_text)
 from cpsim.kernels.under_test import ABIS, to_record
 from cpsim.paths import Knobs
+from cpsim.run.sizing import Sizer
 
 # The spaces searched (``space.cache_cap``). "default": every kernel-block id < 2^26 (num_blocks * BPK <= 2^26), so ids past 2^24 (where float32 goes wrong)
 # are reached with block sizes up to 64; slot ids < 2^31 (num_blocks * B <= 2^31) where a kernel
@@ -176,7 +177,6 @@ class _Searcher:
         self.knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
         self.sizer = None
         if cfg.sizing:
-            from cpsim.run.sizing import Sizer
             self.sizer = Sizer(cfg.sizing, cfg.sizing_timeout)  # one child for the whole search
         self.sized = sized(self.knobs, self.sizer, cfg.paths)  # what the scenarios run with
         self.on_progress = on_progress

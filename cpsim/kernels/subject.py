@@ -17,6 +17,7 @@ import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
+from cpsim.kernels.under_test import SHORTCUTS
 
 # The release profile the adapters model (filled in once profiles exist; "cpsim" = cpsim's own).
 DEFAULT_PROFILE = "cpsim"
@@ -54,7 +55,6 @@ def _module_file(name: str) -> Path | None:
 
 def kernel_file(spec: str, path: str = "") -> Path | None:
     """The file a SPEC's kernel lives in (shortcuts resolved), or None when it cannot be found."""
-    from cpsim.kernels.under_test import SHORTCUTS
     shortcut = SHORTCUTS.get((path, spec))
     if shortcut is not None:
         spec = shortcut[1]

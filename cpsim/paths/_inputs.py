@@ -9,6 +9,7 @@ import torch
 
 from cpsim import kernels
 from cpsim.scenario import Scenario
+from cpsim.kernels import _interp
 
 _ALIGN = 16  # bytes: every array starts 16-aligned, as Triton specialises pointers on it (and as torch allocates)
 
@@ -93,7 +94,6 @@ def prepare_triton(device: torch.device):
             kernels.use_interpreter()
         triton = kernels.import_triton()
         if device.type == "cpu":
-            from cpsim.kernels import _interp
             _interp.install()
         _prepared[device.type] = triton
     return _prepared[device.type]

@@ -12,6 +12,7 @@ from cpsim.kernels.select import tile_kernels
 from cpsim.kernels.tile import plan, pow2_sizes
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import KVGroup, Scenario
+from cpsim.kernels import next_pow2
 
 
 def _plan(s: Scenario, max_num_tokens: int, device: torch.device):
@@ -34,7 +35,6 @@ def launch_v1(s: Scenario, g: KVGroup, num_tokens: int, qsl: torch.Tensor, posit
 def launch_v1_fused(s: Scenario, num_tokens: int, qsl: torch.Tensor, positions: torch.Tensor,
                     ptrs: torch.Tensor, strides: torch.Tensor, sizes: torch.Tensor, circular: torch.Tensor,
                     view: torch.Tensor, fault: int) -> None:
-    from cpsim.kernels import next_pow2
 
     p = _plan(s, view.shape[1], view.device)
     tile_kernels(view.device.type).v1_fused[p.grid(view.shape[1])](
@@ -47,7 +47,6 @@ def launch_v1_fused(s: Scenario, num_tokens: int, qsl: torch.Tensor, positions: 
 
 def launch_v2(s: Scenario, args: tuple, enabled, cp_sizes, circular, out: torch.Tensor, fault: int) -> None:
     """``args``: the per-request kernel's positional arguments up to ``cp_rank``."""
-    from cpsim.kernels import next_pow2
 
     num_tokens, max_num_tokens, *rest = args
     p = _plan(s, max_num_tokens, out.device)

@@ -10,6 +10,7 @@ import torch
 
 from cpsim.errors import ConfigError
 from cpsim.schema import KERNEL_DESIGNS, PATH_NAMES
+from cpsim.sizing import sized_buffer, HostSizing
 
 PATHS = PATH_NAMES
 
@@ -30,12 +31,10 @@ class Knobs:
 
     def buffer_entries(self, s, path: str) -> int:
         """Slot-buffer entries ``path`` allocates: the plugged-in sizing's, the fault's, else the correct capacity."""
-        from cpsim.sizing import sized_buffer
         given = sized_buffer(self.host_sizing, path)
         return given if given is not None else (self.buffer_size or s.limits.slot_buffer_size)
 
     def __post_init__(self) -> None:
-        from cpsim.sizing import HostSizing
         # A repro file reads back dicts; frozen, so the normalised tuple is set past the guard.
         object.__setattr__(self, "host_sizing", tuple(
             h if isinstance(h, HostSizing) else HostSizing(h["host"], tuple(h["table_widths"]),

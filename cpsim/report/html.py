@@ -15,6 +15,7 @@ from typing import Any
 from cpsim import __version__
 from cpsim.check.coordinator import INVARIANTS, Verdict, passed
 from cpsim.scenario import Scenario
+from cpsim.errors import ConfigError
 
 MAX_VIOLATIONS = 200
 MAX_REQUESTS = 100
@@ -198,7 +199,6 @@ def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdic
                 subjects: dict[str, dict] | None = None) -> tuple[bytes | None, str]:
     """PNG of the layout for the page, or why there is none (too big, no matplotlib)."""
     from cpsim.report import draw
-    from cpsim.errors import ConfigError
 
     try:
         draw.check_size(s)
