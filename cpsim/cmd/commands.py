@@ -17,8 +17,8 @@ from pathlib import Path
 from cpsim import fuzz as fz
 from cpsim import scenario as sc
 from cpsim.cmd.inputs import check_fuzz_inputs, check_run_inputs
-from cpsim.cmd.options import (DefaultPaths, add_dist_args, add_kernel_args, add_path_args, add_profile_arg,
-                               add_report_args, add_scenario_args, add_stack_args)
+from cpsim.cmd.options import (HTML_REPORT, DefaultPaths, add_dist_args, add_kernel_args, add_output_args,
+                               add_path_args, add_profile_arg, add_report_args, add_scenario_args, add_stack_args)
 from cpsim.kernels.under_test import ABIS
 from cpsim.schema import KERNEL_DESIGNS
 from cpsim.schema import PATH_NAMES as PATHS
@@ -41,11 +41,10 @@ def run(sub) -> None:
     add_kernel_args(p)
     add_profile_arg(p)
     add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/REPORT_SCHEMA.md)")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
-                                                   "when the scenario is small enough to draw)")
-    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per path, group and invariant")
-    p.add_argument("--quiet", action="store_true", help="print only the verdict line; no progress bar")
+    add_output_args(p, json="write the full report as JSON (docs/REPORT_SCHEMA.md)",
+                       html=HTML_REPORT,
+                       junit="write JUnit XML: one testcase per path, group and invariant",
+                       quiet="print only the verdict line; no progress bar")
     add_report_args(p)
     p.add_argument("--kernel-design", choices=KERNEL_DESIGNS, default="per-request",
                    help="built-in Triton kernels: per-request (vllm-ascend-faithful) or tile (tile-parallel)")
@@ -70,11 +69,11 @@ def sweep(sub) -> None:
     add_kernel_args(p)
     add_profile_arg(p, strict_sizing=False)
     add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the whole report as JSON")
-    p.add_argument("--html", metavar="FILE", help="write one self-contained HTML page with every scenario's "
-                                                   "invariant table and violations")
-    p.add_argument("--junit", metavar="FILE", help="write JUnit XML: one testcase per (scenario, path, invariant)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, only the summary")
+    add_output_args(p, json="write the whole report as JSON",
+                       html=("write one self-contained HTML page with every scenario's invariant table and "
+                             "violations"),
+                       junit="write JUnit XML: one testcase per (scenario, path, invariant)",
+                       quiet="no progress bar, only the summary")
     add_report_args(p)
     p.set_defaults(func="cpsim.cmd.sweep:main")
 
@@ -95,7 +94,7 @@ def draw(sub) -> None:
     p.add_argument("--step", type=int, metavar="N", help="with --capture: the step to draw")
     p.add_argument("--out", required=True, metavar="FILE.png|FILE.svg", help="where to write the picture")
     p.add_argument("--title", default="", help="figure title (default: scenario summary)")
-    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    add_output_args(p, quiet="print nothing on success")
     add_kernel_args(p)  # the same kernels as `run`; a repro's recorded kernels unless these replace them
     add_profile_arg(p, strict_sizing=False)  # a repro's recorded profile and sizing unless these replace them
     p.set_defaults(func="cpsim.cmd.draw:main")
@@ -149,7 +148,7 @@ def fuzz(sub) -> None:
     p.add_argument("--shrink-seconds", type=float, default=60.0, metavar="S",
                    help="time each search round may spend shrinking (default 60); as much again goes to "
                         "lowering the findings' cache sizes at the end")
-    p.add_argument("--quiet", action="store_true", help="no progress display, no per-signature report")
+    add_output_args(p, quiet="no progress display, no per-signature report")
     p.set_defaults(func="cpsim.cmd.fuzz:main", check_inputs=check_fuzz_inputs)
 
 
@@ -165,10 +164,9 @@ def replay(sub) -> None:
     add_kernel_args(p)
     add_profile_arg(p, strict_sizing=False)
     add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the report and the violation summary as JSON")
-    p.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
-                                                   "when the scenario is small enough to draw)")
-    p.add_argument("--quiet", action="store_true", help="print only the verdict line")
+    add_output_args(p, json="write the report and the violation summary as JSON",
+                       html=HTML_REPORT,
+                       quiet="print only the verdict line")
     add_report_args(p)
     p.add_argument("--shrink", metavar="OUT", help="capture/explicit batch: write the smallest explicit batch "
                                                     "that still fails the first failing step to OUT (.npz/.json)")
@@ -196,9 +194,8 @@ def bugs(sub) -> None:
     add_kernel_args(q)
     add_profile_arg(q, strict_sizing=False)
     add_dist_args(q)
-    q.add_argument("--json", metavar="FILE", help="write the full report as JSON")
-    q.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (with the picture "
-                                                   "when the scenario is small enough to draw)")
+    add_output_args(q, json="write the full report as JSON",
+                       html=HTML_REPORT)
     add_report_args(q)
     q.set_defaults(func="cpsim.cmd.bugs:main_reproduce")
 
@@ -209,7 +206,7 @@ def bugs(sub) -> None:
     q.add_argument("--seed", type=int, default=0, help="seed for the presets")
     q.add_argument("--jobs", type=int, default=0, help="worker processes (default: CPU count, at most 8)")
     q.add_argument("--markdown", action="store_true", help="print the matrix as a Markdown table")
-    q.add_argument("--json", metavar="FILE", help="write the matrix as JSON")
+    add_output_args(q, json="write the matrix as JSON")
     add_kernel_args(q)
     q.set_defaults(func="cpsim.cmd.bugs:main_matrix")
 
@@ -218,7 +215,7 @@ def doctor(sub) -> None:
     p = sub.add_parser("doctor", help="check this machine: versions, devices, backend, every built-in kernel",
                        description=_doc("doctor").split("\n\nTest hook")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_dist_args(p)
-    p.add_argument("--json", metavar="FILE", help="write every row (and each rank's device) as JSON")
+    add_output_args(p, json="write every row (and each rank's device) as JSON")
     p.add_argument("--skip-kernels", action="store_true", help="only the environment: no kernel launches")
     p.set_defaults(func="cpsim.cmd.doctor:main")
 
@@ -239,7 +236,7 @@ def ascend_check(sub) -> None:
     p.add_argument("--ascend-python", metavar="PY", help="interpreter with triton-ascend (default: .venv-ascend)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes (default: CPU count)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds for the whole check (default 3600)")
-    p.add_argument("--json", metavar="FILE", help="every compilation's result as JSON")
+    add_output_args(p, json="every compilation's result as JSON")
     p.set_defaults(func="cpsim.cmd.ascend_check:main")
 
 

@@ -130,3 +130,17 @@ def add_stack_args(p) -> None:
     p.add_argument("--stack-source", metavar="DIR[:DIR...]", help="unpacked releases (an sdist's top folder, a "
                    "--target folder) put first on the child's sys.path, in order: vllm-ascend without installing "
                    "it, e.g. SDIST:VLLM_FOLDER for the vLLM it was built for")
+
+
+HTML_REPORT = "write a self-contained HTML report (with the picture when the scenario is small enough to draw)"
+
+
+def add_output_args(p: argparse.ArgumentParser, json: str = "", html: str = "", junit: str = "",
+                    quiet: str = "") -> None:
+    """The report files a command writes (``--json/--html/--junit FILE``) and ``--quiet``, in one place: each
+    help text given adds its option (``validate.check_args`` probes every output path before any work)."""
+    for flag, text in (("--json", json), ("--html", html), ("--junit", junit)):
+        if text:
+            p.add_argument(flag, metavar="FILE", help=text)
+    if quiet:
+        p.add_argument("--quiet", action="store_true", help=quiet)
