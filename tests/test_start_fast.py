@@ -36,9 +36,13 @@ LIGHT = [
     (["run", "--paths", "v1-fused"], 2),                  # a path that runs on nothing of the scenario
     (["run", "--inject-on-rank", "1"], 2),
     (["run", "--profile", "nope"], 2),
+    (["run", "--paths", "v2", "--kernel-v2", "/nonexistent-cpsim-dir/k.py:kernel"], 2),  # no such kernel file
+    (["run", "--paths", "v1", "--kernel-v2", "k.py:kernel"], 2),          # a kernel for a path not selected
+    (["run", "--kernel-v1", "not-a-spec"], 2),
     (["fuzz", "--jobs", "0"], 2),                         # cmd.inputs.check_fuzz_inputs
     (["fuzz", "--max-examples", "0"], 2),
     (["fuzz", "--paths", "v1,,v2"], 2),
+    (["fuzz", "--kernel-v1", "/nonexistent-cpsim-dir/k.py:kernel"], 2),
 ]
 
 PROBE = r"""

@@ -15,7 +15,7 @@ from cpsim.cmd.options import KERNEL_FLAGS, DefaultPaths
 from cpsim.errors import ConfigError
 from cpsim.kernels.subject import subjects
 from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
-from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, from_record, load, with_replay
+from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, check_spec, from_record, load, with_replay
 from cpsim.run.sizing import TIMEOUT_S, Sizer
 from cpsim.run.torchrun_env import launched_by_torchrun
 from cpsim.schema import PATH_NAMES as PATHS
@@ -67,11 +67,29 @@ def check_run_inputs(args) -> None:
     the scenario is checked here."""
     s = scenario_from_args(args)
     if not getattr(args, "stack", None) and not launched_by_torchrun():
-        check_paths_apply([s], parse_paths(args.paths), args)
+        paths = parse_paths(args.paths)
+        check_paths_apply([s], paths, args)
+        check_kernel_specs(args, paths)
     if getattr(args, "inject_on_rank", None) is not None and not args.inject:
         raise ConfigError("--inject-on-rank", "needs --inject NAME")
     if args.profile:
         profiles.get(args.profile)
+
+
+def check_kernel_specs(args, paths: list[str]) -> None:
+    """What the ``--kernel-*`` options can be told without loading a kernel: its path is selected, its SPEC
+    has the form and its file exists (``under_test.check_spec``); the errors ``kernels_from_args`` raises
+    first, here before torch loads."""
+    for path, attr in KERNEL_FLAGS.items():
+        spec, where = getattr(args, attr, None), "--" + attr.replace("_", "-")
+        if not spec or spec == BUILTIN:
+            continue
+        if path not in paths:
+            raise ConfigError(where, f"the {path} path is not selected (--paths {','.join(paths)})")
+        check_spec(spec, path, where)
+    spec = getattr(args, "kernel_replay", None)
+    if spec and spec != BUILTIN:
+        check_spec(spec, REPLAY, "--kernel-replay")
 
 
 def check_fuzz_inputs(args) -> None:
@@ -79,7 +97,7 @@ def check_fuzz_inputs(args) -> None:
     (``--list-faults`` only lists)."""
     if args.list_faults:
         return
-    parse_paths(args.paths)
+    check_kernel_specs(args, parse_paths(args.paths))
     if args.max_examples is not None and args.max_examples < 1:
         raise ConfigError("--max-examples", f"must be an integer >= 1, got {args.max_examples}")
     if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
