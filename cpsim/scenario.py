@@ -438,8 +438,9 @@ def _replay_rule(s: Scenario, i: int, r: Request) -> None:
     if not r.replay_start <= r.context_len < r.replay_start + w:
         raise ConfigError(f, f"the scheduled chunk must start inside the replayed range [{r.replay_start}, "
                              f"{r.replay_start + w}) (replay_start + window {w}), but context_len is {r.context_len}")
-    if r.padded_drafts:
-        raise ConfigError(f, "a request that replays is a prefill; padded_drafts belong to spec-decode steps")
+    if r.padded_drafts or s.batch.is_dummy(i):
+        raise ConfigError(f, "a request that replays is a prefill with a table row; padded_drafts belong to "
+                             "spec-decode steps, and a dummy request (idx_mapping -1) has no row")
 
 
 def max_blocks_needed(s: Scenario, g: KVGroup) -> int:

@@ -105,7 +105,7 @@ def test_mtp_buffer_is_the_old_formula():
     r = detect.reproduce(f, paths=["v1"])
     (v,) = [v for v in r.verdicts if v.invariant == "capacity"]
     assert v.status == "fail" and v.count == 128 - 104
-    assert "writes 120" in v.violations[0].message  # 12 x 6 scheduled + 12 x 4 draft
+    assert "writes 72)" in v.violations[0].message  # 12 x 6 scheduled, each request's 5 drafts among its 6
 
 
 def test_cp_transform_on_replicated_group_pads_half():

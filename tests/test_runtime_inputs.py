@@ -172,3 +172,27 @@ def test_physical_table_abi_on_kernel_block_tables_is_exit_2(tmp_path, capsys):
     arrays = {"positions": [0, 1, 2], "query_start_loc": [0, 3], "idx_mapping": [0], "r0/g0/table": [[2, 3, 0, 0]]}
     rc, _ = _replay(tmp_path, _explicit(tmp_path, groups=groups, arrays=arrays), "v2", MRV2_OK)
     assert rc == 2 and "reads physical tables" in capsys.readouterr().err
+
+
+def test_a_dummy_request_that_replays_is_exit_2():
+    """A replay rewrites a request's own row; a dummy (idx_mapping -1) has none, so its tokens stay padding
+    (the fuzz space drops a replay start its seed gives a dummy)."""
+    s = sc.preset("prefix-replay")
+    reqs = list(s.batch.requests)
+    i = s.batch.idx_mapping.index(-1)
+    reqs[i] = sc.Request(896, 4, "dummy", replay_start=896)
+    with pytest.raises(ConfigError, match="no row") as e:
+        sc.validate(s.replace(batch=dataclasses.replace(s.batch, requests=tuple(reqs))))
+    assert e.value.field == f"batch.requests[{i}].replay_start"
+
+
+def test_replayed_tokens_past_a_tail_row_are_pad_not_lost(tmp_path):
+    """prefix-replay's kpool-tail group (not prefix-cacheable: replayed tokens keep their slots) as a one-block
+    tail: replayed positions past its row are PAD by the tail rule, which replayed-is-pad respects."""
+    s = sc.preset("prefix-replay")
+    s = s.replace(groups=tuple(dataclasses.replace(g, row_blocks=1) if g.name == "kpool-tail" else g
+                               for g in s.groups))
+    f = tmp_path / "tail-replay.json"
+    s.dump(f)
+    rc, rep = _run(tmp_path, "--scenario", str(f), "--paths", "v2")
+    assert rc == 0 and rep["passed"], _failed(rep)

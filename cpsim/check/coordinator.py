@@ -434,7 +434,7 @@ def replayed_is_pad(ctx, path, g, full: np.ndarray) -> list[Violation]:
         holder = ranks % world == layout.owner_rank(ctx.pos[:m], world, ctx.s.cp.interleave)[None, :]
     else:
         holder = np.ones(x.shape, dtype=bool)
-    lost = holder & ~_real(x) & (rep & ~ctx.pad[:m])[None, :]
+    lost = holder & ~_real(x) & (rep & ctx.live(g, m))[None, :]  # padding and a tail row's end excepted
     if not lost.any():
         return []
     which = _rows(lost)

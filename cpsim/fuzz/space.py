@@ -311,6 +311,7 @@ def with_replay(s: sc.Scenario) -> sc.Scenario:
     import numpy as np
     groups, reqs = sc.random_replay(np.random.default_rng([s.seed, 0x5e]), list(s.groups), list(s.batch.requests),
                                     0.5, kinds=("chunked", "decode"))
+    reqs = [dataclasses.replace(r, replay_start=0) if s.batch.is_dummy(i) else r for i, r in enumerate(reqs)]
     return s.replace(groups=tuple(groups), batch=dataclasses.replace(s.batch, requests=tuple(reqs)))
 
 
