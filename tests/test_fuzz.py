@@ -139,7 +139,7 @@ def test_builtin_kernels_form_slots_past_2_31_in_int64(design):
     kernels with their int32 product switched on (int32-slot-overflow) fail there."""
     from cpsim import kernels
     from cpsim.paths import PATHS, Knobs
-    wide = _wide_slot_scenarios(4)
+    wide = _wide_slot_scenarios(8)  # the runtime-inputs space's first wrap of an int32 product is its 6th such draw
     judged = set()
     for s in wide:
         out = fz.evaluate(s, list(PATHS), Knobs(kernel_design=design))
