@@ -97,8 +97,9 @@ def _tile_slot_mapping_fused_kernel(
                 o = pos - k * bs
             if tl.load(is_circular + gi) != 0:
                 k = k * 0
-            blk = read_blocks(table + req.to(tl.int64) * stride, stride, k, valid, FAULT)
-            slot = tl.where(valid, slot_of(blk, bs, o, FAULT), PAD_ID)
+            ok = valid & (k < stride)  # PAD past the row's end: a tail group (SPEC §2.4)
+            blk = read_blocks(table + req.to(tl.int64) * stride, stride, k, ok, FAULT)
+            slot = tl.where(ok, slot_of(blk, bs, o, FAULT), PAD_ID)
             out = slot_mapping_ptr + slot_mapping_stride.to(tl.int64) * gi
             tl.store(out + t, slot.to(slot_mapping_ptr.dtype.element_ty), mask=wm)
 

@@ -81,7 +81,7 @@ def v1_tile(t0, num_tokens, max_num_tokens, num_reqs, query_start_loc_ptr, posit
         k = pos // block_size
         o = pos - k * block_size
         local = pos >= 0
-    valid = tok & local
+    valid = tok & local & (k < block_table_stride)  # PAD past the row's end: a tail group (SPEC §2.4)
     ptrs = block_table_ptr + req.to(tl.int64) * block_table_stride
     blk = read_blocks(ptrs, block_table_stride, k, valid, FAULT)
     if FAULT & 8:
@@ -138,7 +138,7 @@ def _tile_slot_mapping_fused_kernel(
     else:
         k = tl.where(circular[:, None], 0, p // b2)
         o = p % b2
-    valid = has[:, None] & (tok & (pos >= 0))[None, :]
+    valid = has[:, None] & (tok & (pos >= 0))[None, :] & (k < stride[:, None])  # PAD past a tail row's end
     ptrs = table[:, None] + (req.to(tl.int64)[None, :] * stride[:, None])
     blk = read_blocks(ptrs, stride[:, None], k, valid, FAULT)
     slot = tl.where(valid, slot_of(blk, b2, o, FAULT), PAD_ID)
