@@ -176,6 +176,11 @@ def scenario_for(s, p: Profile):
     kv = kv_world(s, p)
     groups = []
     for i, g in enumerate(s.groups):
+        if g.row_blocks and p.name != "cpsim":
+            raise ConfigError(f"groups[{i}].row_blocks",
+                              f"group {g.name!r} is a tail group narrower than the sequence: not expressible under "
+                              f"profile {p.name} ({p.releases} build none; KpoolTailSpec, vLLM #56380, is in no "
+                              f"release cpsim has read)")
         lay = layout_of(s, p, g)
         if kv > 1 and g.kind == "attention" and lay not in p.group_layouts and p.shards_attention and not g.row_blocks:
             lay = "sharded"

@@ -54,6 +54,9 @@ def kv_manager_blocks(s: Scenario, gi: int) -> list[np.ndarray]:
     """Group ``gi``'s block ids per request as a release's KV manager hands them to every CP rank:
     ``cdiv(allocated_len, B x g)`` ids each (one block for a mamba or ring group, as cpsim's allocator), drawn without the null block 0."""
     g = s.groups[gi]
+    if g.row_blocks:
+        raise ConfigError(f"groups.{g.name}.row_blocks", "a tail group narrower than the sequence: the host classes "
+                                                         "of no release cpsim has read build one (not expressible)")
     world = g.world(s.cp)
     counts = [0 if n <= 0 else (1 if g.circular or not g.slot_mapped else layout.cdiv(n, g.block_size * world))
               for n in s.batch.allocated_lens()]
