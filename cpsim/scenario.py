@@ -596,15 +596,23 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
         # real requests of a CUDA-graph-padded draft batch get idx_mapping -1 and still schedule tokens (a
         # uniform 1 + num_speculative_tokens each, stale positions); the kernel pads them (`is_real_req`).
         cp = CPConfig(dcp=4, interleave=16)
-        # A one-block tail group (vLLM's KpoolTailSpec, slot-mapped by the generic kernel until vLLM #56380):
-        # positions past its row's 16 are PAD, and the row's end is never read.
         groups = (KVGroup("attn", "attention", 128, 64, num_blocks=1024),
-                  KVGroup("attn-replicated", "attention", 64, num_blocks=2048, cp_size=1),
-                  KVGroup("tail", "attention", 16, num_blocks=64, cp_size=1, row_blocks=1))
+                  KVGroup("attn-replicated", "attention", 64, num_blocks=2048, cp_size=1))
         limits = Limits(max_model_len=4096, max_num_reqs=8, max_num_batched_tokens=512, num_speculative_tokens=3)
         reqs = (Request(0, 200, "prefill"), Request(1000, 100, "chunked"), Request(3000, 4, "spec", padded_drafts=2),
                 Request(int(rng.integers(1, 4000)), 1, "decode"), Request(0, 4, "dummy"), Request(1700, 4, "dummy"))
         batch = Batch(reqs, (5, 2, 7, 0, -1, -1), num_tokens_padded=320)
+    elif name == "tail-group":
+        # A one-block tail group (vLLM's KpoolTailSpec, slot-mapped by the generic kernel until vLLM #56380; in
+        # no release cpsim has read, so only cpsim's profile expresses it): positions past its row's 16 are
+        # PAD, and the row's end is never read.
+        cp = CPConfig(dcp=4, interleave=16)
+        groups = (KVGroup("attn", "attention", 128, 64, num_blocks=1024),
+                  KVGroup("tail", "attention", 16, num_blocks=64, cp_size=1, row_blocks=1))
+        limits = Limits(max_model_len=4096, max_num_reqs=8, max_num_batched_tokens=512)
+        reqs = (Request(0, 200, "prefill"), Request(1000, 100, "chunked"),
+                Request(int(rng.integers(1, 4000)), 1, "decode"))
+        batch = Batch(reqs, (2, 0, 1), num_tokens_padded=320)
     else:
         raise ConfigError("scenario", f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     s = Scenario(name, cp, groups, limits, batch, seed=seed)
@@ -625,7 +633,7 @@ def preset(name: str, dcp: int | None = None, pcp: int | None = None,
 
 
 PRESETS = ("default", "decode-heavy", "long-prefill", "hybrid-mamba", "mtp", "partial-replica", "prefix-replay",
-           "hybrid-interleave", "long-context", "huge-cache", "released-window", "graph-padding")
+           "hybrid-interleave", "long-context", "huge-cache", "released-window", "graph-padding", "tail-group")
 
 
 def random_replay(rng: np.random.Generator, groups: list[KVGroup], reqs: list[Request], chance: float,

@@ -72,16 +72,18 @@ def test_default_fuzz_finds_the_dummy_blind_kernel(tmp_path):
 
 # ---- a slot-mapped tail group narrower than the sequence (vLLM's KpoolTailSpec, #56380) ---------------
 
-def test_graph_padding_preset_has_a_one_block_tail_group():
-    s = sc.preset("graph-padding")
+def test_tail_group_preset_has_a_one_block_tail_group():
+    s = sc.preset("tail-group")
     (tail,) = [g for g in s.groups if g.row_blocks]
     assert tail.row_blocks == 1 and tail.world(s.cp) == 1
     assert any(r.seq_len > tail.block_size for r in s.batch.requests)  # tokens past the row
 
 
-def test_kernel_without_a_row_bound_fails_graph_padding(tmp_path):
-    """The twin without ``idx < stride`` reads ``table[row][p // B]`` past the tail row's one entry."""
-    rc, rep = _run(tmp_path, "--scenario", "graph-padding", "--paths", "v2", "--kernel-v2", MRV2_NO_ROW_BOUND)
+def test_kernel_without_a_row_bound_fails_tail_group(tmp_path):
+    """The twin without ``idx < stride`` reads ``table[row][p // B]`` past the tail row's one entry (judged by
+    cpsim's profile: no release cpsim has read builds a tail group)."""
+    rc, rep = _run(tmp_path, "--scenario", "tail-group", "--paths", "v2", "--kernel-v2", MRV2_NO_ROW_BOUND,
+                   "--profile", "cpsim")
     assert rc == 1
     bad = {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"
            for x in v["violations"] if x["group"] == "tail"}
@@ -90,7 +92,8 @@ def test_kernel_without_a_row_bound_fails_graph_padding(tmp_path):
 
 def test_default_fuzz_finds_the_kernel_without_a_row_bound(tmp_path):
     """Within 100 examples of the default space (seed 0: after 72), shrunk to a tail group."""
-    rc = cli.main(["fuzz", "--paths", "v2", "--kernel-v2", MRV2_NO_ROW_BOUND, "--max-examples", "100", "--seed", "0",
+    rc = cli.main(["fuzz", "--paths", "v2", "--kernel-v2", MRV2_NO_ROW_BOUND, "--profile", "cpsim",
+                   "--max-examples", "100", "--seed", "0",
                    "--stop-after-first", "--out", str(tmp_path), "--quiet"])
     assert rc == 1
     (repro,) = tmp_path.glob("repro-*.json")
@@ -98,8 +101,20 @@ def test_default_fuzz_finds_the_kernel_without_a_row_bound(tmp_path):
     assert any(g.row_blocks for g in s.groups)
 
 
+def test_builtin_kernels_pass_tail_group(tmp_path):
+    rc, rep = _run(tmp_path, "--scenario", "tail-group", "--paths", "v1,v1-torch,v2")
+    assert rc == 0, _failed(rep)
+
+
+def test_a_tail_group_is_not_expressible_under_a_release_profile(capsys):
+    """vLLM 0.33's MRV2 kernel is judged by vllm-0.33, whose runner builds no tail group: exit 2, one line."""
+    rc = cli.main(["run", "--quiet", "--scenario", "tail-group", "--paths", "v2", "--kernel-v2", MRV2_OK])
+    err = capsys.readouterr().err
+    assert rc == 2 and "row_blocks" in err and "Traceback" not in err
+
+
 def test_a_sharded_tail_group_is_exit_2_naming_the_field():
-    s = sc.preset("graph-padding")
+    s = sc.preset("tail-group")
     groups = tuple(dataclasses.replace(g, cp_size=0) if g.row_blocks else g for g in s.groups)
     with pytest.raises(ConfigError, match="cp_size 1") as e:
         sc.validate(s.replace(groups=groups))
