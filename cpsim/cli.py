@@ -64,7 +64,15 @@ def command(spec: str):
 
 
 def _raise_interrupted(signum, frame) -> None:
+    """The first SIGTERM unwinds the command; later ones (a kernel may send one per call) are let pass,
+    so the unwinding itself (summary, report, the reaper ending the workers) is never cut short."""
+    import signal
+    signal.signal(signum, _already_ending)
     raise Interrupted(signum)
+
+
+def _already_ending(signum, frame) -> None:
+    """A signal that arrives while cpsim is already ending on an earlier one: nothing more to do."""
 
 
 def _interrupted(args, signum: int, started: float, err, wrote: list[str] | None = None) -> int:
