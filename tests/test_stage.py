@@ -73,17 +73,18 @@ def test_a_fault_on_one_rank_stays_on_that_rank_when_staged(name):
 
 
 def test_tables_too_big_to_stage_are_built_per_rank(monkeypatch):
-    s = next(x for x in _fuzz_scenarios(48) if x.cp.world > 1)
+    """A CP > 1 draw whose v1 tables are staged at the default bound (the first of the space's draws that
+    are), then the same run with a bound of 0: every table built per rank run, the outputs unchanged."""
     from cpsim.paths import _guard
 
     built = []  # tables built for several ranks at once
     real = _guard.tables
     monkeypatch.setattr(_guard, "tables", lambda entries, *a: (len(entries) > 1 and built.append(a))
                         or real(entries, *a))
-    _same_world(s, paths=["v1"])
-    if not built:
-        pytest.xfail("open: the runtime-inputs space's first CP > 1 draw of 48 has no tables past the staging "
-                     "bound; the scenario must be chosen by table size")
+    for s in [x for x in _fuzz_scenarios(48) if x.cp.world > 1][:8]:
+        _same_world(s, paths=["v1"])
+        if built:
+            break
     assert built  # staged at the default bound
     built.clear()
     monkeypatch.setattr(_stage, "TABLE_BYTES", 0)
