@@ -223,8 +223,8 @@ def test_front_page_limits():
 
 
 # Prose under docs/ (every page, `du -cb docs/*.md`). Issue 36 asks for 150 KB; this is where the
-# pages stand, so that they only shrink from here: lower it as they do.
-PROSE_LIMIT = 200 * 1024
+# pages stand (177 KiB) plus 3 KiB for work in flight, so that they only shrink from here: lower it as they do.
+PROSE_LIMIT = 180 * 1024
 
 
 def prose_bytes(docs: Path) -> int:
