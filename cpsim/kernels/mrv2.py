@@ -8,7 +8,7 @@ replicated groups. Tables hold kernel-block ids; ``num_blocks[group][row]`` boun
 the live part of a row, and a token whose kernel-block index is not below it gets
 PAD (as does a token flagged in the optional ``is_padding``).
 
-Written for triton-ascend as well as Triton (SPEC §3b): the table pointer is one
+Written for triton-ascend as well as Triton (docs/ASCEND_CHECK.md, "Rules a kernel for triton-ascend follows"): the table pointer is one
 scalar per program (no tensor of pointers), block ids come from masked direct
 loads (no ``tl.gather``, which rejects int32 there), position arithmetic is int32
 (positions are below ``max_model_len`` < 2^31) with int64 only for the final slot,

@@ -10,7 +10,7 @@ buffer and overwrites with PAD the replayed tokens of the groups listed in
 stays PAD. Grid ``(num_reqs,)``, one program per request; a request whose replay
 start is 0 does not replay.
 
-Written for triton-ascend as well as Triton (SPEC §3b): contiguous masked loads of
+Written for triton-ascend as well as Triton (docs/ASCEND_CHECK.md, "Rules a kernel for triton-ascend follows"): contiguous masked loads of
 the positions, scalar loads of the group indices, int32 position compares, no
 ``tl.gather`` and no ``%``. ``FAULT`` (a cpsim addition with a default, so the
 parameter list still matches upstream) compiles in the catalogue's deviations.

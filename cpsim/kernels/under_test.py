@@ -379,7 +379,7 @@ def _hint(e: Exception) -> str:
     from cpsim.kernels import vllm_shim
     if vllm_shim.installed():
         return (f" (--shim-vllm is on but does not provide {name}: it stands in only for the vLLM names "
-                f"released slot-mapping files import; docs/TESTING_YOUR_KERNEL.md lists them)")
+                f"released slot-mapping files import; docs/KERNEL_REFERENCE.md lists them)")
     return " (run with --shim-vllm to provide the vLLM names a released kernel file imports)"
 
 
