@@ -141,7 +141,6 @@ class KnobsModel(Strict):
     draft_overwrite: StrictBool = False
     kernel_design: Literal[KERNEL_DESIGNS] = "per-request"
     host_sizing: Annotated[list[HostSizingModel], Field(max_length=2)] = []
-    reserve_drafts: Annotated[list[Literal["v1", "v2"]], Field(max_length=2)] = []
 
 
 class ReplayKernelRecordModel(Strict):

@@ -128,11 +128,6 @@ def draft_reserve(p: Profile, path: str = "v1") -> bool:
     return DRAFT_RESERVE.get(p.name, True) and (only is None or family(path) == only)
 
 
-def reserving_families(p: Profile) -> tuple[str, ...]:
-    """The path families whose host under ``p`` reserves MTP draft slots (``Knobs.reserve_drafts``)."""
-    return tuple(f for f in ("v1", "v2") if draft_reserve(p, f))
-
-
 def slot_buffer_need(p: Profile, limits, path: str = "v1") -> int:
     """Slot-buffer entries the profile's host must hold: scheduled tokens, plus the draft reserve where it has one."""
     if draft_reserve(p, path):

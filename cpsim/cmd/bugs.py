@@ -210,7 +210,6 @@ def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict, p
         knobs = knobs_with_sizing(args, detect.knobs(f, s, args.fixed), s, paths)
     except SizingFailure as e:
         return sizing_failed(terminal.console(), e)
-    knobs = knobs.judged_by(profiles.reserving_families(prof))
     entry = Entry(f.name, lambda replica: s, s.cp.world, paths, knobs=knobs, inject_rank=args.inject_on_rank,
                   kernels=kernels, profile=prof)
 

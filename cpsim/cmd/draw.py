@@ -130,7 +130,6 @@ def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_P
         s = profiles.scenario_for(s, profile)
     draw.check_size(s)
     allocs = allocate_world(s)
-    knobs = knobs.judged_by(profiles.reserving_families(profile or profiles.get("cpsim")))
     gathered = run_virtual(s, list(paths), knobs, inject_rank, kernels=kernels, allocs=allocs)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world, profile)
     pic = draw.build(s, gathered, allocs, verdicts, list(paths))

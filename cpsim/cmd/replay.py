@@ -120,7 +120,6 @@ def main_torchrun(args, r: fz.Repro) -> int:
         knobs = knobs_with_sizing(args, r.knobs, s, r.paths, sizer_from_args(args, r.sizing))
     except SizingFailure as e:
         return sizing_failed(terminal.console(), e)
-    knobs = knobs.judged_by(profiles.reserving_families(prof))
     entry = Entry(f"replay {s.fingerprint()}", lambda replica: s, s.cp.world, r.paths, knobs=knobs,
                   kernels=kernels, profile=prof)
     recorded = r.violation.get("invariants", [])

@@ -57,7 +57,7 @@ def main(args) -> int:
     console = terminal.console()
     knobs, inject_rank = _injection(args, s)
     try:
-        knobs = knobs_with_sizing(args, knobs, s, paths).judged_by(profiles.reserving_families(prof))
+        knobs = knobs_with_sizing(args, knobs, s, paths)
     except SizingFailure as e:
         console.print(f"FAIL (--sizing): {e}", highlight=False, soft_wrap=True, markup=False)
         return 1
@@ -178,7 +178,6 @@ def main_torchrun(args) -> int:
     kernels = kernels_from_args(args, select_device(args.device).device, paths)
     prof = profile_from_args(args, kernels)
     profiles.scenario_for(s0, prof)  # a layout the release lacks: exit 2 before any rank runs
-    knobs = knobs.judged_by(profiles.reserving_families(prof))
     entry = Entry(label, lambda replica: profiles.scenario_for(build(replica), prof), n, paths, knobs=knobs,
                   inject_rank=inject_rank, kernels=kernels, profile=prof)
     return execute_torchrun(args, entry)

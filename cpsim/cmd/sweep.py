@@ -176,7 +176,6 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=N
                 knobs = Knobs(host_sizing=sizer.answer(s, matrix["paths"]))
             except SizingFailure as e:
                 raise SizingFailure(f"cell {cell.label}: {e}") from None
-        knobs = knobs.judged_by(profiles.reserving_families(prof))
         entries.append(Entry(cell.label, build, n, matrix["paths"], knobs=knobs, kernels=kernels or {}, profile=prof))
     if not entries:
         raise ConfigError("sweep", "every cell was skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))

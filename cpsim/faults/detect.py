@@ -60,7 +60,6 @@ def run(s: Scenario, knobs: Knobs = Knobs(), paths: tuple[str, ...] | list[str] 
     t0 = time.perf_counter()
     if profile is not None:
         s = profiles.scenario_for(s, profile)
-    knobs = knobs.judged_by(profiles.reserving_families(profile or profiles.get("cpsim")))
     gathered = run_virtual(s, list(paths), knobs, inject_rank, device, kernels)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, profile)
     return Run(s, verdicts, gathered, time.perf_counter() - t0)

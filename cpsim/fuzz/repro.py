@@ -128,7 +128,6 @@ def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: s
     s = t
     try:
         knobs = knobs_for_scenario(knobs, s)  # a sizing function under test that fails: this scenario's failure
-        knobs = knobs.judged_by(profiles.reserving_families(profile or profiles.get("cpsim")))
         allocs = allocs if allocs is not None else allocate_world(s)
     except ConfigError:
         raise

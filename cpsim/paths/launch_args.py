@@ -66,8 +66,6 @@ def _note_dcp_only(k, s: Scenario) -> None:
 # The kernel gets that length as ``max_num_tokens`` and pads up to it. cpsim's own ABIs keep cpsim's buffer
 # (``Limits.slot_buffer_size``: the budget plus the draft slots), and so does ``vllm-v2`` (vLLM 0.17.0 sizes
 # its buffer at the budget too, but has no release profile: cpsim's, which it is judged by, wants the reserve).
-# A released ABI judged by a profile whose host reserves the draft slots (``--profile cpsim``) is handed that
-# host's buffer (``Knobs.reserve_drafts``): the buffer follows the host the run is judged as.
 BUDGET_BUFFER = ("vllm-v1-0.19", "vllm-v1-0.26", "vllm-v1-0.32", "vllm-mrv2-0.18", "vllm-mrv2-0.22",
                  "vllm-mrv2-0.29", "vllm-mrv2-0.31", "vllm-mrv2-0.32", "ascend-v2-0.18",
                  "ascend-v2-0.23")
@@ -78,7 +76,7 @@ def slot_entries(k, s: Scenario, knobs: Knobs, path: str) -> int:
     (``BUDGET_BUFFER``), else cpsim's (or the fault's / the plugged-in sizing's, which always win). A batch
     past the release's budget (which its scheduler never forms) widens the buffer to the batch, with a
     note, so every token is still judged."""
-    if k.abi not in BUDGET_BUFFER or knobs.buffer_size or knobs.host_sizing or path in knobs.reserve_drafts:
+    if k.abi not in BUDGET_BUFFER or knobs.buffer_size or knobs.host_sizing:
         return knobs.buffer_entries(s, path)
     budget = s.limits.max_num_batched_tokens
     need = max(s.batch.num_tokens, s.batch.num_tokens_padded)

@@ -28,13 +28,6 @@ class Knobs:
     draft_overwrite: bool = False         # draft slots written into the main buffer first
     kernel_design: str = "per-request"    # "per-request" (vllm-ascend-faithful) | "tile" (tile-parallel)
     host_sizing: tuple = ()               # ``--sizing``: table widths and buffer per host (cpsim.sizing.HostSizing)
-    # Path families ("v1", "v2") whose judging profile's host reserves MTP draft slots in the slot buffer
-    # (``profiles.reserving_families``): a released ABI there is handed that host's buffer, not its release's.
-    reserve_drafts: tuple = ()
-
-    def judged_by(self, families) -> "Knobs":
-        """These knobs under a profile whose host reserves draft slots on ``families``."""
-        return dataclasses.replace(self, reserve_drafts=tuple(families))
 
     def buffer_entries(self, s, path: str) -> int:
         """Slot-buffer entries ``path`` allocates: the plugged-in sizing's, the fault's, else the correct capacity."""
@@ -47,7 +40,6 @@ class Knobs:
             h if isinstance(h, HostSizing) else HostSizing(h["host"], tuple(h["table_widths"]),
                                                            h["slot_buffer_len"], h.get("source", ""))
             for h in self.host_sizing))
-        object.__setattr__(self, "reserve_drafts", tuple(self.reserve_drafts))
         if self.kernel_design not in KERNEL_DESIGNS:
             raise ConfigError("kernel_design", f"must be one of {', '.join(KERNEL_DESIGNS)}, "
                                                f"got {self.kernel_design!r}")

@@ -89,7 +89,6 @@ def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None)
             knobs = Knobs(host_sizing=sizer.answer(s, [path]))
         except SizingFailure as e:
             raise AssertionError(f"host sizing on scenario {s.name}: {e}") from None
-    knobs = knobs.judged_by(profiles.reserving_families(prof))
     try:
         gathered = run_virtual(s, [path], knobs, device=device, kernels={path: kernel})
     finally:  # what a worker the kernel killed left behind ends with the check (cpsim.run.reaper)
