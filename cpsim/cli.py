@@ -13,7 +13,7 @@ import sys
 
 from rich.markup import escape
 
-from cpsim import __version__
+from cpsim import STARTED, __version__
 from cpsim.cmd.commands import COMMANDS
 from cpsim.errors import ConfigError, DistError, Interrupted
 from cpsim.report import terminal
@@ -100,16 +100,21 @@ def _interrupted(args, signum: int, started: float, err, wrote: list[str] | None
     return 128 + signum
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, held: tuple | None = None) -> int:
+    """``held``: (signals kept so far, the handlers they replaced) where ``python -m cpsim`` started keeping
+    them before its imports; else they are kept from here."""
     import signal
     import time
-    started = time.time()
+    started = STARTED if held is not None else time.time()
     # Until the options are known (the imports of every command: seconds on a loaded box), a SIGTERM or
     # Ctrl-C is kept, then answered like one during the run, so --json still says so (a torchrun rank
     # whose peer died at start-up is stopped right here).
-    pending: list[int] = []
-    held = {s: signal.signal(s, lambda signum, frame: pending.append(signum))
-            for s in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler)}
+    if held is None:
+        pending: list[int] = []
+        held = (pending, {s: signal.signal(s, lambda signum, frame: pending.append(signum))
+                          for s in (signal.SIGTERM, signal.SIGINT)
+                          if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler)})
+    pending, held = held
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # a torchrun rank ends with its agent
         from cpsim.run.reaper import end_with_parent
         end_with_parent()
