@@ -1,0 +1,94 @@
+"""What one check knows about its scenario, built once and shared by every invariant."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from cpsim import layout
+from cpsim.allocator import Allocation
+from cpsim.check import profiles, reference
+from cpsim.layout import PAD_SLOT_ID
+from cpsim.scenario import INT32_MAX, Scenario
+
+
+class _Ctx:
+    """Per-check token arrays and per-group references, built once (numpy: the arrays are small
+    and many, and a numpy operation on them costs a fraction of a torch one)."""
+
+    def __init__(self, s: Scenario, allocs_world: list[list[Allocation]], profile=None):
+        self.s = s
+        self.profile = profile or profiles.PROFILES["cpsim"]
+        self.padded = s.batch.num_tokens_padded
+        self.allocs = allocs_world
+        self.pos = s.batch.positions()
+        self.req = s.batch.token_request()
+        self.n = int(self.pos.size)
+        self.pad = s.batch.padding_mask()  # is_padding tokens: PAD on every rank
+        self.replayed = s.replay_mask()  # prefix-cache replay: PAD in cacheable groups
+        self._want: dict[tuple[int, int], np.ndarray] = {}
+        self._views: dict[int, _Ctx] = {}
+        self._blocks: dict[tuple[int, ...], tuple] = {}
+
+    def group(self, gi: int) -> "_Ctx":
+        """The token arrays group ``gi``'s buffer is indexed by: the batch's, or the group's own where an
+        explicit batch gives them (``GivenBatch.group_tokens``: a compressed / indexer group's positions
+        and request of each token, vllm-ascend 0.23.0.post1 ``positions_compressed_list``)."""
+        own = getattr(self.s.batch, "group_tokens", None)
+        tokens = own(gi) if own is not None else None
+        if tokens is None:
+            return self
+        if gi not in self._views:
+            view = copy.copy(self)
+            view.pos, view.req, view.pad = tokens
+            view.n = int(view.pos.size)
+            starts = np.array([r.replay_start for r in self.s.batch.requests], dtype=np.int64)[view.req]
+            w = self.s.replay_window
+            view.replayed = (starts > 0) & (view.pos >= starts) & (view.pos < starts + w)
+            view._want = {}
+            self._views[gi] = view
+        return self._views[gi]
+
+    def blocks(self, allocs: list[Allocation]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``reference.stacked_blocks(allocs)``, built once per check: the reference and dense-local need it
+        for every path. Keyed by the allocations' ids, which live as long as this check (``self.allocs``)."""
+        key = tuple(map(id, allocs))
+        if key not in self._blocks:
+            self._blocks[key] = reference.stacked_blocks(allocs)
+        return self._blocks[key]
+
+    def live(self, g, n: int) -> np.ndarray:
+        """bool [n]: tokens group ``g`` must hold somewhere: not padding, and not replayed where the group
+        keeps its prefix-cache KV (those are ``padding`` / ``replayed-is-pad``'s to judge)."""
+        dead = self.pad | self.replayed if g.pads_replay else self.pad
+        return ~(dead | (self.pos // g.block_size >= (g.row_blocks or INT32_MAX)))[:n]  # a tail row's end
+
+    def sets(self, ranks: int, g) -> list[range]:
+        """Replica sets of group ``g``: ``g`` consecutive ranks, one of each shard rank."""
+        return layout.replica_sets(ranks, g.world(self.s.cp))
+
+    def end(self, entries: int) -> int:
+        """Buffer entries the profile promises (``padding_end``): past them nothing is judged."""
+        return profiles.padding_end(self.profile, self.n, self.padded, entries)
+
+    def want(self, gi: int, ranks: int, entries: int, state: str = "") -> np.ndarray:
+        """[ranks, entries]: the reference buffer of group ``gi``, shared by every path. ``state``: "slots",
+        a state group whose release computes slots (``profiles.state_slots``), mapped as a plain table;
+        "pad", a group whose release disables its slot mapping (``profiles.ring_is_pad``)."""
+        key = (gi, ranks, state)
+        if state == "pad":
+            return np.full((ranks, entries), PAD_SLOT_ID, dtype=np.int64)
+        if key not in self._want:
+            g = self.s.groups[gi]
+            if state:
+                g = profiles.state_as_table(self.s, self.profile, g)
+            rows = list(range(ranks))
+            allocs = [self.allocs[r][gi] for r in rows]
+            self._want[key] = reference.world_slots(self.s, g, allocs, rows, self.pos, self.req, self.pad,
+                                                    self.replayed, self.blocks(allocs) if g.slot_mapped else None)
+        ref = self._want[key]
+        out = np.full((ranks, entries), PAD_SLOT_ID, dtype=np.int64)
+        m = min(self.n, entries)
+        out[:, :m] = ref[:, :m]
+        return out
