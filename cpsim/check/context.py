@@ -1,14 +1,18 @@
-"""What one check knows about its scenario, built once and shared by every invariant."""
+"""What the invariants read: the check's scenario (``_Ctx``), one path's gathered arrays (``PathCase``), one
+(path, group) with the profile's decisions for it (``GroupCase``), and the paths that ran (``AllPaths``);
+each built once per check, path or (path, group) and shared by every invariant."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 
 from cpsim import layout
 from cpsim.allocator import Allocation
 from cpsim.check import profiles, reference
+from cpsim.check.findings import _np, _tokens
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import INT32_MAX, Scenario
 
@@ -92,3 +96,81 @@ class _Ctx:
         m = min(self.n, entries)
         out[:, :m] = ref[:, :m]
         return out
+
+
+class PathCase:
+    """One path's gathered arrays of every rank, read as numpy once; its groups' cases in ``groups``.
+    ``earlier``: group -> the case of the last path whose buffer of that group was judged afresh."""
+
+    def __init__(self, ctx: _Ctx, path: str, gathered, earlier: dict[int, "GroupCase"]):
+        self.ctx, self.path = ctx, path
+        self.slots = _np(gathered.slots)
+        self.ranks, self.entries = self.slots.shape[0], self.slots.shape[2]
+        self.enabled = _np(gathered.enabled)
+        self.widths, self.entry_sizes = _np(gathered.widths).T.tolist(), _np(gathered.entry_sizes).T.tolist()
+        self.guards, self.written, self.faults = (
+            None if a is None else _np(a) for a in (getattr(gathered, k, None)
+                                                    for k in ("guards", "written", "output_faults")))
+        enabled_any = self.enabled.any(0).tolist()
+        self.groups = [GroupCase(self, gi, g, enabled_any[gi], earlier) for gi, g in enumerate(ctx.s.groups)]
+
+
+class GroupCase:
+    """One (path, group): its arrays and the profile's decisions for it, made once. ``judged``: its slot
+    buffer is judged (enabled, and the profile has a rule for it); ``state`` / ``ring``: by the release's
+    rule for a state group that computes slots / a ring launched with slot mapping off (``padding`` and
+    ``matches-reference`` only); ``mapped``: by the mapping invariants. ``same_as``: an earlier path's case
+    with an equal buffer under the same rule, whose buffer-only violations this one takes (``found``)."""
+
+    def __init__(self, p: PathCase, gi: int, g, enabled: bool, earlier: dict[int, "GroupCase"]):
+        self.path, self.gi, self.g, self.ctx = p.path, gi, g, p.ctx.group(gi)
+        self.ranks, self.entries = p.ranks, p.entries
+        self.widths, self.entry_sizes = p.widths[gi], p.entry_sizes[gi]
+        self.guards = None if p.guards is None else p.guards[:, gi]
+        self.written = None if p.written is None else p.written[:, gi]
+        self.faults = None if p.faults is None else p.faults[:, gi]
+        profile = p.ctx.profile
+        self.unjudged = profiles.not_judged(profile, p.path, g)
+        self.judged = enabled and not self.unjudged
+        self.state = self.judged and profiles.state_slots(profile, p.path, g)
+        self.ring = self.judged and not self.state and profiles.ring_is_pad(profile, p.path, g)
+        self.mapped = self.judged and not (self.state or self.ring) and g.slot_mapped
+        self.world = g.world(p.ctx.s.cp)
+        self.found: dict[str, list] = {}
+        self.same_as = None
+        self._x = None
+        if not self.judged:
+            return
+        self.full = p.slots[:, gi, :]
+        self.rule = (self.state, self.ring, self.entry_sizes)
+        seen = earlier.get(gi)
+        if seen is not None and seen.rule == self.rule and np.array_equal(seen.full, self.full):
+            self.same_as = seen
+        else:
+            earlier[gi] = self
+
+    @property
+    def x(self) -> np.ndarray:
+        """[ranks, n] the scheduled tokens' entries (``_tokens``), built on first use."""
+        if self._x is None:
+            self._x = _tokens(self.ctx, self.full)
+        return self._x
+
+    @property
+    def token_entries(self) -> int:
+        """``x.size`` without building ``x``."""
+        return self.ranks * self.ctx.n
+
+    def allocs(self) -> list[Allocation]:
+        """Every rank's allocation of this group."""
+        return [a[self.gi] for a in self.ctx.allocs]
+
+
+@dataclass
+class AllPaths:
+    """What the invariants across paths read: the check's context, the cases of the paths that ran (in the
+    order gathered), and each rank's scenario fingerprint."""
+
+    ctx: _Ctx
+    cases: list[PathCase]
+    fingerprints: list[str] | None

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-from cpsim.check import profiles
-from cpsim.check.findings import Verdict, Violation, _examples, _fmt, _np, _nz, _rows
+from cpsim.check.context import AllPaths
+from cpsim.check.findings import Verdict, Violation, _examples, _fmt, _nz, _rows
+from cpsim.check.invariants import Invariant
 
 
-def paths_agree(ctx, gathered: dict) -> list[Verdict]:
-    names = [n for n in gathered if not getattr(gathered[n], "failures", None)]  # a failed path has no slots
-    if len(names) < 2:
+def paths_agree(every: AllPaths) -> list[Verdict]:
+    """Each path that ran against the first: equal buffers where both judge a group (its rows enabled on
+    every rank of both, and the profile has a rule for it on both), up to the profile's reach."""
+    ctx, cases = every.ctx, every.cases  # a failed path has no case: it has no slots
+    if len(cases) < 2:
         return [Verdict("paths-agree", "*", "n/a")]
-    base = names[0]
+    first = cases[0]
+    base = first.path
     out = []
-    for other in names[1:]:
-        A, Bt = gathered[base], gathered[other]
+    for case in cases[1:]:
+        other = case.path
         vios, checked = [], 0
-        m = ctx.end(min(A.slots.shape[2], Bt.slots.shape[2]))
-        sa, sb = _np(A.slots), _np(Bt.slots)
-        both = (_np(A.enabled) & _np(Bt.enabled)).all(0).tolist() if sa.shape[0] == sb.shape[0] else []
+        m = ctx.end(min(first.entries, case.entries))
+        sa, sb = first.slots, case.slots
+        both = (first.enabled & case.enabled).all(0).tolist() if sa.shape[0] == sb.shape[0] else []
         for gi, g in enumerate(ctx.s.groups):
-            if gi >= len(both) or not both[gi] or any(profiles.not_judged(ctx.profile, p, g) for p in (base, other)):
+            if gi >= len(both) or not both[gi] or first.groups[gi].unjudged or case.groups[gi].unjudged:
                 continue
             a, b = sa[:, gi, :m], sb[:, gi, :m]
             checked += a.size
@@ -46,3 +50,7 @@ def same_scenario(fingerprints: list[str] | None) -> Verdict:
     return Verdict("same-scenario", "*", "fail", len(fingerprints), [Violation(
         "same-scenario", "*", "*", len(odd),
         f"rank(s) {odd} built a different scenario than rank 0 ({', '.join(sorted(set(fingerprints)))})", odd)])
+
+
+PATHS_AGREE = Invariant("paths-agree", "paths", paths_agree)
+SAME_SCENARIO = Invariant("same-scenario", "paths", lambda every: [same_scenario(every.fingerprints)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cpsim.check.findings import MAX_EXAMPLES, Example, Violation, _fmt, _nz, _rows
+from cpsim.check.invariants import Invariant
 from cpsim.layout import GUARD
 
 
@@ -55,3 +56,19 @@ def kernel_output(ctx, path, g, faults: np.ndarray) -> list[Violation]:
                              f"kernel returned a result that is {what} for group {g.name} on rank {r}; the callable "
                              f"ABI returns a 1-D integer tensor of slots on the kernel's device", [r]))
     return out
+
+
+def completed(case) -> list[Violation]:
+    """A path with a case ran on every rank: one whose kernel did not complete has no slots, and its
+    verdicts are ``coordinator.kernel_failed``'s."""
+    return []
+
+
+KERNEL_COMPLETES = Invariant("kernel-completes", "path", completed, count=lambda c: c.ranks)
+GUARD_INTACT = Invariant("guard-intact", "group", lambda c: guard_intact(c.ctx, c.path, c.g, c.guards, c.entries),
+                         lambda c: c.guards is not None, lambda c: c.guards.size)
+# -1: a rank ran cpsim's own kernels, which have no inputs to keep.
+INPUTS_INTACT = Invariant("inputs-intact", "group", lambda c: inputs_intact(c.ctx, c.path, c.g, c.written),
+                          lambda c: c.written is not None and (c.written >= 0).all(), lambda c: c.written.size)
+KERNEL_OUTPUT = Invariant("kernel-output", "group", lambda c: kernel_output(c.ctx, c.path, c.g, c.faults),
+                          lambda c: c.faults is not None and c.g.slot_mapped, lambda c: c.faults.shape[0])

@@ -9,6 +9,7 @@ import numpy as np
 
 from cpsim import layout
 from cpsim.check.findings import MAX_EXAMPLES, Example, Violation, _examples, _fmt, _nz, _real, _rows
+from cpsim.check.invariants import Invariant
 
 
 def exactly_one_owner(ctx, path, g, x) -> list[Violation]:
@@ -129,3 +130,13 @@ def dense_local(ctx, path, g, x, allocs) -> list[Violation]:
                            if info[t][2] else f"block #{info[t][1]} (not allocated)", r,
                            show=lambda v: f"block {v // B} offset {v % B} (slot {v})")))
     return out
+
+
+EXACTLY_ONE_OWNER = Invariant("exactly-one-owner", "group", lambda c: exactly_one_owner(c.ctx, c.path, c.g, c.x),
+                              lambda c: c.mapped, lambda c: c.token_entries, buffer_only=True)
+OWNER_RULE = Invariant("owner-rule", "group", lambda c: owner_rule(c.ctx, c.path, c.g, c.x),
+                       lambda c: c.mapped and c.world > 1, lambda c: c.token_entries, buffer_only=True)
+REPLICAS_AGREE = Invariant("replicas-agree", "group", lambda c: replicas_agree(c.ctx, c.path, c.g, c.full),
+                           lambda c: c.mapped and c.world < c.ranks, lambda c: c.full.size, buffer_only=True)
+DENSE_LOCAL = Invariant("dense-local", "group", lambda c: dense_local(c.ctx, c.path, c.g, c.x, c.allocs()),
+                        lambda c: c.mapped and not c.g.circular, lambda c: c.token_entries, buffer_only=True)

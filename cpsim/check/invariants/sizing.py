@@ -5,6 +5,7 @@ from __future__ import annotations
 from cpsim import layout
 from cpsim.check import profiles
 from cpsim.check.findings import Violation, _np
+from cpsim.check.invariants import Invariant
 from cpsim.layout import cdiv
 from cpsim.scenario import Scenario
 
@@ -97,3 +98,8 @@ def capacity(ctx, path, entries: int) -> list[Violation]:
     rule = rule if need == host else f"max({rule}, the {demand} this batch writes)"
     return [Violation("capacity", path, "*", need - entries,
                       f"slot buffer holds {entries} entries; needs {need} = {rule} (this batch writes {demand})")]
+
+
+BLOCK_SIZING = Invariant("block-sizing", "group", lambda c: block_sizing(c.ctx, c.path, c.g, c.widths, c.entry_sizes),
+                         count=lambda c: len(c.widths))
+CAPACITY = Invariant("capacity", "path", lambda c: capacity(c.ctx, c.path, c.entries), count=lambda c: 1)

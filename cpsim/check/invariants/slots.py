@@ -10,6 +10,7 @@ import numpy as np
 from cpsim import layout
 from cpsim.check import profiles, reference
 from cpsim.check.findings import MAX_EXAMPLES, MISSING, Example, Violation, _examples, _fmt, _nz, _real, _rows
+from cpsim.check.invariants import Invariant
 from cpsim.layout import PAD_SLOT_ID
 
 
@@ -178,3 +179,20 @@ def row_bounds(ctx, path, g, full: np.ndarray, entry_sizes: list[int]) -> list[V
                              f"guard block id {int(gid[r, 0])}, held only past each row's width and around the table",
                              [r], _examples(ctx, hit, full[r], "a block of the request's own row", r)))
     return out
+
+
+ROW_BOUNDS = Invariant("row-bounds", "group", lambda c: row_bounds(c.ctx, c.path, c.g, c.full, c.entry_sizes),
+                       lambda c: c.mapped, lambda c: c.full.size, buffer_only=True)
+NO_COLLISION = Invariant("no-collision", "group", lambda c: no_collision(c.ctx, c.path, c.g, c.x),
+                         lambda c: c.mapped, lambda c: c.token_entries, buffer_only=True)
+PADDING = Invariant("padding", "group", lambda c: padding(c.ctx, c.path, c.g, c.full),
+                    lambda c: c.judged, lambda c: c.full.size, buffer_only=True)
+REPLAYED_IS_PAD = Invariant("replayed-is-pad", "group", lambda c: replayed_is_pad(c.ctx, c.path, c.g, c.full),
+                            lambda c: c.mapped and c.ctx.replayed.any(),
+                            lambda c: int(c.ctx.replayed.sum()) * c.ranks, buffer_only=True)
+# A state group whose release computes slots is judged by its rule; a ring its release launches with
+# slot mapping off is all PAD (``GroupCase.state`` / ``ring``).
+MATCHES_REFERENCE = Invariant(
+    "matches-reference", "group",
+    lambda c: matches_reference(c.ctx, c.path, c.g, c.gi, c.full, c.allocs() if c.state else None, disabled=c.ring),
+    lambda c: c.judged, lambda c: c.full.size, buffer_only=True)
