@@ -108,11 +108,15 @@ class PathCase:
         self.ranks, self.entries = self.slots.shape[0], self.slots.shape[2]
         self.enabled = _np(gathered.enabled)
         self.widths, self.entry_sizes = _np(gathered.widths).T.tolist(), _np(gathered.entry_sizes).T.tolist()
-        self.guards, self.written, self.faults = (
-            None if a is None else _np(a) for a in (getattr(gathered, k, None)
-                                                    for k in ("guards", "written", "output_faults")))
+        self.guards = _optional(getattr(gathered, "guards", None))
+        self.written = _optional(getattr(gathered, "written", None))
+        self.faults = _optional(getattr(gathered, "output_faults", None))
         enabled_any = self.enabled.any(0).tolist()
         self.groups = [GroupCase(self, gi, g, enabled_any[gi], earlier) for gi, g in enumerate(ctx.s.groups)]
+
+
+def _optional(x) -> np.ndarray | None:
+    return None if x is None else _np(x)
 
 
 class GroupCase:
@@ -136,6 +140,7 @@ class GroupCase:
         self.ring = self.judged and not self.state and profiles.ring_is_pad(profile, p.path, g)
         self.mapped = self.judged and not (self.state or self.ring) and g.slot_mapped
         self.world = g.world(p.ctx.s.cp)
+        self.token_entries = self.ranks * self.ctx.n  # ``x.size`` without building ``x``
         self.found: dict[str, list] = {}
         self.same_as = None
         self._x = None
@@ -155,11 +160,6 @@ class GroupCase:
         if self._x is None:
             self._x = _tokens(self.ctx, self.full)
         return self._x
-
-    @property
-    def token_entries(self) -> int:
-        """``x.size`` without building ``x``."""
-        return self.ranks * self.ctx.n
 
     def allocs(self) -> list[Allocation]:
         """Every rank's allocation of this group."""
