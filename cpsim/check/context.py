@@ -12,7 +12,7 @@ import numpy as np
 from cpsim import layout
 from cpsim.allocator import Allocation
 from cpsim.check import profiles, reference
-from cpsim.check.findings import _np, _tokens
+from cpsim.check.findings import host_array, scheduled_entries
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import INT32_MAX, Scenario
 
@@ -104,10 +104,11 @@ class PathCase:
 
     def __init__(self, ctx: _Ctx, path: str, gathered, earlier: dict[int, "GroupCase"]):
         self.ctx, self.path = ctx, path
-        self.slots = _np(gathered.slots)
+        self.slots = host_array(gathered.slots)
         self.ranks, self.entries = self.slots.shape[0], self.slots.shape[2]
-        self.enabled = _np(gathered.enabled)
-        self.widths, self.entry_sizes = _np(gathered.widths).T.tolist(), _np(gathered.entry_sizes).T.tolist()
+        self.enabled = host_array(gathered.enabled)
+        self.widths = host_array(gathered.widths).T.tolist()  # [group][rank]
+        self.entry_sizes = host_array(gathered.entry_sizes).T.tolist()
         self.guards = _optional(getattr(gathered, "guards", None))
         self.written = _optional(getattr(gathered, "written", None))
         self.faults = _optional(getattr(gathered, "output_faults", None))
@@ -116,7 +117,7 @@ class PathCase:
 
 
 def _optional(x) -> np.ndarray | None:
-    return None if x is None else _np(x)
+    return None if x is None else host_array(x)
 
 
 class GroupCase:
@@ -156,9 +157,9 @@ class GroupCase:
 
     @property
     def x(self) -> np.ndarray:
-        """[ranks, n] the scheduled tokens' entries (``_tokens``), built on first use."""
+        """[ranks, n] the scheduled tokens' entries (``scheduled_entries``), built on first use."""
         if self._x is None:
-            self._x = _tokens(self.ctx, self.full)
+            self._x = scheduled_entries(self.ctx, self.full)
         return self._x
 
     def allocs(self) -> list[Allocation]:

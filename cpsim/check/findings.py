@@ -13,8 +13,6 @@ from cpsim.layout import PAD_SLOT_ID, POISON
 
 
 MISSING = POISON  # also marks tokens a short buffer could not hold
-
-
 MAX_EXAMPLES = 5
 
 
@@ -52,21 +50,24 @@ class Verdict:
         return sum(v.count for v in self.violations)
 
 
-def _examples(ctx: _Ctx, idx, actual, expected, rank: int | None, show=None) -> list[Example]:
+def examples_at(ctx, idx, actual, expected, rank: int | None, show=None) -> list[Example]:
+    """The first ``MAX_EXAMPLES`` of tokens ``idx`` as examples: the token's request and position (from the
+    check's ``ctx``), ``expected`` (text, or a function of the token) and the slot ``actual`` holds."""
     out = []
     for t in np.asarray(idx)[:MAX_EXAMPLES].tolist():
         exp = expected(t) if callable(expected) else expected
-        got = show(int(actual[t])) if show else _fmt(int(actual[t]))
+        got = show(int(actual[t])) if show else slot_text(int(actual[t]))
         out.append(Example(rank, int(ctx.req[t]) if t < ctx.n else None, int(ctx.pos[t]) if t < ctx.n else None,
                            str(exp), got))
     return out
 
 
-def _fmt(v: int) -> str:
+def slot_text(v: int) -> str:
+    """A slot as a report shows it: PAD and the poison by name."""
     return {PAD_SLOT_ID: "PAD", MISSING: "unwritten"}.get(v, str(v))
 
 
-def _tokens(ctx: _Ctx, slots: np.ndarray) -> np.ndarray:
+def scheduled_entries(ctx, slots: np.ndarray) -> np.ndarray:
     """[ranks, n] scheduled-token entries; tokens past a short buffer read as MISSING."""
     r, t = slots.shape
     if t >= ctx.n:
@@ -74,11 +75,12 @@ def _tokens(ctx: _Ctx, slots: np.ndarray) -> np.ndarray:
     return np.concatenate([slots, np.full((r, ctx.n - t), MISSING, dtype=slots.dtype)], 1)
 
 
-def _real(x: np.ndarray) -> np.ndarray:
+def is_real(x: np.ndarray) -> np.ndarray:
+    """Entries holding a slot: neither PAD nor left unwritten."""
     return (x != PAD_SLOT_ID) & (x != MISSING)
 
 
-def _np(x) -> np.ndarray:
+def host_array(x) -> np.ndarray:
     """A gathered tensor (torch, on any device) as a host numpy array. A host tensor outside autograd (what
     the virtual world gathers) is viewed as it is: ``detach().cpu()`` cost more than the view, for every
     field of every path of every fuzz scenario."""
@@ -90,11 +92,11 @@ def _np(x) -> np.ndarray:
         return x.detach().cpu().numpy()
 
 
-def _nz(mask: np.ndarray) -> np.ndarray:
+def flat_nonzero(mask: np.ndarray) -> np.ndarray:
     """``np.flatnonzero(mask)`` through the array's own methods (no dispatch wrappers: called ~20 times a check)."""
     return np.asanyarray(mask).ravel().nonzero()[0]
 
 
-def _rows(mask: np.ndarray) -> list[int]:
+def rows_with_any(mask: np.ndarray) -> list[int]:
     """Indices of the rows of a [rows, n] mask with any entry set."""
     return mask.any(1).nonzero()[0].tolist()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cpsim.check.context import AllPaths
-from cpsim.check.findings import Verdict, Violation, _examples, _fmt, _nz, _rows
+from cpsim.check.findings import Verdict, Violation, examples_at, flat_nonzero, rows_with_any, slot_text
 from cpsim.check.invariants import Invariant
 
 
@@ -30,12 +30,12 @@ def paths_agree(every: AllPaths) -> list[Verdict]:
             differ = a != b
             count = int(differ.sum())
             if count:
-                ranks = _rows(differ)
+                ranks = rows_with_any(differ)
                 r = ranks[0]
                 vios.append(Violation("paths-agree", f"{base}~{other}", g.name, count,
                                       f"{base} and {other} differ in {count} entr(ies)", ranks,
-                                      _examples(ctx, _nz(differ[r]), b[r],
-                                                lambda t: f"{_fmt(int(a[r, t]))} ({base})", r)))
+                                      examples_at(ctx, flat_nonzero(differ[r]), b[r],
+                                                lambda t: f"{slot_text(int(a[r, t]))} ({base})", r)))
         out.append(Verdict("paths-agree", f"{base}~{other}", "fail" if vios else "pass", checked, vios))
     return out
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cpsim.check.findings import MAX_EXAMPLES, Example, Violation, _fmt, _nz, _rows
+from cpsim.check.findings import MAX_EXAMPLES, Example, Violation, flat_nonzero, rows_with_any, slot_text
 from cpsim.check.invariants import Invariant
 from cpsim.layout import GUARD
 
@@ -12,13 +12,13 @@ def guard_intact(ctx, path, g, guards: np.ndarray, entries: int) -> list[Violati
     width = guards.shape[1] // 2
     broken = guards != GUARD
     out = []
-    for r in _rows(broken):
-        bad = _nz(broken[r]).tolist()
+    for r in rows_with_any(broken):
+        bad = flat_nonzero(broken[r]).tolist()
         index = [c - width if c < width else entries + c - width for c in bad]
         out.append(Violation("guard-intact", path, g.name, len(bad),
                              f"rank {r}: {len(bad)} guard entr(ies) around the slot buffer overwritten: the kernel "
                              f"wrote outside [0, {entries}) (max_num_tokens {entries}); first at index {index[0]}",
-                             [r], [Example(r, None, None, f"untouched guard at index {i}", _fmt(int(guards[r, c])))
+                             [r], [Example(r, None, None, f"untouched guard at index {i}", slot_text(int(guards[r, c])))
                                    for i, c in list(zip(index, bad))[:MAX_EXAMPLES]]))
     return out
 
@@ -30,8 +30,8 @@ INPUT_NAMES = ("positions", "query_start_loc", "idx_mapping", "block table")
 def inputs_intact(ctx, path, g, written: np.ndarray) -> list[Violation]:
     """The kernel left every input it was handed as it was (``written`` [ranks, inputs]: entries changed)."""
     out = []
-    for r in _rows(written > 0):
-        for col in _nz(written[r] > 0).tolist():
+    for r in rows_with_any(written > 0):
+        for col in flat_nonzero(written[r] > 0).tolist():
             n = int(written[r, col])
             name = INPUT_NAMES[col]
             what = f"group {g.name}'s block table" if name == "block table" else name
@@ -49,7 +49,7 @@ OUTPUT_FAULTS = ("", "not a tensor", "not 1-D", "floating-point", "complex", "bo
 def kernel_output(ctx, path, g, faults: np.ndarray) -> list[Violation]:
     """The callable returned a 1-D integer tensor of slots on the device (``faults`` [ranks] codes)."""
     out = []
-    for r in _nz(faults > 0).tolist():
+    for r in flat_nonzero(faults > 0).tolist():
         code = int(faults[r])
         what = OUTPUT_FAULTS[code] if code < len(OUTPUT_FAULTS) else f"fault {code}"
         out.append(Violation("kernel-output", path, g.name, 1,

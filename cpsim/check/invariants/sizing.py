@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cpsim import layout
 from cpsim.check import profiles
-from cpsim.check.findings import Violation, _np
+from cpsim.check.findings import Violation, host_array
 from cpsim.check.invariants import Invariant
 from cpsim.layout import cdiv
 from cpsim.scenario import Scenario
@@ -57,7 +57,7 @@ def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
     for path, G in gathered.items():
         if getattr(G, "failures", None):
             continue
-        widths, entry_sizes = _np(G.widths).T.tolist(), _np(G.entry_sizes).T.tolist()
+        widths, entry_sizes = host_array(G.widths).T.tolist(), host_array(G.entry_sizes).T.tolist()
         for gi, g in enumerate(s.groups):
             for r, (w, e) in enumerate(zip(widths[gi], entry_sizes[gi])):
                 per = g.block_size // e
@@ -74,7 +74,7 @@ def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
                 if w > rule:
                     out.append(f"{path} group {g.name} rank {r}: table width {w} > {rule} entries the "
                                f"{prof.name} rule needs ({w - rule} unused per row)")
-        entries = _np(G.slots).shape[2]
+        entries = host_array(G.slots).shape[2]
         need = profiles.slot_buffer_need(prof, s.limits, path)
         if entries > need:
             out.append(f"{path}: slot buffer {entries} > {need} entries (scheduled tokens"

@@ -9,29 +9,30 @@ import numpy as np
 
 from cpsim import layout
 from cpsim.check import profiles, reference
-from cpsim.check.findings import MAX_EXAMPLES, MISSING, Example, Violation, _examples, _fmt, _nz, _real, _rows
+from cpsim.check.findings import (MAX_EXAMPLES, MISSING, Example, Violation, examples_at, flat_nonzero, is_real,
+                                  rows_with_any, slot_text)
 from cpsim.check.invariants import Invariant
 from cpsim.layout import PAD_SLOT_ID
 
 
 def no_collision(ctx, path, g, x) -> list[Violation]:
     cap = g.num_blocks * g.block_size
-    held = _real(x)
+    held = is_real(x)
     outside = held & ((x < 0) | (x >= cap))
     dups = _duplicates(ctx, g, x, held)
     out = []
-    for r in sorted(set(_rows(outside)) | set(dups)):
+    for r in sorted(set(rows_with_any(outside)) | set(dups)):
         if outside[r].any():
-            idx = _nz(outside[r])
+            idx = flat_nonzero(outside[r])
             out.append(Violation("no-collision", path, g.name, len(idx),
                                  f"rank {r}: {len(idx)} slot(s) outside the cache [0, {cap})", [r],
-                                 _examples(ctx, idx, x[r], f"in [0, {cap})", r)))
+                                 examples_at(ctx, idx, x[r], f"in [0, {cap})", r)))
         if r in dups:
             dup = dups[r]
-            idx = _nz(np.isin(x[r], dup) & held[r])
+            idx = flat_nonzero(np.isin(x[r], dup) & held[r])
             out.append(Violation("no-collision", path, g.name, len(dup),
                                  f"rank {r}: {len(dup)} slot(s) written by more than one token", [r],
-                                 _examples(ctx, idx, x[r], "a slot of its own", r)))
+                                 examples_at(ctx, idx, x[r], "a slot of its own", r)))
     return out
 
 
@@ -67,29 +68,29 @@ def padding(ctx, path, g, full: np.ndarray) -> list[Violation]:
     tail = full[:, ctx.n:ctx.end(full.shape[1])]
     bad = tail != PAD_SLOT_ID
     if bad.any():
-        ranks = _rows(bad)
+        ranks = rows_with_any(bad)
         r = ranks[0]
-        idx = _nz(bad[r])
+        idx = flat_nonzero(bad[r])
         out.append(Violation("padding", path, g.name, int(bad.sum()),
                              f"{int(bad.sum())} entr(ies) after the last scheduled token "
                              f"(index {ctx.n}) are not PAD; first at index {ctx.n + int(idx[0])}"
                              f"{_reach(ctx, full.shape[1])}", ranks,
-                             [Example(r, None, None, f"PAD at index {ctx.n + t}", _fmt(int(tail[r, t])))
+                             [Example(r, None, None, f"PAD at index {ctx.n + t}", slot_text(int(tail[r, t])))
                               for t in idx[:MAX_EXAMPLES].tolist()]))
     m = min(ctx.n, full.shape[1])
     flagged = full[:, :m][:, ctx.pad[:m]]
     bad = flagged != PAD_SLOT_ID
     if bad.any():
-        idx = _nz(ctx.pad[:m])
-        ranks = _rows(bad)
+        idx = flat_nonzero(ctx.pad[:m])
+        ranks = rows_with_any(bad)
         r = ranks[0]
         out.append(Violation("padding", path, g.name, int(bad.sum()),
                              f"{int(bad.sum())} entr(ies) of padding tokens (is_padding, a dummy request's, a negative "
                              f"position) are not PAD", ranks,
-                             _examples(ctx, idx[bad[r]], full[r], "PAD (is_padding)", r)))
+                             examples_at(ctx, idx[bad[r]], full[r], "PAD (is_padding)", r)))
     head = full[:, : ctx.n] == MISSING
     if head.any():
-        ranks = _rows(head)
+        ranks = rows_with_any(head)
         out.append(Violation("padding", path, g.name, int(head.sum()),
                              f"{int(head.sum())} scheduled entr(ies) left at the poison value", ranks))
     return out
@@ -104,30 +105,30 @@ def replayed_is_pad(ctx, path, g, full: np.ndarray) -> list[Violation]:
     rep = ctx.replayed[:m]
     if g.pads_replay:
         bad = rep & (x != PAD_SLOT_ID).any(0)
-        idx = _nz(bad)
+        idx = flat_nonzero(bad)
         if not len(idx):
             return []
-        ranks = _rows(x[:, idx] != PAD_SLOT_ID)
+        ranks = rows_with_any(x[:, idx] != PAD_SLOT_ID)
         r = ranks[0]
         return [Violation("replayed-is-pad", path, g.name, len(idx),
                           f"{len(idx)} replayed token(s) of prefix-cacheable group {g.name} not PAD: the replay "
                           f"would rewrite cached blocks other requests share", ranks,
-                          _examples(ctx, idx[x[r, idx] != PAD_SLOT_ID], x[r], "PAD (replayed, cacheable)", r))]
+                          examples_at(ctx, idx[x[r, idx] != PAD_SLOT_ID], x[r], "PAD (replayed, cacheable)", r))]
     world = g.world(ctx.s.cp)
     ranks = np.arange(x.shape[0])[:, None]
     if world > 1:
         holder = ranks % world == layout.owner_rank(ctx.pos[:m], world, ctx.s.cp.interleave)[None, :]
     else:
         holder = np.ones(x.shape, dtype=bool)
-    lost = holder & ~_real(x) & (rep & ctx.live(g, m))[None, :]  # padding and a tail row's end excepted
+    lost = holder & ~is_real(x) & (rep & ctx.live(g, m))[None, :]  # padding and a tail row's end excepted
     if not lost.any():
         return []
-    which = _rows(lost)
+    which = rows_with_any(lost)
     r = which[0]
     return [Violation("replayed-is-pad", path, g.name, int(lost.sum()),
                       f"{int(lost.sum())} entr(ies) of replayed tokens lost their slot in group {g.name}, which is "
                       f"not prefix-cacheable: the replay is what rebuilds its KV", which,
-                      _examples(ctx, _nz(lost[r]), x[r], "its real slot (not cacheable)", r))]
+                      examples_at(ctx, flat_nonzero(lost[r]), x[r], "its real slot (not cacheable)", r))]
 
 
 def _reach(ctx, entries: int) -> str:
@@ -156,12 +157,12 @@ def matches_reference(ctx, path, g, gi, full, state_allocs=None, disabled=False)
         skip = _state_unjudged(ctx, g, state_allocs)[:end]
         differ[:, :skip.size] &= ~skip[None, :]
     out = []
-    for r in _rows(differ):
-        bad = _nz(differ[r])
+    for r in rows_with_any(differ):
+        bad = flat_nonzero(differ[r])
         wr = want[r]
         out.append(Violation("matches-reference", path, g.name, len(bad),
                              f"rank {r}: {len(bad)} entr(ies) differ from the reference", [r],
-                             _examples(ctx, bad, full[r], lambda t: _fmt(int(wr[t])), r)))
+                             examples_at(ctx, bad, full[r], lambda t: slot_text(int(wr[t])), r)))
     return out
 
 
@@ -172,12 +173,12 @@ def row_bounds(ctx, path, g, full: np.ndarray, entry_sizes: list[int]) -> list[V
                      dtype=np.int64)[:, None]
     hits = (full >= 0) & (full // e == gid)
     out = []
-    for r in _rows(hits):
-        hit = _nz(hits[r])
+    for r in rows_with_any(hits):
+        hit = flat_nonzero(hits[r])
         out.append(Violation("row-bounds", path, g.name, len(hit),
                              f"rank {r}: {len(hit)} entr(ies) read outside table row: their slots come from "
                              f"guard block id {int(gid[r, 0])}, held only past each row's width and around the table",
-                             [r], _examples(ctx, hit, full[r], "a block of the request's own row", r)))
+                             [r], examples_at(ctx, hit, full[r], "a block of the request's own row", r)))
     return out
 
 
