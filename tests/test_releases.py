@@ -178,6 +178,53 @@ def test_run_kernel_v2_from_an_unlisted_release_says_same_files_or_unread_change
     assert rep["contracts"]["v2"]["unread_changes"] == [RUN] and rep["passed"] is True
 
 
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    from cpsim import cli, kernels
+    kernels.use_interpreter()
+    code = cli.main(argv)
+    return code, capsys.readouterr().out
+
+
+def _spec(top: Path) -> str:
+    return f"{top / V2}:_compute_slot_mappings_kernel"
+
+
+WRONG_SLOT = KERNEL.replace("blk * bs + local % bs", "blk * bs + local % bs + 1")
+
+
+def test_sweep_reports_unread_changes_as_run_does_and_a_violation_stays_exit_1(tmp_path, table, capsys):
+    """sweep on a kernel from an unlisted release: same files pass (0), changed launch lines exit 4 with the
+    line and the JSON's contracts; a kernel that also breaks an invariant is exit 1."""
+    def sweep(top: Path, *more: str) -> tuple[int, str]:
+        return _cli(["sweep", "--presets", "default", "--cp", "2", "--paths", "v2", "--kernel-v2", _spec(top),
+                     *more], capsys)
+    code, text = sweep(fake_release(tmp_path, "0.35.0"))
+    assert code == 0 and "contract (v2): vLLM 0.35.0: judged with 0.34.0's contract (same files)" in text
+    js = tmp_path / "s.json"
+    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER.replace("num_tokens_after_padding", "num_tokens"))
+    code, text = sweep(padded, "--quiet", "--json", str(js))
+    assert code == releases.UNREAD_CHANGES_EXIT
+    assert "unread changes in vllm/v1/worker/gpu/model_runner.py (launch lines)" in text
+    rep = json.loads(js.read_text())
+    assert rep["passed"] is True and rep["contracts"]["v2"]["unread_changes"] == [RUN]
+    code, text = sweep(fake_release(tmp_path, "0.35.4", kernel=WRONG_SLOT), "--quiet")
+    assert code == 1 and "unread changes in vllm/v1/worker/gpu/block_table.py" in text
+
+
+def test_fuzz_reports_unread_changes_as_run_does_and_a_violation_stays_exit_1(tmp_path, table, capsys):
+    def fuzz(top: Path, out: str, examples: int) -> tuple[int, str]:
+        return _cli(["fuzz", "--paths", "v2", "--kernel-v2", _spec(top), "--max-examples", str(examples),
+                     "--seed", "1", "--no-db", "--shrink-seconds", "1", "--stop-after-first", "--quiet", "--out",
+                     str(tmp_path / out)], capsys)
+    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER.replace("num_tokens_after_padding", "num_tokens"))
+    code, text = fuzz(padded, "a", 2)
+    assert code == releases.UNREAD_CHANGES_EXIT, text
+    assert "contract (v2): vLLM 0.35.2: judged with 0.34.0's contract; unread changes in " \
+           "vllm/v1/worker/gpu/model_runner.py (launch lines)" in text
+    code, text = fuzz(fake_release(tmp_path, "0.35.4", kernel=WRONG_SLOT), "b", 6)  # seen on the 4th
+    assert code == 1 and "unread changes in vllm/v1/worker/gpu/block_table.py" in text
+
+
 # ---- install and upstream-check on a release that lacks a path ----------------------------------------
 
 def test_install_probes_only_the_modules_the_release_has_and_a_missing_one_is_one_line(tmp_path):
