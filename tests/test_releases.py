@@ -225,6 +225,25 @@ def test_fuzz_reports_unread_changes_as_run_does_and_a_violation_stays_exit_1(tm
     assert code == 1 and "unread changes in vllm/v1/worker/gpu/block_table.py" in text
 
 
+def test_a_kernel_file_is_of_the_release_whose_package_holds_it(tmp_path):
+    """One reading of a kernel file's release (cpsim.kernels.release_of) serves the ABI choice and the
+    contract: a vllm-ascend file installed beside vLLM is vllm-ascend's, its X.Y.Z for the ABI table."""
+    from types import SimpleNamespace
+    from cpsim.kernels.release_of import release_folder
+    from cpsim.kernels.under_test import release_of
+    site = tmp_path / "site-packages"
+    for d in ("vllm/v1/worker/gpu", "vllm_ascend/worker/v2", "vllm-0.34.0.dist-info",
+              "vllm_ascend-0.23.0.post1.dist-info"):
+        (site / d).mkdir(parents=True)
+    ascend = site / "vllm_ascend" / "worker" / "v2" / "block_table.py"
+    ascend.write_text("def k():\n    pass\n")
+    assert release_folder(ascend) == ("vllm-ascend", "0.23.0.post1", site)
+    assert release_folder(site / V2) == ("vllm", "0.34.0", site)
+    code = compile(ascend.read_text(), str(ascend), "exec")
+    assert release_of(SimpleNamespace(__code__=code)) == "0.23.0"
+    assert release_folder(tmp_path / "elsewhere.py") is None
+
+
 # ---- install and upstream-check on a release that lacks a path ----------------------------------------
 
 def test_install_probes_only_the_modules_the_release_has_and_a_missing_one_is_one_line(tmp_path):
