@@ -162,6 +162,33 @@ def test_twin_of_0_22_virtual_block_from_block_sizes_fails_under_its_adapter():
                  path="v2", scenarios=["hybrid-interleave", "default"])
 
 
+def _replayed_past_kernel_block(replay_start: int):
+    """The shrunk ``v2:attention:replayed-is-pad:replay`` fuzz finding of vLLM 0.23.0 / 0.26.0's released kernel:
+    DCP 2, interleave I = B = 64 over kernel blocks b = 32, one decode token at position 64, replayed in a
+    group that left prefix caching (so its replayed tokens keep their slots)."""
+    from cpsim.scenario import Batch, CPConfig, KVGroup, Limits, Request, Scenario, validate
+    group = KVGroup("swa-left-cache", "attention", 64, 32, num_blocks=8, prefix_cacheable=False,
+                    prefix_replay_tokens=16)
+    batch = Batch((Request(64, 1, "decode", replay_start=replay_start),), (0,))
+    return validate(Scenario("replayed-past-kernel-block", CPConfig(dcp=2, interleave=64), (group,),
+                             Limits(max_model_len=256, max_num_reqs=1, max_num_batched_tokens=8), batch))
+
+
+def test_0_22_replayed_is_pad_finding_is_the_virtual_block_defect():
+    """The replayed token of a group that left prefix caching is put on rank (64 % (b x 2)) // I = 0, its
+    owner is (64 // I) % 2 = 1: replayed-is-pad sees the holder lose it, owner-rule sees it misplaced. The
+    same token without the replay still fails owner-rule (one defect, the virtual block b x CP), and the
+    release arithmetic with B x CP passes both."""
+    twin = "tests/kernels/vllm_mrv2_022_virtual_from_block_sizes.py:_compute_slot_mappings_kernel"
+    with pytest.raises(AssertionError, match=r"(?s)✗ owner-rule \[v2\].*✗ replayed-is-pad \[v2\]"):
+        check_kernel(twin, abi="vllm-mrv2-0.22", path="v2", scenarios=[_replayed_past_kernel_block(64)])
+    with pytest.raises(AssertionError, match=r"✗ owner-rule \[v2\]") as no_replay:
+        check_kernel(twin, abi="vllm-mrv2-0.22", path="v2", scenarios=[_replayed_past_kernel_block(0)])
+    assert "✗ replayed-is-pad" not in str(no_replay.value)
+    check_kernel("tests/kernels/vllm_mrv2_018_abi.py:_compute_slot_mappings_kernel", abi="vllm-mrv2-0.22",
+                 path="v2", scenarios=[_replayed_past_kernel_block(64), _replayed_past_kernel_block(0)])
+
+
 def test_ascend_0_23_capacity_reserves_drafts_on_v1_only():
     """vllm-ascend 0.18.0 / 0.23.0.post1's MRV2 AscendBlockTables holds max_num_batched_tokens entries, its v1
     BlockTable the draft slots too: under that profile a budget-sized buffer passes on v2 and fails on v1,

@@ -205,6 +205,25 @@ def test_bad_input_under_torchrun_ends_every_rank_with_2(tmp_path, nproc, args, 
     assert line.startswith(f"cpsim: exit 2 (bad input): {every} exited 2;"), line
 
 
+def test_a_kernel_from_an_unlisted_release_with_unread_changes_ends_every_rank_with_4(tmp_path):
+    """As on the virtual world: no violation, a release the table does not list whose kernel file differs
+    from the nearest listed release's (our own kernel in a vllm-0.99.0 folder), so exit 4 and the line."""
+    top = tmp_path / "vllm-0.99.0"
+    (top / "vllm" / "v1" / "worker" / "gpu").mkdir(parents=True)
+    (top / "vllm-0.99.0.dist-info").mkdir()
+    kernel = top / "vllm" / "v1" / "worker" / "gpu" / "block_table.py"
+    kernel.write_text((ROOT / "tests" / "kernels" / "vllm_mrv2_032_abi.py").read_text())
+    proc = cpu_sim(2, "--paths", "v2", "--kernel-v2", f"{kernel}:_compute_slot_mappings_kernel", "--quiet",
+                   env=_env(TORCHRUN_ARGS=f"--log-dir {tmp_path / 'logs'}"), timeout=180)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 4, text[-3000:]
+    _no_launcher_noise(text)
+    assert "contract (v2): vLLM 0.99.0: judged with 0.34.0's contract; unread changes in " \
+           "vllm/v1/worker/gpu/block_table.py" in proc.stdout
+    (line,) = _summary(proc.stderr)
+    assert line.startswith("cpsim: exit 4 (no violation, but a kernel's release has unread contract changes"), line
+
+
 def test_a_bad_explicit_batch_under_torchrun_ends_every_rank_with_2(tmp_path):
     data = json.loads((ROOT / "docs" / "examples" / "explicit-shuffled-positions.json").read_text())
     data["arrays"]["positons"] = data["arrays"].pop("positions")

@@ -189,6 +189,9 @@ def test_launcher_exit_code_keeps_bad_input_and_everything_else_is_1():
     assert exit_code([Ending(0, -9)]) == 1
     assert exit_code([Ending(0, 0 - 15)]) == 1             # a SIGTERM alone is not bad input
     assert exit_code([Ending(0, 3)]) == 1
+    assert exit_code([Ending(0, 4), Ending(1, 4)]) == 4     # no violation, a release's contract unread
+    assert exit_code([Ending(0, 4), Ending(1, -15)]) == 4
+    assert exit_code([Ending(0, 4), Ending(1, 1)]) == 1     # a violation on one rank outweighs it
 
 
 def test_launcher_summary_names_ranks_signals_and_the_log_dir():

@@ -178,6 +178,72 @@ def test_run_kernel_v2_from_an_unlisted_release_says_same_files_or_unread_change
     assert rep["contracts"]["v2"]["unread_changes"] == [RUN] and rep["passed"] is True
 
 
+def _cli(argv: list[str], capsys) -> tuple[int, str]:
+    from cpsim import cli, kernels
+    kernels.use_interpreter()
+    code = cli.main(argv)
+    return code, capsys.readouterr().out
+
+
+def _spec(top: Path) -> str:
+    return f"{top / V2}:_compute_slot_mappings_kernel"
+
+
+WRONG_SLOT = KERNEL.replace("blk * bs + local % bs", "blk * bs + local % bs + 1")
+
+
+def test_sweep_reports_unread_changes_as_run_does_and_a_violation_stays_exit_1(tmp_path, table, capsys):
+    """sweep on a kernel from an unlisted release: same files pass (0), changed launch lines exit 4 with the
+    line and the JSON's contracts; a kernel that also breaks an invariant is exit 1."""
+    def sweep(top: Path, *more: str) -> tuple[int, str]:
+        return _cli(["sweep", "--presets", "default", "--cp", "2", "--paths", "v2", "--kernel-v2", _spec(top),
+                     *more], capsys)
+    code, text = sweep(fake_release(tmp_path, "0.35.0"))
+    assert code == 0 and "contract (v2): vLLM 0.35.0: judged with 0.34.0's contract (same files)" in text
+    js = tmp_path / "s.json"
+    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER.replace("num_tokens_after_padding", "num_tokens"))
+    code, text = sweep(padded, "--quiet", "--json", str(js))
+    assert code == releases.UNREAD_CHANGES_EXIT
+    assert "unread changes in vllm/v1/worker/gpu/model_runner.py (launch lines)" in text
+    rep = json.loads(js.read_text())
+    assert rep["passed"] is True and rep["contracts"]["v2"]["unread_changes"] == [RUN]
+    code, text = sweep(fake_release(tmp_path, "0.35.4", kernel=WRONG_SLOT), "--quiet")
+    assert code == 1 and "unread changes in vllm/v1/worker/gpu/block_table.py" in text
+
+
+def test_fuzz_reports_unread_changes_as_run_does_and_a_violation_stays_exit_1(tmp_path, table, capsys):
+    def fuzz(top: Path, out: str, examples: int) -> tuple[int, str]:
+        return _cli(["fuzz", "--paths", "v2", "--kernel-v2", _spec(top), "--max-examples", str(examples),
+                     "--seed", "1", "--no-db", "--shrink-seconds", "1", "--stop-after-first", "--quiet", "--out",
+                     str(tmp_path / out)], capsys)
+    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER.replace("num_tokens_after_padding", "num_tokens"))
+    code, text = fuzz(padded, "a", 2)
+    assert code == releases.UNREAD_CHANGES_EXIT, text
+    assert "contract (v2): vLLM 0.35.2: judged with 0.34.0's contract; unread changes in " \
+           "vllm/v1/worker/gpu/model_runner.py (launch lines)" in text
+    code, text = fuzz(fake_release(tmp_path, "0.35.4", kernel=WRONG_SLOT), "b", 6)  # seen on the 4th
+    assert code == 1 and "unread changes in vllm/v1/worker/gpu/block_table.py" in text
+
+
+def test_a_kernel_file_is_of_the_release_whose_package_holds_it(tmp_path):
+    """One reading of a kernel file's release (cpsim.kernels.release_of) serves the ABI choice and the
+    contract: a vllm-ascend file installed beside vLLM is vllm-ascend's, its X.Y.Z for the ABI table."""
+    from types import SimpleNamespace
+    from cpsim.kernels.release_of import release_folder
+    from cpsim.kernels.under_test import release_of
+    site = tmp_path / "site-packages"
+    for d in ("vllm/v1/worker/gpu", "vllm_ascend/worker/v2", "vllm-0.34.0.dist-info",
+              "vllm_ascend-0.23.0.post1.dist-info"):
+        (site / d).mkdir(parents=True)
+    ascend = site / "vllm_ascend" / "worker" / "v2" / "block_table.py"
+    ascend.write_text("def k():\n    pass\n")
+    assert release_folder(ascend) == ("vllm-ascend", "0.23.0.post1", site)
+    assert release_folder(site / V2) == ("vllm", "0.34.0", site)
+    code = compile(ascend.read_text(), str(ascend), "exec")
+    assert release_of(SimpleNamespace(__code__=code)) == "0.23.0"
+    assert release_folder(tmp_path / "elsewhere.py") is None
+
+
 # ---- install and upstream-check on a release that lacks a path ----------------------------------------
 
 def test_install_probes_only_the_modules_the_release_has_and_a_missing_one_is_one_line(tmp_path):

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from cpsim import fuzz as fz
 from cpsim.errors import Interrupted
+from cpsim.cmd.contracts import kernel_standings, print_contracts, status
 from cpsim.cmd.inputs import (describe_kernels, kernels_from_args, parse_paths, profile_from_args, show_profile,
                               sizer_from_args, sizing_failed)
 from cpsim.report.progress import eta
@@ -208,6 +209,8 @@ def _report(args, cfg: fz.FuzzConfig, console, kernels: dict, result: fz.FuzzRes
             where: str) -> int:
     if not args.quiet:
         describe_kernels(console, kernels)
+    held = kernel_standings(kernels)
+    print_contracts(console, held, quiet=args.quiet)
     rate = result.examples / max(result.elapsed_s, 1e-9)
     head = (f"{where}{result.drawn} examples drawn and {result.shrink_runs} shrink runs in {result.elapsed_s:.1f} s "
             f"({rate:.1f} runs/s"
@@ -222,7 +225,7 @@ def _report(args, cfg: fz.FuzzConfig, console, kernels: dict, result: fz.FuzzRes
     if not result.found:
         console.print(f"{head}: [bold green]no violation found[/bold green]"
                       + (f" with {cfg.inject} injected" if cfg.inject else ""), highlight=False)
-        return 0
+        return status(True, held)
     console.print(f"{head}: [bold red]{len(result.reported)} distinct violation(s)[/bold red]", highlight=False)
     if not args.quiet:
         for f in result.reported:

@@ -22,6 +22,7 @@ from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernels_from_args, knobs_with_sizing, parse_paths,
                               profile_from_args, scenario_from_args, show_profile, subjects_for)
+from cpsim.cmd.contracts import kernel_standings, print_contracts, run_status
 from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.check import profiles
 from cpsim.run.dist import launched_by_torchrun
@@ -81,8 +82,7 @@ def main(args) -> int:
         report.print_report(console, s, verdicts, examples=args.examples, subjects=subjects, gathered=gathered)
         describe_kernels(console, kernels, notes_only=True)
         show_profile(console, prof, s, paths)
-        for line in contract_lines(held):
-            console.print(line, highlight=False, soft_wrap=True, markup=False)
+        print_contracts(console, held)
         for hs in knobs.host_sizing:
             console.print(f"host sizing ({hs.host}) from {hs.source}: table widths {list(hs.table_widths)} KV blocks, "
                           f"slot buffer {hs.slot_buffer_len}", highlight=False, soft_wrap=True, markup=False)
@@ -94,8 +94,7 @@ def main(args) -> int:
             console.print(f"  [yellow]note (strict sizing):[/yellow] {line}", highlight=False, soft_wrap=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
-        for line in contract_lines({p: st for p, st in held.items() if st.unread}):
-            console.print(line, highlight=False, soft_wrap=True, markup=False)
+        print_contracts(console, held, quiet=True)
     extra = {"paths_skipped": skipped, "profile": prof.name, "profile_notes": profiles.notes(s, prof, paths),
              "contracts": {p: st.to_dict() for p, st in held.items()},
              "sizing_waste": waste,
@@ -115,26 +114,6 @@ def main(args) -> int:
                                                                                               subjects))),
                    ("--junit", args.junit, junit), ("--html", args.html, html)])
     return run_status(verdicts, held)
-
-
-def kernel_standings(kernels: dict) -> dict:
-    """path -> the standing of its kernel's release where the file comes from a release cpsim's table does
-    not list (cpsim.kernels.release_of)."""
-    from cpsim.kernels.release_of import kernel_standing
-    found = {p: kernel_standing(k.spec, p) for p, k in (kernels or {}).items()}
-    return {p: st for p, st in found.items() if st is not None}
-
-
-def contract_lines(held: dict) -> list[str]:
-    return [f"contract ({p}): {st.line()}" for p, st in held.items()]
-
-
-def run_status(verdicts, held: dict) -> int:
-    """1 on a violation; UNREAD_CHANGES_EXIT when a kernel's unlisted release has unread contract changes."""
-    from cpsim import releases
-    if not coordinator.passed(verdicts):
-        return 1
-    return releases.UNREAD_CHANGES_EXIT if any(st.unread for st in held.values()) else 0
 
 
 def replica_builder(args, world: int | None):

@@ -33,6 +33,7 @@ from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.cmd.commands import KEYS
+from cpsim.cmd.contracts import kernel_standings, print_contracts, status
 from cpsim.cmd.inputs import (check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
                               scenario_from_args, sizer_from_args, sizing_failed)
 from cpsim.run.dist import launched_by_torchrun
@@ -264,6 +265,7 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     from cpsim.report.torchrun import print_groups
 
     ok = all(coordinator.passed(r.verdicts) for r in results)
+    held = kernel_standings(kernels)
     t = Table(title=f"sweep: {len(results)} scenario run(s)"
                     + (f" on {world} ranks" if world else " (virtual world)"), title_justify="left")
     for col in ("scenario", "CP", "ranks", "seed", "result"):
@@ -291,12 +293,14 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
                       markup=False, soft_wrap=True)
     console.print("[bold green]every scenario passes[/bold green]" if ok else
                   f"[bold red]{len(failing)} of {len(results)} scenario run(s) fail[/bold red]")
+    print_contracts(console, held, quiet=args.quiet)
 
     def json_() -> None:
         from cpsim.report.torchrun import to_dict
         report.write_json(args.json, to_dict(results, infos or [], {
             "mode": "sweep" if world is None else "sweep-torchrun", "skipped": skipped,
-            "profile": prof.name if prof else "cpsim", "sizing": getattr(args, "sizing", None)}, subjects))
+            "profile": prof.name if prof else "cpsim", "sizing": getattr(args, "sizing", None),
+            "contracts": {p: st.to_dict() for p, st in held.items()}}, subjects))
 
     def junit() -> None:
         from cpsim.report.junit import write_junit
@@ -315,4 +319,4 @@ def finish(console: Console, args, results, skipped: dict, infos, world: int | N
     except ConfigError as e:
         terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
         return 2
-    return 0 if ok else 1
+    return status(ok, held)

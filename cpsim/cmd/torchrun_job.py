@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
+from cpsim.cmd.contracts import kernel_standings, print_contracts, status
 from cpsim.cmd.inputs import describe_kernels, show_profile, subjects_for
 from cpsim.errors import ConfigError
 from cpsim.validate import write_outputs
@@ -38,6 +39,9 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     quiet = getattr(args, "quiet", False)
     prof = entry.profile
     subjects = subjects_for(entry.kernels, entry.paths, prof.name if prof else None)
+    held = kernel_standings(entry.kernels)
+    if held:
+        extra = {**(extra or {}), "contracts": {p: st.to_dict() for p, st in held.items()}}
 
     def report_(results, infos) -> int:
         console = terminal.console()
@@ -56,6 +60,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
             console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
                           f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
                           f"{len(results)} CP group(s) fail[/bold red]")
+        print_contracts(console, held, quiet=quiet)
         if summary is not None:
             summary(console, results)
 
@@ -78,7 +83,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
         except ConfigError as e:
             terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
             return 2
-        return 0 if ok else 1
+        return status(ok, held)
 
     return execute(args, [entry], report_, stopped=stop_writer(args, f"{entry.label} on torchrun world {world}",
                                                                 subjects, 1, extra))

@@ -17,11 +17,13 @@ from cpsim import releases
 
 
 def release_folder(file: Path) -> tuple[str, str, Path] | None:
-    """(project, version, release root) of the unpacked release holding ``file``, or None."""
+    """(project, version, release root) of the unpacked release whose package holds ``file``, or None
+    (a vllm-ascend file beside an installed vLLM is vllm-ascend's)."""
+    file = Path(file).resolve()
     for name in releases.PROJECTS:
         package = releases.project(name).package
-        for top in Path(file).resolve().parents:
-            if not (top / package).is_dir():
+        for top in file.parents:
+            if top / package not in file.parents:
                 continue
             for info in sorted(top.glob(f"{package}-*.dist-info")):
                 return name, info.name[len(package) + 1: -len(".dist-info")], top

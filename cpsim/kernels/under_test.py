@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cpsim.errors import ConfigError
+from cpsim.kernels.release_of import release_folder
 from cpsim.kernels.abis import ABIS, CALLABLE_INPUTS, REPLAY, REPLAY_ABIS, RETIRED_ABIS, Abi  # noqa: F401
 
 
@@ -199,28 +200,13 @@ def origin(obj: Any) -> str:
 
 
 def release_of(obj: Any) -> str:
-    """The release a kernel's file is of, where its folder says so: a ``vllm-X.Y.Z`` folder above it
-    (a ``pip install --target`` folder or an unpacked wheel, as ``make upstream-check`` makes them) or a
-    ``vllm-X.Y.Z.dist-info`` beside its package (vLLM), a ``vllm_ascend-X.Y.Z[.postN]`` sdist folder
-    (vllm-ascend: X.Y.Z). "" when none: names alone (or ``--kernel-abi``) decide."""
+    """The release (X.Y.Z) a kernel's file is of, where its folder says so (``release_of.release_folder``:
+    a ``vllm-X.Y.Z`` or ``vllm_ascend-X.Y.Z[.postN]`` folder above its package, or a dist-info beside it).
+    "" when none: names alone (or ``--kernel-abi``) decide."""
     file = _source_file(obj)
-    if not file:
-        return ""
-    parts = Path(file).parts
-    for i in range(len(parts) - 1, 0, -1):
-        if parts[i] == "vllm_ascend":  # an unpacked vllm-ascend sdist: vllm_ascend-X.Y.Z[.postN]
-            found = re.fullmatch(r"vllm_ascend-(\d+\.\d+\.\d+)(\.post\d+)?", parts[i - 1])
-            if found:
-                return found.group(1)
-        if parts[i] == "vllm":
-            top = Path(*parts[:i])
-            found = re.fullmatch(r"vllm-(\d+\.\d+\.\d+)", top.name)
-            if found:
-                return found.group(1)
-            infos = [re.fullmatch(r"vllm-(\d+\.\d+\.\d+)\.dist-info", p.name) for p in top.glob("vllm-*.dist-info")]
-            if len([m for m in infos if m]) == 1:
-                return next(m for m in infos if m).group(1)
-    return ""
+    found = release_folder(Path(file)) if file else None
+    version = re.fullmatch(r"(\d+\.\d+\.\d+)(\.post\d+)?", found[1]) if found else None
+    return version.group(1) if version else ""
 
 
 def choose_abi(params: list[tuple[str, bool]], triton: bool, source: str = "", forced: str = "auto",

@@ -20,7 +20,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-EXIT_MEANING = {0: "pass", 1: "a violation or a failed run, see above", 2: "bad input"}
+from cpsim.releases import UNREAD_CHANGES_EXIT
+
+EXIT_MEANING = {0: "pass", 1: "a violation or a failed run, see above", 2: "bad input",
+                UNREAD_CHANGES_EXIT: "no violation, but a kernel's release has unread contract changes, see above"}
 REPORT = "report: "  # cpsim.run.distrun.HEADLINE: the message rank 0 leaves when its report fails
 
 
@@ -47,10 +50,15 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def exit_code(endings: list[Ending]) -> int:
-    """The job's code: 2 when the ranks ended on bad input (some maybe stopped by the launcher's
-    SIGTERM on the way), otherwise 1 (a violation, a failed run, a rank killed by a signal)."""
+    """The job's code: 2 when the ranks ended on bad input, UNREAD_CHANGES_EXIT when they found no
+    violation in a kernel judged with the nearest listed release's changed contract (some maybe
+    stopped by the launcher's SIGTERM on the way), otherwise 1 (a violation, a failed run, a rank
+    killed by a signal)."""
     codes = {e.exitcode for e in endings}
-    return 2 if 2 in codes and codes <= {2, -signal.SIGTERM} else 1
+    for code in (2, UNREAD_CHANGES_EXIT):
+        if code in codes and codes <= {code, -signal.SIGTERM}:
+            return code
+    return 1
 
 
 def summary(endings: list[Ending], world: int | None, log_dir: str) -> str:
