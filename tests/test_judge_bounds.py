@@ -176,11 +176,12 @@ def test_a_stack_python_that_is_not_a_program_is_exit_2(tmp_path, capsys, kind, 
     ("hangs", "the stack driver (vllm) ran past 20 s and was killed"),
     ("prints a fake pass, exit 0", "the stack driver (vllm) exited 0: pass"),
 ])
-def test_a_stack_python_that_hangs_or_lies_fails_and_keeps_the_json(tmp_path, kind, phrase):
+def test_a_stack_python_that_hangs_or_lies_fails_and_keeps_every_report(tmp_path, kind, phrase):
     py = _stack_python(tmp_path, kind)
     start = time.monotonic()
     code, out = cpsim(tmp_path, ["run", "--stack", "vllm", "--dcp", "2", "--stack-python", py, "--timeout", "20",
-                                 "--json", str(tmp_path / "r.json")], timeout=120)
+                                 "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
+                                 "--html", str(tmp_path / "r.html")], timeout=120)
     assert time.monotonic() - start < 90, "bounded by --timeout 20"
     assert "Traceback" not in out, out
     assert code == 1, out
@@ -188,6 +189,7 @@ def test_a_stack_python_that_hangs_or_lies_fails_and_keeps_the_json(tmp_path, ki
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["passed"] is False
     assert phrase in json.dumps(data)
+    assert phrase in (tmp_path / "r.xml").read_text() and phrase in (tmp_path / "r.html").read_text()
 
 
 # ---- item 3: fuzz SIGTERMed by its kernel ---------------------------------------------------
