@@ -226,6 +226,37 @@ def test_fuzz_sigtermed_by_its_kernel_writes_the_summary_without_a_traceback(tmp
     assert json.loads((tmp_path / "out" / "fuzz-summary.json").read_text())["interrupted"] == "SIGTERM"
 
 
+SIGTERMS_ITS_JOB = '''
+import os, signal, sys
+sys.path.insert(0, {kernels!r})
+from callable_abi import slot_mapping as _correct
+
+
+def slot_mapping(positions, req_indices, idx_mapping, block_table, block_size, kv_block_size,
+                 cp_world_size, cp_rank, cp_interleave, is_circular, pad_id):
+    """The kernel's worker's parent is a fuzz job process: SIGTERM it."""
+    os.kill(os.getppid(), signal.SIGTERM)
+    return _correct(positions, req_indices, idx_mapping, block_table, block_size, kv_block_size,
+                    cp_world_size, cp_rank, cp_interleave, is_circular, pad_id)
+'''
+
+
+def test_a_kernel_that_sigterms_its_fuzz_job_is_exit_1_naming_it_not_an_internal_error(tmp_path):
+    """The job's death is the kernel's deed (cpsim sent no SIGTERM): never exit 0, never cpsim's own
+    "internal error" (exit 3); exit 1, one line naming the job and the signal, the summary kept."""
+    kernel = tmp_path / "sigterms_job.py"
+    kernel.write_text(SIGTERMS_ITS_JOB.format(kernels=str(Path(__file__).parent / "kernels")))
+    code, out = cpsim(tmp_path, ["fuzz", "--kernel-v1", f"{kernel}:slot_mapping", "--kernel-abi", "callable",
+                                 "--max-examples", "5", "--jobs", "2", "--no-db", "--quiet",
+                                 "--out", str(tmp_path / "out")])
+    assert "Traceback" not in out and "internal error" not in out, out
+    assert code == 1, out
+    text = " ".join(out.split())
+    assert "was ended by SIGTERM, which cpsim did not send" in text, out
+    summary = json.loads((tmp_path / "out" / "fuzz-summary.json").read_text())
+    assert "SIGTERM" in summary["interrupted"] and "fuzz job" in summary["interrupted"]
+
+
 # ---- item 3: torchrun endings (2 ranks) ------------------------------------------------------
 
 KILLS_AGENT = '''
