@@ -176,11 +176,12 @@ def test_a_stack_python_that_is_not_a_program_is_exit_2(tmp_path, capsys, kind, 
     ("hangs", "the stack driver (vllm) ran past 20 s and was killed"),
     ("prints a fake pass, exit 0", "the stack driver (vllm) exited 0: pass"),
 ])
-def test_a_stack_python_that_hangs_or_lies_fails_and_keeps_the_json(tmp_path, kind, phrase):
+def test_a_stack_python_that_hangs_or_lies_fails_and_keeps_every_report(tmp_path, kind, phrase):
     py = _stack_python(tmp_path, kind)
     start = time.monotonic()
     code, out = cpsim(tmp_path, ["run", "--stack", "vllm", "--dcp", "2", "--stack-python", py, "--timeout", "20",
-                                 "--json", str(tmp_path / "r.json")], timeout=120)
+                                 "--json", str(tmp_path / "r.json"), "--junit", str(tmp_path / "r.xml"),
+                                 "--html", str(tmp_path / "r.html")], timeout=120)
     assert time.monotonic() - start < 90, "bounded by --timeout 20"
     assert "Traceback" not in out, out
     assert code == 1, out
@@ -188,6 +189,7 @@ def test_a_stack_python_that_hangs_or_lies_fails_and_keeps_the_json(tmp_path, ki
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["passed"] is False
     assert phrase in json.dumps(data)
+    assert phrase in (tmp_path / "r.xml").read_text() and phrase in (tmp_path / "r.html").read_text()
 
 
 # ---- item 3: fuzz SIGTERMed by its kernel ---------------------------------------------------
@@ -222,6 +224,37 @@ def test_fuzz_sigtermed_by_its_kernel_writes_the_summary_without_a_traceback(tmp
     assert code == 143, out
     assert "interrupted: SIGTERM" in out
     assert json.loads((tmp_path / "out" / "fuzz-summary.json").read_text())["interrupted"] == "SIGTERM"
+
+
+SIGTERMS_ITS_JOB = '''
+import os, signal, sys
+sys.path.insert(0, {kernels!r})
+from callable_abi import slot_mapping as _correct
+
+
+def slot_mapping(positions, req_indices, idx_mapping, block_table, block_size, kv_block_size,
+                 cp_world_size, cp_rank, cp_interleave, is_circular, pad_id):
+    """The kernel's worker's parent is a fuzz job process: SIGTERM it."""
+    os.kill(os.getppid(), signal.SIGTERM)
+    return _correct(positions, req_indices, idx_mapping, block_table, block_size, kv_block_size,
+                    cp_world_size, cp_rank, cp_interleave, is_circular, pad_id)
+'''
+
+
+def test_a_kernel_that_sigterms_its_fuzz_job_is_exit_1_naming_it_not_an_internal_error(tmp_path):
+    """The job's death is the kernel's deed (cpsim sent no SIGTERM): never exit 0, never cpsim's own
+    "internal error" (exit 3); exit 1, one line naming the job and the signal, the summary kept."""
+    kernel = tmp_path / "sigterms_job.py"
+    kernel.write_text(SIGTERMS_ITS_JOB.format(kernels=str(Path(__file__).parent / "kernels")))
+    code, out = cpsim(tmp_path, ["fuzz", "--kernel-v1", f"{kernel}:slot_mapping", "--kernel-abi", "callable",
+                                 "--max-examples", "5", "--jobs", "2", "--no-db", "--quiet",
+                                 "--out", str(tmp_path / "out")])
+    assert "Traceback" not in out and "internal error" not in out, out
+    assert code == 1, out
+    text = " ".join(out.split())
+    assert "was ended by SIGTERM, which cpsim did not send" in text, out
+    summary = json.loads((tmp_path / "out" / "fuzz-summary.json").read_text())
+    assert "SIGTERM" in summary["interrupted"] and "fuzz job" in summary["interrupted"]
 
 
 # ---- item 3: torchrun endings (2 ranks) ------------------------------------------------------

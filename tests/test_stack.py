@@ -113,6 +113,37 @@ def test_host_code_that_dies_is_kernel_completes_failed_on_its_rank(tmp_path, de
     assert kind in kc["violations"][0]["message"] and "rank 1" in kc["violations"][0]["message"]
 
 
+def _lying_python(tmp_path) -> list[str]:
+    """A --stack-python that prints a fake pass and exits 0 without running the driver."""
+    py = tmp_path / "python"
+    py.write_text("#!/bin/sh\necho pass\nexit 0\n")
+    py.chmod(0o755)
+    return ["--stack", "vllm", "--dcp", "2", "--stack-python", str(py)]
+
+
+@pytest.mark.parametrize("ending, argv, code", [
+    ("a pass", lambda tmp: own("ascend_shape"), 0),
+    ("a violation", lambda tmp: own("mamba_width_div_cp"), 1),
+    ("host code that dies", lambda tmp: ["--stack", "vllm-ascend", "--paths", "v1", "--stack-python", sys.executable,
+                                         "--stack-classes", str(hostile(tmp, "os.kill(os.getpid(), signal.SIGSEGV)"))],
+     1),
+    ("a lying --stack-python", _lying_python, 1),
+])
+def test_every_requested_report_is_written_on_every_ending(tmp_path, ending, argv, code):
+    """--json, --junit and --html of the stack route, as plain ``cpsim run`` writes them; each says the verdict."""
+    import xml.etree.ElementTree as ET
+    files = {flag: tmp_path / f"r.{flag[2:]}" for flag in ("--junit", "--html")}
+    got, rep = run(tmp_path, *argv(tmp_path), *[x for flag, f in files.items() for x in (flag, str(f))])
+    assert got == code and rep["passed"] is (code == 0), ending
+    suite = ET.parse(files["--junit"]).getroot()
+    assert (int(suite.get("failures")) > 0) is (code == 1), ending
+    assert sorted({c.get("name").split("::")[-1] for c in suite.iter("testcase") if c.find("failure") is not None}) \
+        == sorted(failing(rep)), ending
+    page = files["--html"].read_text()
+    assert ("invariants violated" if code else "all invariants hold") in page, ending
+    assert all(inv in page for inv in failing(rep)), ending
+
+
 def test_a_hung_job_is_killed_and_the_next_job_still_judged(tmp_path):
     from cpsim import scenario as sc
     mark = tmp_path / "hung-once"  # the first job to get here hangs, every later one runs

@@ -10,6 +10,7 @@ same check on every stop: its torchrun rows).
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 import os
 import subprocess
 import sys
@@ -50,11 +51,16 @@ def test_tp_larger_than_dcp_judges_each_cp_group_and_a_tp_rank_bug_fails_the_sec
     assert "the classes file's own init_distributed" in " ".join(rep["stack"]["patches"])
     assert not any("answered per rank" in p for p in rep["stack"]["patches"])  # nothing stood in for the groups
 
-    proc = cpu_sim(4, "--dcp", "2", *own("tp_rank_for_dcp"), "--timeout", "60", "--quiet", "--json", str(bad))
+    xml, page = tmp_path / "bad.xml", tmp_path / "bad.html"
+    proc = cpu_sim(4, "--dcp", "2", *own("tp_rank_for_dcp"), "--timeout", "60", "--quiet", "--json", str(bad),
+                   "--junit", str(xml), "--html", str(page))
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
     first, second = json.loads(bad.read_text())["cp_groups"]
     assert not failing(first)
     assert {"owner-rule", "exactly-one-owner"} <= failing(second)
+    failed = {c.get("classname") for c in ET.parse(xml).getroot().iter("testcase") if c.find("failure") is not None}
+    assert failed and all("CP group 1" in name for name in failed), failed  # every requested report, per group
+    assert "CP group 0" in page.read_text() and "owner-rule" in page.read_text()
 
 
 def hostile(tmp_path: Path, deed: str, on_rank: int) -> Path:

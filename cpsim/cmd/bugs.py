@@ -22,7 +22,7 @@ from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.scenario import PRESETS, Scenario
-from cpsim.validate import write_outputs
+from cpsim.report.outputs import write_requested
 from cpsim.run.sizing import SizingFailure
 from cpsim.kernels.under_test import to_record
 from cpsim.report.progress import progress
@@ -188,14 +188,9 @@ def main_reproduce(args) -> int:
              "knobs": dataclasses.asdict(knobs), "paths_skipped": skipped,
              "profile": prof.name, "profile_notes": profiles.notes(s, prof, paths)}
 
-    def html() -> None:
-        from cpsim.report.html import write_checked
-        write_checked(args.html, s, r.gathered, r.verdicts, extra, subjects=subjects)
-
     code = _verdict(c, f, args.fixed, r.failed)
-    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, r.verdicts, {
-                       **extra, "ownership": [dataclasses.asdict(o) for o in own]}, subjects))),
-                   ("--html", args.html, html)])
+    write_requested(args, s, r.verdicts, {**extra, "ownership": [dataclasses.asdict(o) for o in own]}, subjects,
+                    r.gathered, page_extra=extra)
     return code
 
 

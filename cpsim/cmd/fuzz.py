@@ -126,6 +126,8 @@ def main(args) -> int:
     except (KeyboardInterrupt, Interrupted) as e:
         e.wrote = _keep_partial(cfg, e, early, started)
         raise
+    except fz.JobEnded as e:
+        return _job_ended(cfg, e, early, started)
     except fz.JobFailed as e:
         return _job_failed(cfg, e)
     problems = fz.write_findings(cfg, result)  # repros first, then the summary; never lost
@@ -179,6 +181,17 @@ def _job_failed(cfg: fz.FuzzConfig, e: "fz.JobFailed") -> int:
     return INTERNAL_ERROR
 
 
+def _job_ended(cfg: fz.FuzzConfig, e: "fz.JobEnded", early: set[Path], started: float) -> int:
+    """A job ended by a signal cpsim did not send (its kernel's deed): the findings so far and the summary
+    (saying so) are kept, one line names the job and the signal, exit 1: never a pass, not cpsim's error."""
+    from rich.markup import escape
+    wrote = _keep_partial(cfg, e, early, started, why=e.why)
+    terminal.console(stderr=True).print(
+        f"[bold red]FAIL:[/bold red] {escape(str(e))}" + (f"; {', '.join(wrote)} say so" if wrote else ""),
+        highlight=False, soft_wrap=True)
+    return 1
+
+
 def _drop_superseded(early: set[Path], result: fz.FuzzResult) -> None:
     """Remove the first-sighting repros whose signature ended with another (smaller) scenario's file."""
     final = {f.repro for f in result.findings if f.repro}
@@ -186,11 +199,12 @@ def _drop_superseded(early: set[Path], result: fz.FuzzResult) -> None:
         path.unlink(missing_ok=True)
 
 
-def _keep_partial(cfg: fz.FuzzConfig, e: BaseException, early: set[Path], started: float) -> list[str]:
-    """Ctrl-C or SIGTERM: write the repros and the summary of what was found so far (the summary says
-    it was interrupted); the files written, for the CLI's one line."""
+def _keep_partial(cfg: fz.FuzzConfig, e: BaseException, early: set[Path], started: float,
+                  why: str | None = None) -> list[str]:
+    """Ctrl-C or SIGTERM (or ``why`` the search stopped): write the repros and the summary of what was found
+    so far (the summary says it was interrupted); the files written, for the CLI's one line."""
     import signal
-    name = "SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name
+    name = why or ("SIGINT" if isinstance(e, KeyboardInterrupt) else signal.Signals(e.signum).name)
     partial = getattr(e, "partial", None) or fz.FuzzResult(0, time.monotonic() - started, [], cfg.space, cfg.jobs)
     old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}  # a second one waits
     try:

@@ -36,7 +36,8 @@ from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
 from cpsim.schema import parse
-from cpsim.validate import check_world, read_data, write_outputs
+from cpsim.validate import check_world, read_data
+from cpsim.report.outputs import write_requested
 from cpsim.run.sizing import SizingFailure
 
 
@@ -96,14 +97,8 @@ def main(args) -> int:
     extra = {"inject": r.inject, "violation": out.summary(), "recorded_violation": r.violation,
              "kernels": to_record(kernels, r.paths), "profile": prof.name, "sizing": r.sizing or None}
 
-    def html() -> None:
-        from cpsim.report.html import write_checked
-        write_checked(args.html, r.scenario, out.gathered, out.verdicts, extra, subjects=subjects)
-
     code = _verdict(console, recorded, out.failed, out.invariants())
-    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(r.scenario, out.verdicts,
-                                                                                             extra, subjects))),
-                   ("--html", args.html, html)])
+    write_requested(args, r.scenario, out.verdicts, extra, subjects, out.gathered)
     return code
 
 

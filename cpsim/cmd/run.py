@@ -31,7 +31,7 @@ from cpsim import sizing
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.report.progress import progress
-from cpsim.validate import write_outputs
+from cpsim.report.outputs import write_requested
 from cpsim.kernels.under_test import to_record
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
@@ -102,17 +102,7 @@ def main(args) -> int:
              "inject": args.inject, "inject_rank": inject_rank,
              "kernels": {p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in kernels.items()}}
 
-    def junit() -> None:
-        from cpsim.report.junit import write_junit
-        write_junit(args.junit, [(s, verdicts)], subjects=subjects)
-
-    def html() -> None:
-        from cpsim.report.html import write_checked
-        write_checked(args.html, s, gathered, verdicts, {"paths_skipped": skipped}, subjects=subjects)
-
-    write_outputs([("--json", args.json, lambda: report.write_json(args.json, report.to_dict(s, verdicts, extra,
-                                                                                              subjects))),
-                   ("--junit", args.junit, junit), ("--html", args.html, html)])
+    write_requested(args, s, verdicts, extra, subjects, gathered, page_extra={"paths_skipped": skipped})
     return run_status(verdicts, held)
 
 

@@ -13,10 +13,15 @@ from cpsim.cmd.options import DefaultPaths
 from cpsim.cmd.inputs import parse_paths, scenario_from_args
 from cpsim.errors import ConfigError
 from cpsim.report import report
+from cpsim.report.html import write_html_many
+from cpsim.report.junit import write_junit
+from cpsim.report.outputs import write_requested
+from cpsim.validate import write_outputs
 from cpsim.cmd.torchrun_job import stop_writer, torchrun_world
 
 # v1: the release's per-group BlockTable (MultiGroupBlockTable); v2: its MRV2 BlockTables.
 STACK_PATHS = ("v1", "v2")
+NO_PICTURE = "no picture: the release's host classes are judged on the slot mappings they computed, not drawn"
 
 
 def _paths(args) -> list[str]:
@@ -50,9 +55,9 @@ def no_answer(s, paths: list[str], why: str):
         p: host.KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
 
 
-def _report(args, s, result, torchrun: dict | None = None, write_json: bool = True) -> int:
+def _report(args, s, result, torchrun: dict | None = None, write_reports: bool = True) -> int:
     """The verdicts, the release, its profile and patches (under torchrun also where each rank sat in
-    the runtime's groups); the --json file."""
+    the runtime's groups); the --json / --junit / --html files, on every ending that has verdicts."""
     console = Console()
     verdicts = result.verdicts
     if args.quiet:
@@ -74,12 +79,12 @@ def _report(args, s, result, torchrun: dict | None = None, write_json: bool = Tr
                                                 f"{r['dcp_world']}" if "dcp_rank" in r else
                                                 f"torchrun rank {r['rank']}: {r['error']}" for r in torchrun["ranks"]),
                           highlight=False, soft_wrap=True)
-    if args.json and write_json:
+    if write_reports:
         stack = {"release": result.release, "profile": result.profile or "cpsim", "patches": result.patches,
                  **contract_json(result)}
         if torchrun:
             stack["torchrun"] = torchrun
-        report.write_json(args.json, report.to_dict(result.scenario, verdicts, {"stack": stack}))
+        write_requested(args, result.scenario, verdicts, {"stack": stack}, picture_note=NO_PICTURE)
     return exit_status(result)
 
 
@@ -179,18 +184,29 @@ def _judge_world(args, s, paths: list[str], ranks: list[dict]) -> int:
         return 2
     if len(groups) == 1:
         return _report(args, s, groups[0][0], groups[0][1])
-    codes = [_report(args, s, result, torchrun, write_json=False) for result, torchrun in groups]
-    if args.json:
-        report.write_json(args.json, {
-            "passed": not any(c == 1 for c in codes),
-            "stack": {"release": groups[0][0].release, "profile": groups[0][0].profile or "cpsim",
-                      "patches": groups[0][0].patches, "torchrun_world": len(ranks), **contract_json(groups[0][0])},
-            "cp_groups": [report.to_dict(result.scenario, result.verdicts, {"torchrun": torchrun})
-                          for result, torchrun in groups]})
+    codes = [_report(args, s, result, torchrun, write_reports=False) for result, torchrun in groups]
+    stack = {"release": groups[0][0].release, "profile": groups[0][0].profile or "cpsim",
+             "patches": groups[0][0].patches, "torchrun_world": len(ranks), **contract_json(groups[0][0])}
+    _write_groups(args, groups, stack, not any(c == 1 for c in codes))
     bad = sum(1 for c in codes if c == 1)
     Console().print(f"[bold red]{bad} of {len(groups)} CP group(s) fail[/bold red]" if bad else
                     f"[bold green]all {len(groups)} CP group(s) pass[/bold green]")
     return 1 if bad else max(codes)
+
+
+def _write_groups(args, groups: list[tuple], stack: dict, passed: bool) -> None:
+    """Several CP groups: one --json holding each group's report, one JUnit suite and one page of them all."""
+    items = [(f"CP group {i} (torchrun ranks {t['ranks'][0]['rank']}-{t['ranks'][-1]['rank']})", result.scenario,
+              result.verdicts) for i, (result, t) in enumerate(groups)]
+    write_outputs([
+        ("--json", args.json, lambda: report.write_json(args.json, {
+            "passed": passed, "stack": stack,
+            "cp_groups": [report.to_dict(result.scenario, result.verdicts, {"torchrun": torchrun})
+                          for result, torchrun in groups]})),
+        ("--junit", args.junit, lambda: write_junit(args.junit, [(s, v, label) for label, s, v in items])),
+        ("--html", args.html, lambda: write_html_many(args.html, f"--stack {args.stack} host classes on torchrun "
+                                                                 f"world {sum(len(t['ranks']) for _, t in groups)}",
+                                                      items, extra={"stack": stack}))])
 
 
 def _judge_group(args, s, paths: list[str], inputs: list, ranks: list[dict], first: int):

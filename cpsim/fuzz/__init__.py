@@ -37,7 +37,7 @@ PUBLIC = {
                      "signature_text"), "signature"),
     **dict.fromkeys(("INT32_SPACE", "SPACES", "FuzzConfig", "FuzzResult", "Progress", "_Searcher",
                      "check_db_dir", "finish", "search", "shrink_cache", "shrink_caches"), "searcher"),
-    **dict.fromkeys(("JobFailed", "check_out_dir", "fuzz", "merge", "repro_of", "search_jobs", "write_findings"),
+    **dict.fromkeys(("JobEnded", "JobFailed", "check_out_dir", "fuzz", "merge", "repro_of", "search_jobs", "write_findings"),
                     "jobs"),
     **dict.fromkeys(("SEED_STRIDE", "SignatureFailure", "database_of", "hypothesis_round", "scenarios",
                      "strategy_of"), "rounds"),

@@ -105,6 +105,29 @@ class JobFailed(RuntimeError):
         self.job, self.cause, self.trace = job, cause, trace
 
 
+class JobEnded(RuntimeError):
+    """A fuzz job process was ended by a signal cpsim did not send (the parent signals a job only after
+    it stopped reporting): the kernel under test, whose workers are the job's children, or something
+    outside cpsim. Not a bug in cpsim (exit 3), and never a pass: the search stopped there.
+
+    ``why``: what the summary's ``interrupted`` says; ``partial``: every finding reported before."""
+
+    def __init__(self, job: int, signal_name: str):
+        super().__init__(f"fuzz job {job} was ended by {signal_name}, which cpsim did not send (the kernel under "
+                         f"test signalled its job, or something outside cpsim did); the search stopped there")
+        self.why = f"{signal_name} of fuzz job {job}, not sent by cpsim"
+        self.partial: FuzzResult | None = None
+
+
+def _ending_signal(exitcode: int | None) -> str | None:
+    """The signal that ended a job process, by its exit code: killed by it (negative), or its SIGTERM
+    handler's exit (:func:`cpsim.fuzz.stop.end_job`, 128 + SIGTERM); None for any other exit."""
+    import signal
+    if exitcode is not None and exitcode < 0:
+        return signal.Signals(-exitcode).name
+    return "SIGTERM" if exitcode == 128 + signal.SIGTERM else None
+
+
 class _Jobs:
     """The parent's side of ``search_jobs``: the job processes and what they have said so far."""
 
@@ -153,6 +176,8 @@ class _Jobs:
             for job, p in self.procs.items():
                 if job not in self.done and not p.is_alive() and not self.take(0.5):
                     self.stop()
+                    if _ending_signal(p.exitcode):  # no signal of ours yet: the kernel's, or from outside
+                        raise JobEnded(job, _ending_signal(p.exitcode))
                     raise JobFailed(job, f"its process ended (exit code {p.exitcode}) before it reported its result")
         for p in self.procs.values():
             p.join()
@@ -206,6 +231,9 @@ def search_jobs(cfg: FuzzConfig, on_progress: Callable[[dict], None] | None = No
         if jobs is not None:
             jobs.stop()
             e.partial = jobs.partial(started, cfg.space)
+        raise
+    except JobEnded as e:  # wait() stopped the jobs already
+        e.partial = jobs.partial(started, cfg.space)
         raise
     jobs.queue.close()
     results = [FuzzResult(d["examples"], 0.0, [_finding_from(x) for x in d["findings"]], cfg.space, 1,

@@ -186,12 +186,13 @@ def write_html(path: str | Path, scenario: Scenario, verdicts: list[Verdict],
 
 
 def write_checked(path: str | Path, s: Scenario, gathered: dict | None, verdicts: list[Verdict],
-                  extra: dict[str, Any] | None = None, subjects: dict[str, dict] | None = None) -> None:
-    """The page of one checked scenario, with its picture when it can be drawn."""
+                  extra: dict[str, Any] | None = None, subjects: dict[str, dict] | None = None,
+                  picture_note: str | None = None) -> None:
+    """The page of one checked scenario, with its picture when it can be drawn (else ``picture_note``)."""
     from cpsim.allocator import allocate_world
 
     png, note = (picture_for(s, gathered, allocate_world(s), verdicts, subjects) if gathered
-                 else (None, "no picture: the run raised before gathering"))
+                 else (None, picture_note or "no picture: the run raised before gathering"))
     write_html(path, s, verdicts, png, extra, picture_note=note, subjects=subjects)
 
 
