@@ -302,6 +302,10 @@ class Scenario:
             path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+# The dataclasses a scenario is made of (a plain-data message holding one names them: cpsim.run.plain).
+DATA_CLASSES = (Scenario, CPConfig, KVGroup, Limits, Request, Batch)
+
+
 def _group(i: int, g: dict[str, Any]) -> KVGroup:
     """A group from JSON/TOML: ``cp_sharded`` is the older spelling of ``cp_size`` (true = the
     world size, false = 1); both may be given only when they agree."""

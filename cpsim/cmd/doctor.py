@@ -117,7 +117,7 @@ def _torchrun(args) -> int:
                                  fault=hooks.fault if hooks.fault_rank == comm.rank else 0)
         rows.append(gather)
         mine = {"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": dev.describe()}
-        everyone = comm.all_gather_objects((mine, rows), "doctor rows")
+        everyone = comm.all_gather_objects((mine, rows), "doctor rows", (doctor.Row,))
         code = 0
         if comm.rank == 0:
             code = report(terminal.console(), [r for _, r in everyone], [m for m, _ in everyone], args.json)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -29,6 +28,7 @@ from typing import Callable
 import torch
 
 from cpsim.errors import ConfigError, DistError
+from cpsim.run import plain
 from cpsim.run.torchrun_env import DEVICES, launched_by_torchrun  # noqa: F401  (re-exported)
 
 HEARTBEAT_S = 0.5
@@ -486,8 +486,16 @@ class Comm:
         out = self.all_gather(buf, what=what, ctrl=True).view(self.world, width)
         return [bytes(out[r, : int(sizes[r])].tolist()) for r in range(self.world)]
 
-    def all_gather_objects(self, obj, what: str = "exchange") -> list:
-        return [pickle.loads(b) for b in self.all_gather_bytes(pickle.dumps(obj), what)]
+    def all_gather_objects(self, obj, what: str = "exchange", classes: tuple = ()) -> list:
+        """Every rank's ``obj`` as plain data (``cpsim.run.plain``: JSON, never pickle); ``classes``: the
+        dataclasses it may hold. A payload that is not is a DistError naming the rank."""
+        out = []
+        for r, data in enumerate(self.all_gather_bytes(plain.encode(obj), what)):
+            try:
+                out.append(plain.decode(data, classes))
+            except plain.PlainError as e:
+                raise DistError(f"{what}: rank {r} sent what is not plain data ({e})") from None
+        return out
 
     def cp_group(self, size: int) -> tuple[int, object | None]:
         """(replica index, process group) of this rank for CP groups of ``size`` consecutive ranks.

@@ -31,11 +31,12 @@ import torch
 import cpsim
 from cpsim.check import coordinator
 from cpsim.allocator import allocate_rank, allocate_world
-from cpsim.check.coordinator import Verdict
+from cpsim.check.coordinator import Example, Verdict, Violation
 from cpsim.errors import DistError
 from cpsim.layout import POISON
 from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure
 from cpsim.run.isolation import KernelFailed, run_rank_checked
+from cpsim import scenario as sc
 from cpsim.scenario import Scenario
 from cpsim.run.world import failed, knobs_for, stack
 
@@ -73,6 +74,10 @@ class RankInfo:
     pid: int
     device: str
     timings: dict = field(default_factory=dict)  # seconds per phase (see PHASES)
+
+
+# What a CP group's result (``GroupResult``) may hold, for the plain-data gather (``cpsim.run.plain``).
+RESULT_CLASSES = (GroupResult, Verdict, Violation, Example, *sc.DATA_CLASSES)
 
 
 # Per-rank wall time by phase: start-up (cpsim import to process group ready), the
@@ -235,7 +240,7 @@ def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device) -> list[Gr
             result = GroupResult(entry.label, g, ranks, s, [same]) if pos == 0 else None
         else:
             result = _run_group(comm, pg, entry, s, g, pos, ranks, fps[g], hooks, device)
-    payloads = comm.all_gather_objects(result, f"{entry.label}: verdicts")
+    payloads = comm.all_gather_objects(result, f"{entry.label}: verdicts", RESULT_CLASSES)
     return [p for p in payloads if p is not None]
 
 
@@ -319,7 +324,7 @@ def _execute(args, entries, report, progress, stopped=None) -> int:
             results += run_entry(comm, entry, hooks, dev.device)
             if progress is not None and comm.rank == 0:
                 progress(i, entry)
-        infos = comm.all_gather_objects(rank_info(comm), "rank info")
+        infos = comm.all_gather_objects(rank_info(comm), "rank info", (RankInfo,))
         code = report(results, infos) if comm.rank == 0 else 0
         if comm.rank == 0:
             sys.stdout.flush()
