@@ -35,29 +35,27 @@ still become failures; crashes and hangs are not caught) - for debugging only.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import itertools
-import math
-import multiprocessing
 import os
-import select
-import signal
-import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from multiprocessing.reduction import ForkingPickler
 from typing import Callable
 
-import numpy as np
 import torch
 
 from cpsim import recording
-from cpsim.errors import ConfigError, DistError
-from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure, prep, run_path
-from cpsim.run import reaper, wire
+from cpsim.errors import ConfigError
+from cpsim.paths import KernelFailure, Knobs, RankOutput
+from cpsim.run import wire
+from cpsim.run.chunks import (_answered, _batched, _first_failure, _load_message,  # noqa: F401
+                              _not_reproduced, _Run, _send_frames, _shares, _stop_busy)
+from cpsim.run.in_process import _in_process, _sequential
+from cpsim.run.outcome import KernelFailed, _exit_text, _fail, _unloaded, raised_text  # noqa: F401
+from cpsim.run.worker import (LOST, Worker, _pool, _readable, _record, _worker, pool_size,  # noqa: F401
+                              sweep_escaped, usable_cores, _end_groups)
 
 DEFAULT_TIMEOUT_S = 300.0
-STARTUP_S = 120.0  # bound for starting the worker and importing Triton there (not the kernel's time)
 
 
 @dataclass(frozen=True)
@@ -102,339 +100,6 @@ def current() -> Isolation:
     return _config
 
 
-# The child's first line: cpsim is imported from where this process imported it, never from the
-# current directory (``-c`` would put it first on sys.path, and a ``cpsim/`` folder there shadows
-# the package: issue 30, item 1).
-_BOOT = ("import sys; sys.path[0] = sys.argv[1]; "
-         "from cpsim.run.kernel_worker import main; main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
-_CPSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_groups: set[int] = set()  # process groups of live workers: ended when cpsim exits
-
-
-def _python() -> str:
-    import sys
-    return sys.executable
-
-
-def _end_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-@atexit.register
-def _end_groups() -> None:
-    """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
-    tree and process group, every process still carrying this process's worker marker
-    (``cpsim.run.reaper``), and, as a subreaper (the CLI), every process still descending from this
-    one, wherever its session."""
-    reaper.end_trees(list(_groups))
-    for pgid in list(_groups):
-        _end_group(pgid)
-    _groups.clear()
-    reaper.sweep()
-    if reaper.is_subreaper():
-        reaper.end_descendants()
-
-
-def sweep_escaped() -> list[int]:
-    """End the processes a dead worker's kernel left (found by the worker marker), sparing the live
-    workers and what is below them (their kernels' children end when the worker is stopped); the
-    marked pids found. Run when a check is over: nothing of a kernel is meant to run then."""
-    live = [w.proc.pid for w in _pool if w.alive()]
-    return reaper.sweep(spare=reaper.tree(live))
-
-
-class KernelFailed(DistError):
-    """A rank run that did not complete; ``failure`` says how.
-
-    Both worlds turn it into a ``kernel-completes`` violation (under torchrun the
-    failure record is gathered in place of the rank's slots, ``cpsim.run.distrun``).
-    """
-
-    def __init__(self, failure: KernelFailure):
-        self.failure = failure
-        super().__init__(failure.message)
-
-
-def _label(path: str, kernel) -> str:
-    return f"{path}: {kernel.spec}" if kernel is not None else f"{path}: built-in kernel"
-
-
-def _fail(kind: str, text: str, path: str, rank: int, kernel, group: str = "*") -> KernelFailed:
-    where = f"on rank {rank}" + (f", group {group}" if group != "*" else "")
-    return KernelFailed(KernelFailure(path, rank, kind, f"kernel {text} {where} [{_label(path, kernel)}]", group))
-
-
-def raised_text(name: str, text: str) -> str:
-    """"raised NAME: message at FILE:LINE ..." (no colon before the place when the message is empty)."""
-    return f"raised {name}" + ("" if not text else f"{text}" if text.startswith(" at ") else f": {text}")
-
-
-def _exit_text(code: int | None) -> tuple[str, str]:
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return "crashed", f"crashed with {name}"
-    return "exited", f"ended its process with exit code {code} (os._exit or a fatal error)"
-
-
-class Worker:
-    """One child process running rank runs; restarted after it dies or is killed.
-
-    The child is a fresh interpreter (``kernel_worker.main``) in a session and process group of its
-    own: it imports cpsim from the directory this process imported it from (never the current
-    directory, which may hold another ``cpsim/`` folder), needs no ``__main__`` guard in the user's
-    script (nothing of ``__main__`` is imported there), and ``stop`` ends its whole tree and group,
-    so a process the kernel forked does not outlive cpsim, even one in a session of its own (the
-    child is the subreaper of its subtree; ``cpsim.run.reaper``). A terminal's Ctrl-C reaches this
-    process only.
-    """
-
-    def __init__(self) -> None:
-        self.proc = None
-        self.conn = None
-        self.pidfd: int | None = None  # readable once the child has ended (``_readable``)
-        self.device: str | None = None
-        self.loaded: int | None = None  # the scenario the child holds (``run_paths`` sends it once per scenario)
-        self.generation = 0             # children started so far: a run sent to an earlier one must be sent again
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def spawn(self, device: str) -> None:
-        """Start the child and ask it to prepare; ``ready`` waits for the answer (so that
-        several workers start at once)."""
-        import socket
-        import subprocess
-        import sys
-        from multiprocessing.connection import Connection
-        here, there = socket.socketpair()
-        authkey = multiprocessing.current_process().authkey.hex()  # torch's shared tensors travel under it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
-            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=reaper.worker_env())
-        _groups.add(self.proc.pid)
-        self.pidfd = _pidfd(self.proc.pid)
-        there.close()
-        self.conn, self.device = Connection(here.detach()), device
-        self.loaded = None
-        self.generation += 1
-        try:
-            self.conn.send(("prepare", device, torch.get_num_threads()))
-        except OSError:
-            pass
-
-    def ready(self) -> None:
-        reply = self._recv(STARTUP_S)
-        if isinstance(reply, wire.Ready):
-            return
-        code = self.proc.poll() if self.proc is not None else None
-        self.stop()
-        if isinstance(reply, wire.Refused):
-            raise ConfigError(reply.field, reply.rule)
-        if isinstance(reply, wire.Dead):
-            why = (f"exited with code {code}" if code is None or code >= 0 else f"was killed ({_exit_text(code)[1]})")
-            raise DistError(f"the kernel worker process {why} while it started, before any kernel ran (its "
-                            f"error is printed above); check that `{_python()} -c 'import cpsim.run.kernel_worker'` "
-                            f"works, or set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
-        if isinstance(reply, wire.Timeout):
-            raise DistError(f"the kernel worker process did not start within {STARTUP_S:g} s; the machine "
-                            f"may be overloaded; set CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
-        raise DistError(f"the kernel worker process answered its start with {reply}; set "
-                        f"CPSIM_KERNEL_ISOLATION=0 to run kernels in-process")
-
-    def start(self, device: str) -> None:
-        self.spawn(device)
-        self.ready()
-
-    def ensure(self, device: str) -> bool:
-        """Spawn a fresh child unless a live one for ``device`` is there; True when spawned."""
-        if self.alive() and self.device == device:
-            return False
-        self.stop()
-        self.spawn(device)
-        return True
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            reaper.end_trees([self.proc.pid])  # the child and whatever it forked, in any session
-            _end_group(self.proc.pid)
-            _groups.discard(self.proc.pid)
-            try:
-                self.proc.wait(5)
-            except Exception:  # noqa: BLE001  (a child that will not die is left to the kernel; not waited for)
-                pass
-        if self.conn is not None:
-            self.conn.close()
-        if self.pidfd is not None:
-            os.close(self.pidfd)
-        self.proc = self.conn = self.pidfd = None
-
-    def _read(self, timeout: float = STARTUP_S):
-        """The next reply, known to be there or the child ended (``_readable``), as a ``wire``
-        message; ``Dead`` when the child is gone before a whole reply came (a process the kernel
-        forked may hold the pipe open: the child's end is watched too), ``Timeout`` when a reply
-        begun is not whole within ``timeout``, ``Garbled`` when what came is no well-formed reply."""
-        try:
-            frame = wire.read_frame(self.conn.fileno(), timeout, lambda: not self.alive(), self.pidfd)
-            return wire.decode(frame)
-        except TimeoutError:  # before OSError, of which it is a kind
-            return wire.Timeout()
-        except (EOFError, OSError):
-            return wire.Dead()
-        except wire.Malformed as e:
-            return wire.Garbled(str(e))
-
-    def _recv(self, timeout: float):
-        """The next reply; ``Timeout`` when the child did not answer in time, ``Dead`` when it died."""
-        import time
-        deadline = time.monotonic() + timeout
-        try:
-            if not _readable([self], timeout):
-                return wire.Timeout()
-        except OSError:
-            return wire.Dead()
-        return self._read(max(0.0, deadline - time.monotonic()))
-
-    def _ask(self, msg, timeout: float):
-        try:
-            self.conn.send(msg)
-        except (EOFError, OSError):
-            return wire.Dead()
-        return self._recv(timeout)
-
-    def lost(self, reply, path: str, rank: int, kernel, timeout: float) -> KernelFailed:
-        """The failure for a child that timed out or died on ``rank``, or lost a batched chunk (a fault
-        surfaced when its outputs were read back); the child is gone after it."""
-        if isinstance(reply, wire.LostOnReadback):
-            self.stop()
-            return _fail("raised", f"raised {reply.name}" + (f": {reply.text}" if reply.text else "")
-                         + " when the outputs were read back", path, rank, kernel)
-        if isinstance(reply, wire.Garbled):
-            self.stop()
-            return _fail("garbled", f"process sent a reply that is not well-formed plain data ({reply.why}; "
-                                    f"worker killed, nothing of it was unpickled)", path, rank, kernel)
-        if isinstance(reply, wire.Timeout):
-            self.stop()
-            return _fail("timeout", f"exceeded {timeout:g} s (worker killed)", path, rank, kernel)
-        try:
-            code = self.proc.wait(5)
-        except Exception:  # noqa: BLE001  (the pipe closed, the process still there: killed below)
-            code = None
-        self.stop()
-        kind, text = _exit_text(code)
-        return _fail(kind, text, path, rank, kernel)
-
-    def run(self, path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel, timeout: float
-            ) -> RankOutput | None:
-        if self.ensure(device):
-            self.ready()
-        reply = self._ask(("run", path, s, allocs, rank, device, knobs, _record(kernel)), timeout)
-        if isinstance(reply, LOST):
-            raise self.lost(reply, path, rank, kernel, timeout)
-        return self.answer(reply, path, rank, kernel)
-
-    def answer(self, reply, path: str, rank: int, kernel):
-        """A rank run's output from the child's reply, or the failure it names. A reply that is not
-        one a rank run answers with, or that answers for another path or rank, is the kernel's
-        doing (it owns the child's socket): a failure on this rank, and the child is stopped."""
-        from cpsim.run.kernel_worker import unpack
-        if isinstance(reply, wire.RankDone):
-            if (reply.path, reply.rank) != (path, rank):
-                raise self.lost(wire.Garbled(f"it answered for path {reply.path[:40]!r} rank {reply.rank}"),
-                                path, rank, kernel, 0)
-            for note in reply.notes:
-                kernel.note(note)
-            return unpack(reply.output)
-        if isinstance(reply, wire.Value):  # a ``call``'s result
-            for note in reply.notes:
-                kernel.note(note)
-            arrays = tuple(np.array(a) for a in reply.arrays)
-            return arrays if reply.many else arrays[0]
-        if isinstance(reply, wire.Refused):
-            raise ConfigError(reply.field, reply.rule)
-        if isinstance(reply, wire.Raised):
-            raise _fail("raised", raised_text(reply.name, reply.text), path, rank, kernel, reply.group)
-        if isinstance(reply, wire.Exited):
-            raise _fail("exited", f"called sys.exit({reply.code})", path, rank, kernel, reply.group)
-        if isinstance(reply, wire.Unloaded):  # its import raised or exited in this child (the probe's child had it load)
-            raise _fail(reply.kind, reply.message, path, rank, kernel)
-        raise self.lost(reply if isinstance(reply, wire.Garbled) else
-                        wire.Garbled(f"a {type(reply).__name__} where a rank run's reply was due"),
-                        path, rank, kernel, 0)
-
-
-LOST = (wire.Timeout, wire.Dead, wire.Garbled)  # the child did not answer, or answered with no well-formed reply
-
-
-def _record(kernel) -> dict | None:
-    return None if kernel is None else kernel.record()
-
-
-def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel,
-                inputs: prep.PerRank | None = None) -> RankOutput | None:
-    """The unprotected way (``CPSIM_KERNEL_ISOLATION=0``, a capture): exceptions and sys.exit still
-    become failures; the kernel is imported into this process for it. ``inputs``: the run's
-    preparation (a stage's, for a path's ranks in turn); else one made for it alone."""
-    if kernel is not None:
-        failure = _unloaded(path, kernel, rank, s.cp.world)
-        if failure is not None:
-            raise KernelFailed(failure)
-        from cpsim.kernels.under_test import here
-        kernel = here(kernel, device)
-        failure = _unloaded(path, kernel, rank, s.cp.world)
-        if failure is not None:
-            raise KernelFailed(failure)
-    inputs = inputs if inputs is not None else prep.PerRank(s, device)
-    try:
-        return run_path(path, s, allocs, rank, device, knobs, kernel, inputs)
-    except ConfigError:
-        raise
-    except SystemExit as e:
-        raise _fail("exited", f"called sys.exit({e.code!r})", path, rank, kernel, inputs.launching) from None
-    except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
-        from cpsim.kernels.under_test import where_raised
-        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(kernel, e)
-        raise _fail("raised", raised_text(type(e).__name__, text), path, rank, kernel,
-                    inputs.launching) from None
-
-
-_worker = Worker()
-_pool: list[Worker] = [_worker]
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def pool_size(device: str) -> int:
-    """Workers per process: two on CPU, sharing the ranks of every path (the interpreter is
-    CPU-bound); four on CUDA, two per default path, each with half of its path's ranks (``_shares``:
-    there the host's work around the microsecond kernels is the cost, and four processes do it side
-    by side; measured on an H200, docs/BENCHMARKS.md, seventh round); one on an NPU, where several
-    contexts on one device were never measured. ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide
-    the cores between them."""
-    env = os.environ.get("CPSIM_KERNEL_WORKERS")
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ConfigError("CPSIM_KERNEL_WORKERS", f"must be a positive integer, got {env!r}")
-        return n
-    kind = str(device).split(":")[0]
-    if kind == "cuda":
-        return 4
-    if kind != "cpu":
-        return 1
-    return max(1, min(2, usable_cores()))
-
-
 def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], kernels: dict,
               on_rank: Callable[[str, int], None] | None = None) -> dict[str, list | KernelFailure]:
     """Every rank of every path: per path the rank outputs in rank order, or the failure of the
@@ -458,15 +123,6 @@ def run_paths(s, paths: list[str], allocs: list, device, knobs: list[Knobs], ker
     if got is not None:
         return got
     return _finish(_start(s, paths, allocs, device, knobs, kernels, on_rank))
-
-
-def _unloaded(path: str, kernel, rank: int, world: int) -> KernelFailure | None:
-    """The failure of every run of a kernel whose import raised, exited, hung or crashed."""
-    failure = None if kernel is None else kernel.load_failure
-    if failure is None:
-        return None
-    return KernelFailure(path, rank, failure.kind, f"kernel {failure.message} [{_label(path, kernel)}]",
-                         "*", [r for r in range(world) if r != rank])
 
 
 def probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
@@ -609,33 +265,6 @@ def forget_ahead() -> None:
     _kept.clear()
 
 
-@dataclass
-class _Run:
-    """One ``run_paths`` call's rank runs: what was sent to which worker, and what came back."""
-
-    s: object
-    paths: list
-    allocs: list
-    device: str
-    knobs: list
-    kernels: dict
-    on_rank: Callable[[str, int], None] | None
-    token: int
-    workers: list
-    outs: dict
-    fails: dict
-    queues: dict     # worker -> [[path, ranks not yet answered, batched], ...], in the order sent
-    deadline: dict   # worker -> when its next reply is due
-    sent_to: dict = field(default_factory=dict)  # worker -> its generation the queue was sent to (None: unsent)
-    retried: dict = field(default_factory=dict)  # path -> (failure, ranks): a batched chunk lost, run again
-    loads: dict = field(default_factory=dict)    # ranks -> the pickled "load" message for them
-
-    def matches(self, s, paths, device, knobs, kernels) -> bool:
-        return (self.s is s and self.paths == list(paths) and self.device == str(device)
-                and self.knobs == list(knobs) and self.kernels.keys() == kernels.keys()
-                and all(self.kernels[p] is kernels[p] for p in kernels))
-
-
 def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
     world = s.cp.world
     size = pool_size(device)
@@ -670,29 +299,6 @@ def _start(s, paths, allocs, device: str, knobs, kernels, on_rank) -> _Run:
     return run
 
 
-def _shares(paths: list[str], world: int, size: int, device: str) -> list[list[tuple[str, list[int]]]]:
-    """What each of up to ``size`` workers runs of one scenario: [(path, ranks)] per worker.
-
-    On CPU a rank run's cost is its kernels in the interpreter, so the ranks are cut into one
-    contiguous chunk per worker, every path's alike. On an accelerator a rank run costs little
-    beside what its path prepares once for all of its ranks (tables, uploads: ``cpsim.paths.prep``),
-    so each worker takes whole paths: cutting the ranks repeats that preparation in every worker.
-    Only with at least two workers per path are a path's ranks cut between its workers."""
-    if str(device).split(":")[0] == "cpu":
-        return [[(p, c) for p in paths] for c in _cut(world, size)]
-    if size >= 2 * len(paths):  # workers to spare: each path's ranks cut between several of them
-        return [[(p, c)] for p in paths for c in _cut(world, size // len(paths))]
-    n = max(1, min(size, len(paths)))
-    return [[(p, list(range(world))) for p in paths[k::n]] for k in range(n)]
-
-
-def _cut(world: int, n: int) -> list[list[int]]:
-    """The ranks ``0 .. world-1`` in at most ``n`` contiguous chunks of nearly one size, none empty."""
-    n = max(1, min(n, world))
-    per = -(-world // n)
-    return [c for c in (list(range(k * per, min(world, (k + 1) * per))) for k in range(n)) if c]
-
-
 def _finish(run: _Run) -> dict[str, list | KernelFailure]:
     for w in run.workers:  # every run sent before this one has been collected: its replies come next
         if not run.queues[w]:
@@ -724,29 +330,6 @@ def _finish(run: _Run) -> dict[str, list | KernelFailure]:
     return results
 
 
-def _not_reproduced(failure: KernelFailure, ranks: list[int]) -> str:
-    where = f"on rank {ranks[0]}" if len(ranks) == 1 else f"on one of ranks {ranks[0]}-{ranks[-1]}"
-    return (failure.message.replace(f"on rank {ranks[0]}", where, 1)
-            + "; run again one rank at a time, every one completed")
-
-
-def _stop_busy(run: _Run) -> None:
-    for w, queue in run.queues.items():
-        if queue:  # an error (a ConfigError) left a child mid-run: its replies are stale
-            w.stop()
-            queue.clear()
-
-
-def _first_failure(fails: list[KernelFailure], without_output: list[int]) -> KernelFailure:
-    """The lowest failing rank is the path's failure, the others named in it; ``not_run`` lists
-    the ranks that never ran (a chunk stops at its failure)."""
-    first = first_failure(fails)
-    failed = {f.rank for f in fails}
-    first.not_run = [r for r in without_output if r not in failed]
-    return first
-
-
-_FRAME = struct.Struct("!i")
 _tokens = itertools.count()  # one per run: names the scenario a worker holds
 
 
@@ -774,40 +357,6 @@ def _send(run: _Run, w: Worker, tasks: list) -> None:
         run.queues[w].append([path, list(ranks), batched])
         if len(run.queues[w]) == 1:
             _due(run, w)
-
-
-def _load_message(run: _Run, ranks: list[int]) -> bytes:
-    """The scenario and the allocations of ``ranks``, pickled once per run however many workers get it."""
-    key = tuple(ranks)
-    if key not in run.loads:
-        run.loads[key] = bytes(ForkingPickler.dumps(("load", run.token, run.s, {r: run.allocs[r] for r in ranks})))
-    return run.loads[key]
-
-
-FRAMES_JOINED = 1 << 16  # bytes of messages written in one system call; larger ones go one by one (no copy)
-
-
-def _send_frames(conn, payloads: list) -> None:
-    """``conn.send_bytes`` of each payload, in order, as one write when they are small: the same bytes
-    (``multiprocessing.connection``'s framing, a 4-byte big-endian length before each message), one
-    system call and one wake-up of the child per task instead of two. The fuzz parent sends a scenario
-    and its run together to up to four workers for every scenario (tests/test_isolation.py reads such
-    writes back through ``Connection.recv``)."""
-    if sum(len(p) for p in payloads) > FRAMES_JOINED:
-        for p in payloads:
-            conn.send_bytes(p)
-        return
-    buf = memoryview(b"".join(_FRAME.pack(len(p)) + bytes(p) for p in payloads))
-    fd = conn.fileno()
-    while buf:
-        buf = buf[os.write(fd, buf):]
-
-
-def _batched(kernel) -> bool:
-    """Whether a chunk's replies come back as one message. Only for cpsim's own kernels, which do
-    not attack the worker: a chunk lost without its reply is run again rank by rank (``_collect``),
-    which is what pins a crash or a hang on a rank. A user's kernel always answers rank by rank."""
-    return kernel is None
 
 
 def _due(run: _Run, w: Worker) -> None:
@@ -858,69 +407,6 @@ def _collect(run: _Run, live: set) -> None:
             _due(run, w)
         else:
             live.discard(w)
-
-
-def _readable(workers: list, timeout: float) -> list:
-    """The workers with a message (or an end) to read or whose child has ended, waiting at most
-    ``timeout`` seconds: ``multiprocessing.connection.wait`` without its selector set up and torn
-    down on every call. The child's end is watched through its pidfd as well as its pipe, which a
-    process the kernel forked may hold open after the child died (without pidfds: the pipe only)."""
-    if not hasattr(select, "poll"):
-        from multiprocessing.connection import wait
-        got = wait([w.conn for w in workers], timeout)
-        return [w for w in workers if w.conn in got]
-    poller = select.poll()
-    by_fd = {}
-    for w in workers:
-        for fd in (w.conn.fileno(), w.pidfd):
-            if fd is not None:
-                by_fd[fd] = w
-                poller.register(fd, select.POLLIN)
-    return list(dict.fromkeys(by_fd[fd] for fd, _ in poller.poll(math.ceil(timeout * 1000))))
-
-
-def _pidfd(pid: int) -> int | None:
-    """A file descriptor that becomes readable when ``pid`` ends (Linux 5.3+), or None."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _answered(run: _Run, w: Worker, path: str, ranks: list, kernel, reply) -> bool:
-    """Take one rank's reply (the first of ``ranks``); False when the chunk stops there."""
-    rank = ranks[0]
-    try:
-        out = w.answer(reply, path, rank, kernel)
-    except KernelFailed as e:
-        run.fails[path].append(e.failure)
-        ranks.clear()
-        return False
-    run.outs[path][rank] = out
-    ranks.pop(0)
-    if run.on_rank is not None:
-        run.on_rank(path, rank)
-    return True
-
-
-def _sequential(path: str, s, allocs, device, knobs, kernel, on_rank, ranks, outs: dict | None = None,
-                fails: list | None = None) -> list | KernelFailure:
-    """Ranks run here in turn, stopping at the first that fails. With ``outs`` / ``fails`` given,
-    fills them (a chunk of ``run_paths``); else returns the path's result."""
-    got: dict = {} if outs is None else outs
-    stage = prep.for_ranks(s, {r: allocs[r] for r in ranks}, device, builtin=kernel is None)
-    for r in ranks:
-        try:
-            got[r] = _in_process(path, s, allocs[r], r, device, knobs[r], kernel, stage.for_rank(r))
-        except KernelFailed as e:
-            if fails is not None:
-                fails.append(e.failure)
-                return e.failure
-            e.failure.not_run = list(range(r + 1, s.cp.world))
-            return e.failure
-        if on_rank is not None:
-            on_rank(path, r)
-    return [got[r] for r in ranks]
 
 
 def run_rank(path: str, s, allocs, rank: int, device, knobs: Knobs = Knobs(), kernel=None,
