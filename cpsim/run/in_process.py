@@ -54,3 +54,30 @@ def _sequential(path: str, s, allocs, device, knobs, kernel, on_rank, ranks, out
         if on_rank is not None:
             on_rank(path, r)
     return [got[r] for r in ranks]
+
+
+def probe_here(spec: str, path: str, shim_vllm: bool, device: str, where: str):
+    """``KernelRunner.probe`` with isolation off: the kernel is imported into this process."""
+    from cpsim.kernels.under_test import KernelImportError, inspect_here
+    try:
+        return inspect_here(spec, path, shim_vllm, device, where)
+    except KernelImportError as e:
+        return e.failure
+
+
+def call_here(fn, path: str, kernel, args: tuple, rank: int, device: str):
+    """``KernelRunner.call`` with isolation off: ``fn(kernel, *args)`` in this process."""
+    from cpsim.kernels.under_test import here, where_raised
+    k = here(kernel, device)
+    failure = _unloaded(path, k, rank, 1)
+    if failure is not None:
+        raise KernelFailed(failure)
+    try:
+        return fn(k, *args)
+    except ConfigError:
+        raise
+    except SystemExit as e:
+        raise _fail("exited", f"called sys.exit({e.code!r})", path, rank, kernel) from None
+    except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
+        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
+        raise _fail("raised", raised_text(type(e).__name__, text), path, rank, kernel) from None

@@ -6,7 +6,7 @@ A worker is a fresh interpreter running ``cpsim.run.kernel_worker``; its replies
 
 from __future__ import annotations
 
-import atexit
+import itertools
 import math
 import multiprocessing
 import os
@@ -35,9 +35,6 @@ _BOOT = ("import sys; sys.path[0] = sys.argv[1]; "
 _CPSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-_groups: set[int] = set()  # process groups of live workers: ended when cpsim exits
-
-
 def _python() -> str:
     import sys
     return sys.executable
@@ -48,21 +45,6 @@ def _end_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-@atexit.register
-def _end_groups() -> None:
-    """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
-    tree and process group, every process still carrying this process's worker marker
-    (``cpsim.run.reaper``), and, as a subreaper (the CLI), every process still descending from this
-    one, wherever its session."""
-    reaper.end_trees(list(_groups))
-    for pgid in list(_groups):
-        _end_group(pgid)
-    _groups.clear()
-    reaper.sweep()
-    if reaper.is_subreaper():
-        reaper.end_descendants()
 
 
 class Worker:
@@ -77,7 +59,8 @@ class Worker:
     process only.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, groups: set[int] | None = None) -> None:
+        self.groups = set() if groups is None else groups  # its pool's live process groups (``WorkerPool.end``)
         self.proc = None
         self.conn = None
         self.pidfd: int | None = None  # readable once the child has ended (``_readable``)
@@ -100,7 +83,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
             pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=reaper.worker_env())
-        _groups.add(self.proc.pid)
+        self.groups.add(self.proc.pid)
         self.pidfd = _pidfd(self.proc.pid)
         there.close()
         self.conn, self.device = Connection(here.detach()), device
@@ -146,7 +129,7 @@ class Worker:
         if self.proc is not None:
             reaper.end_trees([self.proc.pid])  # the child and whatever it forked, in any session
             _end_group(self.proc.pid)
-            _groups.discard(self.proc.pid)
+            self.groups.discard(self.proc.pid)
             try:
                 self.proc.wait(5)
             except Exception:  # noqa: BLE001  (a child that will not die is left to the kernel; not waited for)
@@ -284,17 +267,58 @@ def _pidfd(pid: int) -> int | None:
     except (AttributeError, OSError):
         return None
 
-_worker = Worker()
+class WorkerPool:
+    """A runner's kernel workers and the process groups they lead. The first worker also answers
+    probes, calls and single rank runs; ``run_paths`` grows the pool to its size (``pool_size``)."""
+
+    def __init__(self) -> None:
+        self.groups: set[int] = set()  # process groups of live workers: ended by ``end``
+        self.workers: list[Worker] = [Worker(self.groups)]
+        self.tokens = itertools.count()  # one per run: names the scenario a worker holds
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def __getitem__(self, i):
+        return self.workers[i]
+
+    def __iter__(self):
+        return iter(self.workers)
+
+    @property
+    def first(self) -> Worker:
+        return self.workers[0]
+
+    def grow(self, size: int) -> None:
+        while len(self.workers) < size:
+            self.workers.append(Worker(self.groups))
+
+    def end(self) -> None:
+        end_groups(self.groups)
+
+    def sweep_escaped(self) -> list[int]:
+        return sweep_escaped(self.workers)
 
 
-_pool: list[Worker] = [_worker]
+def end_groups(groups: set[int]) -> None:
+    """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
+    tree and process group, every process still carrying this process's worker marker
+    (``cpsim.run.reaper``), and, as a subreaper (the CLI), every process still descending from this
+    one, wherever its session."""
+    reaper.end_trees(list(groups))
+    for pgid in list(groups):
+        _end_group(pgid)
+    groups.clear()
+    reaper.sweep()
+    if reaper.is_subreaper():
+        reaper.end_descendants()
 
 
-def sweep_escaped() -> list[int]:
+def sweep_escaped(workers: list[Worker]) -> list[int]:
     """End the processes a dead worker's kernel left (found by the worker marker), sparing the live
-    workers and what is below them (their kernels' children end when the worker is stopped); the
+    ``workers`` and what is below them (their kernels' children end when the worker is stopped); the
     marked pids found. Run when a check is over: nothing of a kernel is meant to run then."""
-    live = [w.proc.pid for w in _pool if w.alive()]
+    live = [w.proc.pid for w in workers if w.alive()]
     return reaper.sweep(spare=reaper.tree(live))
 
 
