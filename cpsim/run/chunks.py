@@ -10,7 +10,7 @@ from typing import Callable
 
 from cpsim.paths import KernelFailure, first_failure
 from cpsim.run.outcome import KernelFailed
-from cpsim.run import wire
+from cpsim.run import requests, wire
 from cpsim.run.worker import LOST, Worker, WorkerPool, _readable, _record, pool_size
 
 
@@ -34,7 +34,7 @@ class _Run:
     timeout_s: float  # one rank run's bound
     sent_to: dict = field(default_factory=dict)  # worker -> its generation the queue was sent to (None: unsent)
     retried: dict = field(default_factory=dict)  # path -> (failure, ranks): a batched chunk lost, run again
-    loads: dict = field(default_factory=dict)    # ranks -> the pickled "load" message for them
+    loads: dict = field(default_factory=dict)    # ranks -> the pickled ``Load`` request for them
 
     def matches(self, s, paths, device, knobs, kernels) -> bool:
         return (self.s is s and self.paths == list(paths) and self.device == str(device)
@@ -159,7 +159,7 @@ def _load_message(run: _Run, ranks: list[int]) -> bytes:
     """The scenario and the allocations of ``ranks``, pickled once per run however many workers get it."""
     key = tuple(ranks)
     if key not in run.loads:
-        run.loads[key] = bytes(ForkingPickler.dumps(("load", run.token, run.s, {r: run.allocs[r] for r in ranks})))
+        run.loads[key] = bytes(ForkingPickler.dumps(requests.Load(run.token, run.s, {r: run.allocs[r] for r in ranks})))
     return run.loads[key]
 
 FRAMES_JOINED = 1 << 16  # bytes of messages written in one system call; larger ones go one by one (no copy)
@@ -220,8 +220,9 @@ def _send(run: _Run, w: Worker, tasks: list) -> None:
             if w.loaded != run.token:  # the scenario and this worker's allocations travel once, not once per path
                 frames.append(_load_message(run, ranks))
                 w.loaded = run.token
-            frames.append(ForkingPickler.dumps(("run_ranks", path, run.token, ranks, run.device,
-                                                [run.knobs[r] for r in ranks], _record(kernel), batched)))
+            frames.append(ForkingPickler.dumps(requests.RunRanks(path, run.token, ranks, run.device,
+                                                               [run.knobs[r] for r in ranks], _record(kernel),
+                                                               batched)))
             _send_frames(w.conn, frames)
         except (EOFError, OSError):
             pass  # the next receive sees the dead child and names it

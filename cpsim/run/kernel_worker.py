@@ -17,7 +17,7 @@ import torch
 
 from cpsim.errors import ConfigError
 from cpsim.paths import RankOutput, prep, run_path
-from cpsim.run import reaper, wire
+from cpsim.run import reaper, requests, wire
 
 
 def pack(out: RankOutput | None) -> wire.RankOutputData | None:
@@ -122,38 +122,39 @@ def serve(conn, parent_pid: int | None = None) -> None:
     if parent_pid is not None:
         _die_with(parent_pid)
     kernels: dict = {}
-    loaded: tuple = (None, None, {})  # (token, scenario, rank -> allocations): the scenario in hand
+    loaded = requests.Load(None, None, {})  # the scenario in hand
     while True:
         try:
             msg = conn.recv()  # the parent's request: pickled by the parent, which this process trusts
             _answer(conn, kernels, msg, loaded)
         except (EOFError, OSError):  # the parent is gone (or closed the pipe): nothing to answer to
             return
-        if msg[0] == "load":
-            loaded = msg[1:]
+        if isinstance(msg, requests.Load):
+            loaded = msg
 
 
-def _answer(conn, kernels: dict, msg, loaded: tuple) -> None:
-    if msg[0] == "prepare":
-        _send(conn, _prepare(*msg[1:]))
-    elif msg[0] == "probe":
-        _send(conn, _probe(*msg[1:]))
-    elif msg[0] == "run":
-        _send(conn, _run(kernels, *msg[1:]))
-    elif msg[0] == "call":
-        _send(conn, _call(kernels, *msg[1:]))
-    elif msg[0] == "run_ranks":
-        _run_ranks(conn, kernels, loaded, *msg[1:])
+def _answer(conn, kernels: dict, msg, loaded: requests.Load) -> None:
+    if isinstance(msg, requests.Prepare):
+        _send(conn, _prepare(msg.device, msg.threads))
+    elif isinstance(msg, requests.Probe):
+        _send(conn, _probe(msg.spec, msg.path, msg.shim_vllm, msg.device, msg.where))
+    elif isinstance(msg, requests.RunRank):
+        _send(conn, _run(kernels, msg.path, msg.s, msg.allocs, msg.rank, msg.device, msg.knobs, msg.record))
+    elif isinstance(msg, requests.Call):
+        _send(conn, _call(kernels, msg.fn, msg.path, msg.record, msg.device, msg.args))
+    elif isinstance(msg, requests.RunRanks):
+        _run_ranks(conn, kernels, loaded, msg)
 
 
-def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks: list[int], device: str,
-               knobs: list, record: dict | None, batch: bool = False) -> None:
+def _run_ranks(conn, kernels: dict, loaded: requests.Load, ask: requests.RunRanks) -> None:
     """Every listed rank of one path of the loaded scenario, in order, a reply per rank (``batch``:
     all of them in one ``Batch`` message at the end); stops after the first rank that does not
     complete, as the in-process loop would. One message per path, and the scenario itself once
-    per scenario (``load``): the parent is not woken in between."""
-    have, s, allocs = loaded
-    if have != token:  # cannot happen while the parent sends "load" first; a reply names it if it does
+    per scenario (``Load``): the parent is not woken in between."""
+    have, s, allocs = loaded.token, loaded.s, loaded.allocs
+    path, token, ranks, device, knobs, record, batch = (ask.path, ask.token, ask.ranks, ask.device, ask.knobs,
+                                                        ask.record, ask.batch)
+    if have != token:  # cannot happen while the parent sends a Load first; a reply names it if it does
         _send(conn, wire.Raised("RuntimeError", f"kernel worker holds scenario {have}, asked for {token}"))
         return
     replies = []

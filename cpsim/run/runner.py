@@ -51,7 +51,7 @@ import torch
 from cpsim import recording
 from cpsim.errors import ConfigError
 from cpsim.paths import KernelFailure, Knobs, RankOutput
-from cpsim.run import chunks, wire
+from cpsim.run import chunks, requests, wire
 from cpsim.run.ahead import RunAhead
 from cpsim.run.in_process import _in_process, _sequential, call_here, probe_here
 from cpsim.run.outcome import KernelFailed, _exit_text, _unloaded
@@ -178,7 +178,7 @@ class KernelRunner:
             return probe_here(spec, path, shim_vllm, device, where)
         worker = self._first_worker(device)
         timeout = self.config.timeout_s
-        reply = worker._ask(("probe", spec, path, shim_vllm, device, where), timeout)
+        reply = worker._ask(requests.Probe(spec, path, shim_vllm, device, where), timeout)
         if isinstance(reply, wire.SignatureRead):
             return Signature(reply.name, reply.triton, reply.is_callable, tuple(reply.params), reply.origin,
                              release=reply.release)
@@ -218,7 +218,7 @@ class KernelRunner:
             return call_here(fn, path, kernel, args, rank, device)
         worker = self._first_worker(device)
         timeout = self.config.timeout_s
-        reply = worker._ask(("call", fn, path, _record(kernel), device, args), timeout)
+        reply = worker._ask(requests.Call(fn, path, _record(kernel), device, args), timeout)
         if isinstance(reply, LOST):
             raise worker.lost(reply, path, rank, kernel, timeout)
         return worker.answer(reply, path, rank, kernel)

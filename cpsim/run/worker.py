@@ -18,7 +18,7 @@ import torch
 
 from cpsim.errors import ConfigError, DistError
 from cpsim.paths import Knobs, RankOutput
-from cpsim.run import reaper, wire
+from cpsim.run import reaper, requests, wire
 from cpsim.run.outcome import KernelFailed, _exit_text, _fail, raised_text
 
 
@@ -90,7 +90,7 @@ class Worker:
         self.loaded = None
         self.generation += 1
         try:
-            self.conn.send(("prepare", device, torch.get_num_threads()))
+            self.conn.send(requests.Prepare(device, torch.get_num_threads()))
         except OSError:
             pass
 
@@ -199,7 +199,7 @@ class Worker:
             ) -> RankOutput | None:
         if self.ensure(device):
             self.ready()
-        reply = self._ask(("run", path, s, allocs, rank, device, knobs, _record(kernel)), timeout)
+        reply = self._ask(requests.RunRank(path, s, allocs, rank, device, knobs, _record(kernel)), timeout)
         if isinstance(reply, LOST):
             raise self.lost(reply, path, rank, kernel, timeout)
         return self.answer(reply, path, rank, kernel)
