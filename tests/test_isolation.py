@@ -725,3 +725,21 @@ def test_a_reply_cut_off_by_the_worker_s_death_reads_as_its_death_not_a_wait():
     answered = list(got)
     there.close()  # ends a reader still waiting (the failure this guards against)
     assert [type(a).__name__ for a in answered] == ["Dead"]
+
+
+@pytest.mark.parametrize("fn, kind", [("raises", "raised"), ("sysexit", "exited")])
+def test_a_kernel_s_exception_is_named_alike_in_a_worker_and_in_process(fn, kind, monkeypatch):
+    """One mapping (``cpsim.run.outcome.kernel_error`` / ``failed``) names what a kernel raised, whether
+    the worker sent it back or the in-process fallback caught it: the failures are the same."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    from cpsim import scenario as sc
+    from kernel_load import load
+    s = sc.preset("mtp", dcp=2)
+    allocs, knobs = _world(s)
+    kernels = {"v1": load(f"{K}/hostile.py:{fn}", "v1")}
+    isolated = runner.current().run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]
+    monkeypatch.setattr(runner.current(), "config", Isolation(process=False))
+    here = runner.current().run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]
+    assert isinstance(isolated, KernelFailure) and isolated.kind == kind
+    assert (here.kind, here.rank, here.group, here.message) == (isolated.kind, isolated.rank, isolated.group,
+                                                                isolated.message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from cpsim.errors import ConfigError
 from cpsim.paths import KernelFailure, Knobs, RankOutput, prep, run_path
-from cpsim.run.outcome import KernelFailed, _fail, _unloaded, raised_text
+from cpsim.run.outcome import KernelFailed, _unloaded, failed, kernel_error
 
 
 def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kernel,
@@ -27,13 +27,8 @@ def _in_process(path: str, s, allocs, rank: int, device: str, knobs: Knobs, kern
         return run_path(path, s, allocs, rank, device, knobs, kernel, inputs)
     except ConfigError:
         raise
-    except SystemExit as e:
-        raise _fail("exited", f"called sys.exit({e.code!r})", path, rank, kernel, inputs.launching) from None
-    except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
-        from cpsim.kernels.under_test import where_raised
-        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(kernel, e)
-        raise _fail("raised", raised_text(type(e).__name__, text), path, rank, kernel,
-                    inputs.launching) from None
+    except (SystemExit, Exception) as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
+        raise failed(kernel_error(e, kernel, inputs.launching), path, rank, kernel) from None
 
 
 def _sequential(path: str, s, allocs, device, knobs, kernel, on_rank, ranks, outs: dict | None = None,
@@ -67,7 +62,7 @@ def probe_here(spec: str, path: str, shim_vllm: bool, device: str, where: str):
 
 def call_here(fn, path: str, kernel, args: tuple, rank: int, device: str):
     """``KernelRunner.call`` with isolation off: ``fn(kernel, *args)`` in this process."""
-    from cpsim.kernels.under_test import here, where_raised
+    from cpsim.kernels.under_test import here
     k = here(kernel, device)
     failure = _unloaded(path, k, rank, 1)
     if failure is not None:
@@ -76,8 +71,5 @@ def call_here(fn, path: str, kernel, args: tuple, rank: int, device: str):
         return fn(k, *args)
     except ConfigError:
         raise
-    except SystemExit as e:
-        raise _fail("exited", f"called sys.exit({e.code!r})", path, rank, kernel) from None
-    except Exception as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
-        text = (str(e).splitlines()[0] if str(e) else "") + where_raised(k, e)
-        raise _fail("raised", raised_text(type(e).__name__, text), path, rank, kernel) from None
+    except (SystemExit, Exception) as e:  # noqa: BLE001  (the kernel's exception becomes a named violation)
+        raise failed(kernel_error(e, k), path, rank, kernel) from None

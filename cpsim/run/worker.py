@@ -19,7 +19,7 @@ import torch
 from cpsim.errors import ConfigError, DistError
 from cpsim.paths import Knobs, RankOutput
 from cpsim.run import reaper, requests, wire
-from cpsim.run.outcome import KernelFailed, _exit_text, _fail, raised_text
+from cpsim.run.outcome import KernelFailed, _exit_text, _fail, failed
 
 
 STARTUP_S = 120.0  # bound for starting the worker and importing Triton there (not the kernel's time)
@@ -223,12 +223,8 @@ class Worker:
             return arrays if reply.many else arrays[0]
         if isinstance(reply, wire.Refused):
             raise ConfigError(reply.field, reply.rule)
-        if isinstance(reply, wire.Raised):
-            raise _fail("raised", raised_text(reply.name, reply.text), path, rank, kernel, reply.group)
-        if isinstance(reply, wire.Exited):
-            raise _fail("exited", f"called sys.exit({reply.code})", path, rank, kernel, reply.group)
-        if isinstance(reply, wire.Unloaded):  # its import raised or exited in this child (the probe's child had it load)
-            raise _fail(reply.kind, reply.message, path, rank, kernel)
+        if isinstance(reply, (wire.Raised, wire.Exited, wire.Unloaded)):  # Unloaded: its import raised or exited
+            raise failed(reply, path, rank, kernel)  # in this child (the probe's child had it load)
         raise self.lost(reply if isinstance(reply, wire.Garbled) else
                         wire.Garbled(f"a {type(reply).__name__} where a rank run's reply was due"),
                         path, rank, kernel, 0)
