@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None, held: tuple | None = None) -> int:
         check_args(args)  # option bounds and output paths, before any work
         if getattr(args, "check_inputs", None):
             args.check_inputs(args)  # the command's own inputs (scenario, paths): still without torch
-        from cpsim.run import isolation
-        isolation.configure_from_args(args)
+        from cpsim.run import runner
+        runner.current().configure_from_args(args)
         reaper.become_subreaper()  # a kernel's setsid() child still ends with cpsim
         return int(command(args.func)(args) or 0)
     except ConfigError as e:
@@ -153,9 +153,9 @@ def main(argv: list[str] | None = None, held: tuple | None = None) -> int:
     except Interrupted as e:
         return _interrupted(args, e.signum, started, err, getattr(e, "wrote", None))
     finally:
-        isolation = sys.modules.get("cpsim.run.isolation")
-        if isolation is not None:  # what a dead worker's kernel left, found by its marker (cpsim.run.reaper)
-            isolation.sweep_escaped()
+        runner = sys.modules.get("cpsim.run.runner")
+        if runner is not None and runner.installed() is not None:  # what a dead worker's kernel left,
+            runner.installed().sweep_escaped()  # found by its marker (cpsim.run.reaper)
 
 
 if __name__ == "__main__":

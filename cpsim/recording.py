@@ -1,6 +1,6 @@
 """Whether a capture is recording this process's kernel launches.
 
-``cpsim.capture`` sets it while a capture runs; ``cpsim.run.isolation`` reads it and then runs
+``cpsim.capture`` sets it while a capture runs; ``cpsim.run.runner`` reads it and then runs
 the kernels in this process, where the recorder sees their launches (a worker's would go
 unrecorded). It sits in the lowest layer so that run need not import capture, which is above it.
 """

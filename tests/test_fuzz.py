@@ -460,7 +460,8 @@ def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(t
     """With kernel isolation (the default) the next scenario's kernels run in the worker while the
     last one is checked; in-process nothing runs ahead. Either way a seed visits the same scenarios,
     in the same order, with the same verdicts."""
-    from cpsim.run import isolation
+    from cpsim.run import isolation, runner
+    from cpsim.run.runner import Isolation
 
     def visited(process: bool) -> tuple[list[str], list, int]:
         seen: list[str] = []
@@ -468,7 +469,7 @@ def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(t
         monkeypatch.setattr(fz._Searcher, "visit", lambda me, s, meanwhile=None: seen.append(s.fingerprint())
                             or real_visit(me, s, meanwhile))
         monkeypatch.setattr(isolation, "ahead", lambda *a: started.append(real_ahead(*a)) or started[-1])
-        monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=process))
+        monkeypatch.setattr(runner.current(), "config", Isolation(process=process))
         r = fz.fuzz(fz.FuzzConfig(max_examples=40, seed=5, database=None, out=tmp_path / str(process),
                                   inject="stale-tail"))
         monkeypatch.undo()

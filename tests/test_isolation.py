@@ -22,6 +22,8 @@ from cpsim import cli
 from cpsim.check import coordinator
 from cpsim.layout import GUARD, table_guard_id
 from cpsim.paths import KernelFailure
+from cpsim.run import chunks, outcome, runner, worker
+from cpsim.run.runner import Isolation
 from test_coordinator import SHARDED, broken, judge, world  # noqa: F401  (world is a fixture)
 
 HERE = Path(__file__).parent
@@ -202,7 +204,7 @@ def test_paths_run_side_by_side_and_a_hang_in_one_leaves_the_other_checked(capsy
     v2 = {v["invariant"]: v["status"] for v in report["verdicts"] if v["path"] == "v2"}
     assert v1.pop("kernel-completes") == "fail" and set(v1.values()) == {"not run"}
     assert v2["matches-reference"] == "pass" and "not run" not in v2.values()
-    assert len(isolation._pool) >= 2
+    assert len(runner.current().pool) >= 2
     assert took < 120  # bounded: the hang cost its 4 s, not the test's timeout
 
 
@@ -220,10 +222,10 @@ def test_run_paths_config_error_leaves_no_stale_worker(monkeypatch):
     knobs = [Knobs()] * s.cp.world
     first = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     assert all(isinstance(v, list) and v[0] is not None for v in first.values())
-    monkeypatch.setattr(isolation.Worker, "answer", lambda *a: (_ for _ in ()).throw(ConfigError("f", "r")))
+    monkeypatch.setattr(worker.Worker, "answer", lambda *a: (_ for _ in ()).throw(ConfigError("f", "r")))
     with pytest.raises(ConfigError):
         isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
-    assert not isolation._inflight and all(not w.alive() for w in isolation._pool[:2])
+    assert not runner.current().run_ahead.inflight and all(not w.alive() for w in runner.current().pool[:2])
     monkeypatch.undo()
     again = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     for p in ("v1", "v2"):
@@ -242,7 +244,7 @@ def test_two_workers_name_every_failing_rank_and_only_unrun_ranks_as_not_run(cap
 
 
 def test_first_failure_and_rank_ranges():
-    from cpsim.run.isolation import _first_failure
+    from cpsim.run.chunks import _first_failure
     f = _first_failure([KernelFailure("v1", 4, "raised", "m4"), KernelFailure("v1", 1, "crashed", "m1")],
                        [1, 2, 3, 4, 6, 7])
     assert f.rank == 1 and f.message == "m1; also failed on rank 4 (raised)" and f.not_run == [2, 3, 6, 7]
@@ -282,11 +284,11 @@ def test_runs_started_ahead_are_collected_not_run_again():
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     plain = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
-    before = next(isolation._tokens)
+    before = next(runner.current().pool.tokens)
     assert isolation.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     _same(isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {}), plain)
-    assert next(isolation._tokens) == before + 2  # the rank runs were started once, by ahead
-    assert not isolation._inflight and not isolation._kept
+    assert next(runner.current().pool.tokens) == before + 2  # the rank runs were started once, by ahead
+    assert not runner.current().run_ahead.inflight and not runner.current().run_ahead.kept
 
 
 def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
@@ -300,9 +302,9 @@ def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
     plain2 = isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
     assert isolation.ahead(s1, ["v1", "v2"], a1, "cpu", k1, {})
     _same(isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)
-    before = next(isolation._tokens)
+    before = next(runner.current().pool.tokens)
     _same(isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
-    assert next(isolation._tokens) == before + 1 and not isolation._kept
+    assert next(runner.current().pool.tokens) == before + 1 and not runner.current().run_ahead.kept
 
 
 def test_a_worker_crashing_with_later_paths_queued_names_the_rank_and_runs_the_rest(monkeypatch):
@@ -334,14 +336,14 @@ def test_two_scenarios_in_flight_come_back_in_any_order_each_run_once(monkeypatc
     (a1, k1), (a2, k2), (a3, k3) = _world(s1), _world(s2), _world(s3)
     plain1 = isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
     plain2 = isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
-    before = next(isolation._tokens)
+    before = next(runner.current().pool.tokens)
     assert isolation.ahead(s1, ["v1", "v2"], a1, "cpu", k1, {})
     assert isolation.ahead(s2, ["v1", "v2"], a2, "cpu", k2, {})
     assert isolation.DEPTH == 2 and not isolation.ahead(s3, ["v1", "v2"], a3, "cpu", k3, {})
     _same(isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)  # the later one first
-    assert len(isolation._kept) == 1 and not isolation._inflight
+    assert len(runner.current().run_ahead.kept) == 1 and not runner.current().run_ahead.inflight
     _same(isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
-    assert next(isolation._tokens) == before + 3 and not isolation._kept
+    assert next(runner.current().pool.tokens) == before + 3 and not runner.current().run_ahead.kept
 
 
 def test_a_crash_in_the_first_scenario_in_flight_resends_the_second_to_a_fresh_worker(monkeypatch):
@@ -386,20 +388,20 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
     _same(isolation.run_paths(s1, ["v1"], a1, "cpu", k1, {}), plain1)
     import time
     end = time.monotonic() + 60
-    while isolation._pool[0].alive() and time.monotonic() < end:  # dead before it is asked for
+    while runner.current().pool[0].alive() and time.monotonic() < end:  # dead before it is asked for
         time.sleep(0.05)
-    before = next(isolation._tokens)
+    before = next(runner.current().pool.tokens)
     got2 = isolation.run_paths(s2, ["v1"], a2, "cpu", k2, crash)
     assert isinstance(got2["v1"], KernelFailure) and got2["v1"].kind == "crashed" and got2["v1"].rank == 0
     assert got2["v1"].not_run == [1, 2, 3]
-    assert next(isolation._tokens) == before + 1  # collected, not started again
+    assert next(runner.current().pool.tokens) == before + 1  # collected, not started again
 
 
 def _lose_first_batch(monkeypatch, instead=None):
     """The parent sees the child die before it answers the first batched chunk (as when a kernel
     crashed it mid-chunk), or gets ``instead``; every later reply is read as usual."""
     from cpsim.run import isolation, wire
-    real, lost = isolation.Worker._read, []
+    real, lost = worker.Worker._read, []
 
     def read(self, *a):
         reply = real(self, *a)
@@ -407,7 +409,7 @@ def _lose_first_batch(monkeypatch, instead=None):
             lost.append(reply)
             return instead or wire.Dead()
         return reply
-    monkeypatch.setattr(isolation.Worker, "_read", read)
+    monkeypatch.setattr(worker.Worker, "_read", read)
     return lost
 
 
@@ -439,13 +441,13 @@ def test_a_lost_batched_chunk_that_fails_again_names_the_rank(monkeypatch):
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     _lose_first_batch(monkeypatch)
-    real = isolation.Worker.answer
+    real = worker.Worker.answer
 
     def answer(self, reply, path, rank, kernel):
         if type(reply).__name__ == "RankDone" and path == "v1" and rank == 1:
-            raise isolation._fail("crashed", "crashed with SIGSEGV", path, rank, kernel)
+            raise outcome._fail("crashed", "crashed with SIGSEGV", path, rank, kernel)
         return real(self, reply, path, rank, kernel)
-    monkeypatch.setattr(isolation.Worker, "answer", answer)
+    monkeypatch.setattr(worker.Worker, "answer", answer)
     got = isolation.run_paths(s, ["v1"], allocs, "cpu", knobs, {})
     f = got["v1"]
     assert isinstance(f, KernelFailure) and f.rank == 1 and f.kind == "crashed"
@@ -459,7 +461,7 @@ def test_batched_replies_equal_an_in_process_run(dcp, monkeypatch):
     s = sc.preset("mtp", dcp=dcp)
     allocs, knobs = _world(s)
     batched = isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
-    monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=False))
+    monkeypatch.setattr(runner.current(), "config", Isolation(process=False))
     _same(batched, isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
 
 
@@ -485,7 +487,8 @@ def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(mo
 
 
 def test_shares_cut_ranks_on_cpu_and_paths_on_an_accelerator(monkeypatch):
-    from cpsim.run.isolation import _shares, pool_size
+    from cpsim.run.chunks import _shares
+    from cpsim.run.worker import pool_size
     monkeypatch.delenv("CPSIM_KERNEL_WORKERS", raising=False)
     assert (pool_size("cuda"), pool_size("cuda:1"), pool_size("npu")) == (4, 4, 1)
     paths = ["v1", "v2", "v1-torch"]
@@ -510,13 +513,13 @@ def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, workers, 
     from cpsim.paths import KernelFailure
     from kernel_load import load
     from cpsim.run import isolation
-    real = isolation._shares
-    monkeypatch.setattr(isolation, "_shares", lambda paths, world, size, device: real(paths, world, size, "cuda"))
+    real = chunks._shares
+    monkeypatch.setattr(chunks, "_shares", lambda paths, world, size, device: real(paths, world, size, "cuda"))
     s = sc.preset("mtp", dcp=dcp)
     allocs, knobs = _world(s)
     sent = []
-    real_send = isolation._send
-    monkeypatch.setattr(isolation, "_send", lambda run, w, tasks: sent.append((w, [t[0] for t in tasks]))
+    real_send = chunks._send
+    monkeypatch.setattr(chunks, "_send", lambda run, w, tasks: sent.append((w, [t[0] for t in tasks]))
                         or real_send(run, w, tasks))
     split = isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
     if workers == 2:
@@ -526,7 +529,7 @@ def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, workers, 
             ["v1", "v1", "v1-torch", "v1-torch", "v2", "v2"]
     kernels = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
     crashed = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
-    monkeypatch.setattr(isolation, "_config", isolation.Isolation(process=False))
+    monkeypatch.setattr(runner.current(), "config", Isolation(process=False))
     _same(split, isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
     assert isinstance(crashed["v1"], KernelFailure) and crashed["v1"].kind == "crashed" and crashed["v1"].rank == 0
     if workers == 2:
@@ -548,14 +551,14 @@ def test_a_worker_killed_mid_batch_runs_its_ranks_again_one_by_one(monkeypatch):
     from cpsim.run import isolation
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
-    real, killed = isolation._send, []
+    real, killed = chunks._send, []
 
     def send(run, w, tasks):
         real(run, w, tasks)
         if not killed and run.queues[w] and run.queues[w][0][2]:  # the first batched chunk is on its way
             killed.append(w.proc.pid)
             os.kill(w.proc.pid, signal.SIGKILL)
-    monkeypatch.setattr(isolation, "_send", send)
+    monkeypatch.setattr(chunks, "_send", send)
     got = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     assert killed
     f = got["v1"]
@@ -665,12 +668,12 @@ def test_sweep_ends_the_marked_processes_only(tmp_path):
         while time.monotonic() < end and not all(
                 reaper.SESSION_VAR.encode() in Path(f"/proc/{p.pid}/environ").read_bytes() for p in procs):
             time.sleep(0.05)
-        live = [w.proc.pid for w in isolation._pool if w.alive()]
+        live = [w.proc.pid for w in runner.current().pool if w.alive()]
         found = reaper.sweep(spare=reaper.tree(live) | {spared.pid})
         assert found == [mine.pid]
         assert mine.wait(5) == -signal.SIGKILL
         assert other.poll() is None and spared.poll() is None
-        assert all(w.alive() for w in isolation._pool if w.proc is not None and w.proc.pid in live)
+        assert all(w.alive() for w in runner.current().pool if w.proc is not None and w.proc.pid in live)
     finally:
         for p in procs:
             p.kill()
@@ -679,7 +682,7 @@ def test_sweep_ends_the_marked_processes_only(tmp_path):
 
 @pytest.mark.parametrize("sizes", [[0], [5, 7], [3, 16385], [70000, 2], [1, 2, 3, 4], [65530, 10]])
 def test_messages_written_together_read_back_one_by_one(sizes):
-    """``isolation._send_frames`` writes a scenario and its run in one system call; the worker's
+    """``chunks._send_frames`` writes a scenario and its run in one system call; the worker's
     ``Connection.recv_bytes`` must still read each message whole, in order, small or large."""
     import socket
     from multiprocessing.connection import Connection
@@ -688,7 +691,7 @@ def test_messages_written_together_read_back_one_by_one(sizes):
     here, there = Connection(a.detach()), Connection(b.detach())
     payloads = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
     import threading
-    sender = threading.Thread(target=isolation._send_frames, args=(here, payloads))
+    sender = threading.Thread(target=chunks._send_frames, args=(here, payloads))
     sender.start()  # a write past the socket's buffer blocks until the reader drains it
     got = [there.recv_bytes() for _ in payloads]
     sender.join(10)
@@ -707,7 +710,7 @@ def test_a_reply_cut_off_by_the_worker_s_death_reads_as_its_death_not_a_wait():
     import threading
     from multiprocessing.connection import Connection
 
-    from cpsim.run.isolation import Worker
+    from cpsim.run.worker import Worker
 
     here, there = socket.socketpair()
     w = Worker()
@@ -722,3 +725,21 @@ def test_a_reply_cut_off_by_the_worker_s_death_reads_as_its_death_not_a_wait():
     answered = list(got)
     there.close()  # ends a reader still waiting (the failure this guards against)
     assert [type(a).__name__ for a in answered] == ["Dead"]
+
+
+@pytest.mark.parametrize("fn, kind", [("raises", "raised"), ("sysexit", "exited")])
+def test_a_kernel_s_exception_is_named_alike_in_a_worker_and_in_process(fn, kind, monkeypatch):
+    """One mapping (``cpsim.run.outcome.kernel_error`` / ``failed``) names what a kernel raised, whether
+    the worker sent it back or the in-process fallback caught it: the failures are the same."""
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
+    from cpsim import scenario as sc
+    from kernel_load import load
+    s = sc.preset("mtp", dcp=2)
+    allocs, knobs = _world(s)
+    kernels = {"v1": load(f"{K}/hostile.py:{fn}", "v1")}
+    isolated = runner.current().run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]
+    monkeypatch.setattr(runner.current(), "config", Isolation(process=False))
+    here = runner.current().run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]
+    assert isinstance(isolated, KernelFailure) and isolated.kind == kind
+    assert (here.kind, here.rank, here.group, here.message) == (isolated.kind, isolated.rank, isolated.group,
+                                                                isolated.message)

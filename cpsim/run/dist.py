@@ -226,7 +226,7 @@ def _leave(code: int):
             pass
     isolation = sys.modules.get("cpsim.run.isolation")
     if isolation is not None:  # os._exit skips atexit: end the kernel workers and what they left here
-        isolation._end_groups()
+        isolation.end_workers()
     os._exit(code)
 
 

@@ -17,7 +17,8 @@ import torch
 
 from cpsim.errors import ConfigError
 from cpsim.paths import RankOutput, prep, run_path
-from cpsim.run import reaper, wire
+from cpsim.run import reaper, requests, wire
+from cpsim.run.outcome import first_line, kernel_error
 
 
 def pack(out: RankOutput | None) -> wire.RankOutputData | None:
@@ -44,10 +45,6 @@ def unpack(data: wire.RankOutputData | None) -> RankOutput | None:
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a if a.flags.writeable else a.copy())
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).splitlines()[0][:wire.MAX_TEXT // 2] if str(e) else ""
 
 
 def _kernel(cache: dict, path: str, record: dict | None, device: str):
@@ -85,7 +82,7 @@ def _probe(spec: str, path: str, shim_vllm: bool, device: str, where: str):
     except KernelImportError as e:
         return wire.Unloaded(e.failure.kind, e.failure.message)
     except BaseException as e:  # noqa: BLE001  (reading the kernel's signature raised: its failure, named)
-        return wire.Unloaded("raised", f"raised {type(e).__name__} while its signature was read: {_first_line(e)}")
+        return wire.Unloaded("raised", f"raised {type(e).__name__} while its signature was read: {first_line(e)}")
     return wire.SignatureRead(sig.name, sig.triton, sig.is_callable, [(n, bool(d)) for n, d in sig.params],
                               sig.origin, sig.release)
 
@@ -122,38 +119,39 @@ def serve(conn, parent_pid: int | None = None) -> None:
     if parent_pid is not None:
         _die_with(parent_pid)
     kernels: dict = {}
-    loaded: tuple = (None, None, {})  # (token, scenario, rank -> allocations): the scenario in hand
+    loaded = requests.Load(None, None, {})  # the scenario in hand
     while True:
         try:
             msg = conn.recv()  # the parent's request: pickled by the parent, which this process trusts
             _answer(conn, kernels, msg, loaded)
         except (EOFError, OSError):  # the parent is gone (or closed the pipe): nothing to answer to
             return
-        if msg[0] == "load":
-            loaded = msg[1:]
+        if isinstance(msg, requests.Load):
+            loaded = msg
 
 
-def _answer(conn, kernels: dict, msg, loaded: tuple) -> None:
-    if msg[0] == "prepare":
-        _send(conn, _prepare(*msg[1:]))
-    elif msg[0] == "probe":
-        _send(conn, _probe(*msg[1:]))
-    elif msg[0] == "run":
-        _send(conn, _run(kernels, *msg[1:]))
-    elif msg[0] == "call":
-        _send(conn, _call(kernels, *msg[1:]))
-    elif msg[0] == "run_ranks":
-        _run_ranks(conn, kernels, loaded, *msg[1:])
+def _answer(conn, kernels: dict, msg, loaded: requests.Load) -> None:
+    if isinstance(msg, requests.Prepare):
+        _send(conn, _prepare(msg.device, msg.threads))
+    elif isinstance(msg, requests.Probe):
+        _send(conn, _probe(msg.spec, msg.path, msg.shim_vllm, msg.device, msg.where))
+    elif isinstance(msg, requests.RunRank):
+        _send(conn, _run(kernels, msg.path, msg.s, msg.allocs, msg.rank, msg.device, msg.knobs, msg.record))
+    elif isinstance(msg, requests.Call):
+        _send(conn, _call(kernels, msg.fn, msg.path, msg.record, msg.device, msg.args))
+    elif isinstance(msg, requests.RunRanks):
+        _run_ranks(conn, kernels, loaded, msg)
 
 
-def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks: list[int], device: str,
-               knobs: list, record: dict | None, batch: bool = False) -> None:
+def _run_ranks(conn, kernels: dict, loaded: requests.Load, ask: requests.RunRanks) -> None:
     """Every listed rank of one path of the loaded scenario, in order, a reply per rank (``batch``:
     all of them in one ``Batch`` message at the end); stops after the first rank that does not
     complete, as the in-process loop would. One message per path, and the scenario itself once
-    per scenario (``load``): the parent is not woken in between."""
-    have, s, allocs = loaded
-    if have != token:  # cannot happen while the parent sends "load" first; a reply names it if it does
+    per scenario (``Load``): the parent is not woken in between."""
+    have, s, allocs = loaded.token, loaded.s, loaded.allocs
+    path, token, ranks, device, knobs, record, batch = (ask.path, ask.token, ask.ranks, ask.device, ask.knobs,
+                                                        ask.record, ask.batch)
+    if have != token:  # cannot happen while the parent sends a Load first; a reply names it if it does
         _send(conn, wire.Raised("RuntimeError", f"kernel worker holds scenario {have}, asked for {token}"))
         return
     replies = []
@@ -171,7 +169,7 @@ def _run_ranks(conn, kernels: dict, loaded: tuple, path: str, token: int, ranks:
         try:
             stage.settle()  # every rank's outputs at once; a device fault of any of them surfaces here
         except Exception as e:  # noqa: BLE001  (the parent runs the ranks again one by one to name the rank)
-            _send(conn, wire.LostOnReadback(type(e).__name__, _first_line(e)))
+            _send(conn, wire.LostOnReadback(type(e).__name__, first_line(e)))
             return
         _send(conn, wire.Batch([wire.RankDone(r.path, r.rank, pack(r.output), r.notes)
                                 if isinstance(r, wire.RankDone) else r for r in replies]))
@@ -189,7 +187,7 @@ def _prepare(device: str, threads: int | None = None):
     except ConfigError as e:
         return wire.Refused(e.field, e.rule)
     except Exception as e:  # noqa: BLE001  (reported to the parent, which names it)
-        return wire.Raised(type(e).__name__, _first_line(e))
+        return wire.Raised(type(e).__name__, first_line(e))
     return wire.Ready()
 
 
@@ -211,21 +209,15 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
     inputs = inputs if inputs is not None else prep.PerRank(s, device)
     try:
         out = run_path(path, s, allocs, rank, device, knobs, k, inputs)
-    except ConfigError as e:
-        return wire.Refused(e.field, e.rule)
-    except SystemExit as e:
-        return wire.Exited(repr(e.code)[:200], inputs.launching)
     except BaseException as e:  # noqa: BLE001  (KeyboardInterrupt, GeneratorExit too: the kernel's, named)
-        from cpsim.kernels.under_test import where_raised
-        return wire.Raised(type(e).__name__[:200], (_first_line(e) + where_raised(k, e))[:wire.MAX_TEXT],
-                           inputs.launching)
+        return kernel_error(e, k, inputs.launching)
     return wire.RankDone(path, rank, pack(out) if packed else out, list(k.notes) if k is not None else [])
 
 
 def _call(kernels: dict, fn, path: str, record: dict, device: str, args: tuple):
     """``fn(kernel, *args)`` with the user's kernel loaded here (``cpsim.run.isolation.call``): its
     result, integer arrays (one, or a tuple of them) sent as plain data."""
-    from cpsim.kernels.under_test import KernelImportError, where_raised
+    from cpsim.kernels.under_test import KernelImportError
     try:
         k = _kernel(kernels, path, record, device)
     except ConfigError as e:
@@ -237,10 +229,6 @@ def _call(kernels: dict, fn, path: str, record: dict, device: str, args: tuple):
     try:
         value = fn(k, *args)
         arrays = [np.asarray(v) for v in value] if isinstance(value, tuple) else [np.asarray(value)]
-    except ConfigError as e:
-        return wire.Refused(e.field, e.rule)
-    except SystemExit as e:
-        return wire.Exited(repr(e.code)[:200])
     except BaseException as e:  # noqa: BLE001  (the kernel's exception, KeyboardInterrupt too, becomes a violation)
-        return wire.Raised(type(e).__name__[:200], (_first_line(e) + where_raised(k, e))[:wire.MAX_TEXT])
+        return kernel_error(e, k)
     return wire.Value(arrays, isinstance(value, tuple), list(k.notes))
