@@ -14,6 +14,7 @@ import sys
 from rich.markup import escape
 
 from cpsim import STARTED, __version__
+from cpsim.startup import hold_signals
 from cpsim.cmd.commands import COMMANDS
 from cpsim.errors import ConfigError, DistError, Interrupted
 from cpsim.report import terminal
@@ -109,12 +110,7 @@ def main(argv: list[str] | None = None, held: tuple | None = None) -> int:
     # Until the options are known (the imports of every command: seconds on a loaded box), a SIGTERM or
     # Ctrl-C is kept, then answered like one during the run, so --json still says so (a torchrun rank
     # whose peer died at start-up is stopped right here).
-    if held is None:
-        pending: list[int] = []
-        held = (pending, {s: signal.signal(s, lambda signum, frame: pending.append(signum))
-                          for s in (signal.SIGTERM, signal.SIGINT)
-                          if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler)})
-    pending, held = held
+    pending, held = held if held is not None else hold_signals()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # a torchrun rank ends with its agent
         from cpsim.run.reaper import end_with_parent
         end_with_parent()
