@@ -33,7 +33,7 @@ for bug in $("$PY" -c "from cpsim import faults; print(*faults.names())"); do
     step "bug-$bug" 1 launch/local.sh "$n" bugs reproduce "$bug" --device cuda
     step "bug-$bug-fixed" 0 launch/local.sh "$n" bugs reproduce "$bug" --fixed --device cuda
 done
-step replay-repro 1 launch/local.sh "$n" replay docs/examples/virtual-block-uses-kernel-block.json --device cuda
+step replay-repro 1 launch/local.sh "$n" replay examples/virtual-block-uses-kernel-block.json --device cuda
 step doctor 0 launch/local.sh "$n" doctor --device cuda
 # A real fault: rank 1 killed by its PID mid-run (its kernel stalls); rank 0 must exit
 # non-zero within --timeout, naming rank 1, and the launcher must say so in one line.

@@ -3,7 +3,7 @@
 Rows run ``cpsim.cli.main(argv)`` in process (an exception escaping it fails the row);
 a few run ``python -m cpsim`` to show that nothing but the one line reaches the terminal.
 Each row is refused before any kernel runs, so the table is fast. Good inputs
-(presets, docs/examples, round trips) are checked to still load at the end.
+(presets, examples/, round trips) are checked to still load at the end.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from cpsim.cli import main
 from cpsim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "docs" / "examples" / "small-cp4.json"
+EXAMPLE = ROOT / "examples" / "small-cp4.json"
 CALLABLE = f"{ROOT}/tests/kernels/callable_abi.py:slot_mapping"
 
 
@@ -110,7 +110,7 @@ def toml_scenario(extra: str) -> Callable[[Path], Path]:
 
 # ---- capture files and explicit batches (docs/CAPTURE.md) ------------------------------------
 
-EXPLICIT = ROOT / "docs" / "examples" / "explicit-shuffled-positions.json"
+EXPLICIT = ROOT / "examples" / "explicit-shuffled-positions.json"
 
 
 def explicit(change: Callable[[dict], Any] | None = None, raw: Callable[[str], str] | None = None,
@@ -689,7 +689,7 @@ def test_cp_sharded_false_is_false_and_true_is_true():
 
 # ---- good input still passes ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "docs" / "examples").glob("*.*") if p.suffix in (".json", ".toml")),
+@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "examples").glob("*.*") if p.suffix in (".json", ".toml")),
                          ids=lambda p: p.name)
 def test_every_example_loads(path):
     from cpsim.capture import batch as xb

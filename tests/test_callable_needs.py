@@ -10,7 +10,7 @@ import pytest
 from cpsim import cli
 
 K = f"{Path(__file__).parent / 'kernels'}/callable_needs.py"
-SMALL = str(Path(__file__).parent.parent / "docs" / "examples" / "small-cp4.json")
+SMALL = str(Path(__file__).parent.parent / "examples" / "small-cp4.json")
 
 
 def _run(capsys, scenario, fn):

@@ -28,7 +28,7 @@ from cpsim.paths import Knobs
 from cpsim.scenario import Batch, CPConfig, KVGroup, Limits, Request, Scenario, validate
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "docs" / "examples"
+EXAMPLES = ROOT / "examples"
 STALE_TAIL = Knobs(kernel_fault=kernels.FAULT_STALE_TAIL)
 
 
@@ -411,7 +411,7 @@ def test_meta_block_sizes_judge_a_wrong_block_size_argument_against_the_real_lay
 
 def test_options_that_do_not_apply_are_refused(tmp_path, capsys):
     assert main(["replay", str(EXAMPLES / "explicit-shuffled-positions.json"), "--kernel-v1-fused", "builtin"]) == 2
-    repro = next((ROOT / "docs" / "examples").glob("virtual-block-uses-kernel-block.json"))
+    repro = next((ROOT / "examples").glob("virtual-block-uses-kernel-block.json"))
     assert main(["replay", str(repro), "--shrink", str(tmp_path / "x.npz")]) == 2
     assert "--shrink" in capsys.readouterr().err
 

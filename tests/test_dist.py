@@ -225,7 +225,7 @@ def test_a_kernel_from_an_unlisted_release_with_unread_changes_ends_every_rank_w
 
 
 def test_a_bad_explicit_batch_under_torchrun_ends_every_rank_with_2(tmp_path):
-    data = json.loads((ROOT / "docs" / "examples" / "explicit-shuffled-positions.json").read_text())
+    data = json.loads((ROOT / "examples" / "explicit-shuffled-positions.json").read_text())
     data["arrays"]["positons"] = data["arrays"].pop("positions")
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))

@@ -64,7 +64,7 @@ def test_a_forged_reply_on_cpsim_run_is_a_violation_on_its_rank(tmp_path, forge,
 
 
 ROUTES = {
-    "replay an explicit batch": ["replay", str(ROOT / "docs" / "examples" / "explicit-shuffled-positions.json"),
+    "replay an explicit batch": ["replay", str(ROOT / "examples" / "explicit-shuffled-positions.json"),
                                  "--kernel-v1", f"{FORGED}:ascend_v1"],
     "fuzz": ["fuzz", "--kernel-v1", f"{FORGED}:kernel", "--paths", "v1", "--max-examples", "2", "--no-db"],
     "sweep": ["sweep", "--presets", "mtp", "--cp", "2", "--paths", "v1", "--kernel-v1", f"{FORGED}:kernel"],

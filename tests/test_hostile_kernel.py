@@ -517,7 +517,7 @@ def test_replay_never_imports_the_kernel_in_the_judging_process(tmp_path, v1_cap
     kernel worker: what its import does to cpsim there cannot reach the judge, nor end it with 0."""
     kernel = tmp_path / "hostile_kernel.py"
     kernel.write_text(source)
-    what = v1_capture if target == "capture" else ROOT / "docs" / "examples" / "explicit-shuffled-positions.json"
+    what = v1_capture if target == "capture" else ROOT / "examples" / "explicit-shuffled-positions.json"
     report = tmp_path / "r.json"
     code, out = cpsim(tmp_path, ["replay", str(what), "--kernel-v1", f"{kernel}:kernel", "--json", str(report)])
     assert "Traceback" not in out, out

@@ -16,7 +16,7 @@ kernels.use_interpreter()
 ROOT = Path(__file__).parent.parent
 MRV2 = f"{ROOT}/tests/kernels/vllm_mrv2_abi.py:_compute_slot_mappings_kernel"
 BUILTIN = "cpsim.kernels.mrv2:_compute_slot_mappings_kernel"
-MIXED = (str(ROOT / "docs/examples/mixed-cp8.json"), str(ROOT / "docs/examples/mixed-cp8.toml"))
+MIXED = (str(ROOT / "examples/mixed-cp8.json"), str(ROOT / "examples/mixed-cp8.toml"))
 
 
 @pytest.mark.parametrize("spec", [MRV2, BUILTIN], ids=["test-kernel", "builtin"])

@@ -274,7 +274,7 @@ def test_draw_shows_replica_sets(tmp_path):
     pytest.importorskip("matplotlib")
     from cpsim.cmd.draw import simulate
     from cpsim.report import draw
-    s = sc.validate(load_scenario("docs/examples/replicas-cp4.json"))
+    s = sc.validate(load_scenario("examples/replicas-cp4.json"))
     from cpsim.paths import Knobs
     from cpsim import kernels
     pic = simulate(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_SHARD_IS_CP_RANK))

@@ -432,12 +432,12 @@ def test_capture_from_host_classes_with_an_upstream_bug_fails_replay(tmp_path):
 @pytest.mark.skipif(not VLLM_READY, reason=VLLM_SKIP)
 @pytest.mark.parametrize("path", ["v1", "v2"])
 def test_capture_from_vllm_033_real_classes_replays(tmp_path, path):
-    """docs/examples/capture_vllm_host.py: vLLM 0.33.0's MultiGroupBlockTable / BlockTables per rank, captured;
+    """examples/capture_vllm_host.py: vLLM 0.33.0's MultiGroupBlockTable / BlockTables per rank, captured;
     the replay holds; with rank 1 handed other positions (--break) it fails."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT)] + [VLLM_FOLDER] * bool(VLLM_FOLDER)))
     for broken in (False, True):
         cap = tmp_path / f"cap-{path}-{broken}"
-        subprocess.run([VLLM_PYTHON, str(ROOT / "docs" / "examples" / "capture_vllm_host.py"), str(cap), path]
+        subprocess.run([VLLM_PYTHON, str(ROOT / "examples" / "capture_vllm_host.py"), str(cap), path]
                        + (["--break"] if broken else []), check=True, env=env, timeout=600, capture_output=True)
         code, rep = _replay(cap, tmp_path)
         if not broken:

@@ -327,11 +327,11 @@ def test_old_capture_without_live_counts_reads_a_trailing_0_as_no_block(tmp_path
 
 
 def test_example_replays_clean_given_and_through_the_builtin_rerun(tmp_path):
-    """docs/examples/explicit-replay-dummy.json: a replaying request next to a dummy request with 2 tokens.
+    """examples/explicit-replay-dummy.json: a replaying request next to a dummy request with 2 tokens.
     Without its slots, cpsim's v2 kernel reruns on the inputs and must PAD the dummy's tokens too."""
     from cpsim import cli, kernels
     kernels.use_interpreter()
-    example = ROOT / "docs" / "examples" / "explicit-replay-dummy.json"
+    example = ROOT / "examples" / "explicit-replay-dummy.json"
     assert cli.main(["replay", str(example), "--quiet"]) == 0
     doc = json.loads(example.read_text())
     doc["arrays"].pop("r0/slots")

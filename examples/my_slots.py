@@ -5,7 +5,7 @@ names ask for, and expects one slot (or pad_id) per scheduled token. Under
 `--kernel-v1` block_table is the logical kernel-block table, under `--kernel-v2`
 the physical one; idx_mapping gives each batch entry its table row.
 
-    cpsim run --kernel-v1 docs/examples/my_slots.py:my_slots
+    cpsim run --kernel-v1 examples/my_slots.py:my_slots
 """
 
 import torch

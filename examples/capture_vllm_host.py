@@ -2,7 +2,7 @@
 
 Run with a side venv's python that has vLLM 0.33.0 (docs/UPSTREAM.md), this tree on PYTHONPATH::
 
-    PYTHONPATH=. /work/venvs/vllm-0.33/bin/python docs/examples/capture_vllm_host.py /tmp/cap [v1|v2] [--break]
+    PYTHONPATH=. /work/venvs/vllm-0.33/bin/python examples/capture_vllm_host.py /tmp/cap [v1|v2] [--break]
     cpsim replay /tmp/cap
 
 It builds one ``MultiGroupBlockTable`` (v1) or MRV2 ``BlockTables`` (v2) per DCP rank, as a

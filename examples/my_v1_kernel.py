@@ -6,7 +6,7 @@ tokens of request r, the last program writes PAD_ID from the last scheduled toke
 max_num_tokens. block_table holds logical kernel-block ids, one row per request; the
 output is int32.
 
-    cpsim run --kernel-v1 docs/examples/my_v1_kernel.py:slot_mapping_kernel
+    cpsim run --kernel-v1 examples/my_v1_kernel.py:slot_mapping_kernel
 """
 
 import triton
