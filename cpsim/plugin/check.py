@@ -11,15 +11,21 @@ import io
 from pathlib import Path
 from typing import Any, Iterable
 
+from rich.console import Console
+
+from cpsim import scenario as sc
+from cpsim.check import profiles
+from cpsim.errors import ConfigError
+from cpsim.kernels.under_test import ABIS, KernelUnderTest, load, with_replay
+from cpsim.run.sizing import Sizer, SizingFailure
+from cpsim.validate import load_scenario
+
 # Small scenarios: the Triton interpreter costs milliseconds per program.
 DEFAULT_SCENARIOS = ("default", "hybrid-mamba", "mtp", "random:1", "random:2", "random:3")
 
 
 def scenario(spec: Any):
     """A Scenario from a preset name, a .json/.toml file, ``random:SEED``, or a Scenario."""
-    from cpsim import scenario as sc
-    from cpsim.errors import ConfigError
-    from cpsim.validate import load_scenario
     if isinstance(spec, sc.Scenario):
         return spec
     text = str(spec)
@@ -37,19 +43,15 @@ def _for_path(s, path: str):
     """The v1-fused path exists at CP size 1 only: run the scenario there at CP 1."""
     if path != "v1-fused" or s.cp.world == 1:
         return s
-    from cpsim.scenario import CPConfig
-    return s.replace(name=f"{s.name}@cp1", cp=CPConfig())
+    return s.replace(name=f"{s.name}@cp1", cp=sc.CPConfig())
 
 
 def judged_by(kernel, profile: str | None = None):
     """The named release profile (exit-2 ConfigError if unknown), else the kernel's release (cpsim's own)."""
-    from cpsim.check import profiles
     return profiles.get(profile) if profile else profiles.for_abis([getattr(kernel, "abi", "builtin")])
 
 
 def report_text(s, verdicts, kernel=None, profile=None) -> str:
-    from rich.console import Console
-
     from cpsim.report import report
     buf = io.StringIO()
     console = Console(file=buf, width=120, color_system=None, soft_wrap=True)
@@ -68,7 +70,7 @@ def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None)
     ``cpsim.check.profiles.Profile``; default: the kernel's release), which lays the scenario out too.
     ``sizer``: the host sizing under test (``cpsim.run.sizing.Sizer``; its function runs in a child
     process); a function that fails is an AssertionError naming it."""
-    from cpsim.check import coordinator, profiles
+    from cpsim.check import coordinator
     from cpsim.allocator import allocate_world
     from cpsim.paths import Knobs
     from cpsim.run import isolation
@@ -77,7 +79,6 @@ def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None)
     s = profiles.scenario_for(_for_path(s, path), prof)
     knobs = Knobs()
     if sizer is not None:
-        from cpsim.run.sizing import SizingFailure
         try:
             knobs = Knobs(host_sizing=sizer.answer(s, [path]))
         except SizingFailure as e:
@@ -101,7 +102,6 @@ def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim
     A SPEC is imported in a kernel worker (``cpsim.run.isolation.probe``), never in the test's own
     process; ``path`` None: the first path its ABI stands in for. An import that raises, exits,
     hangs or crashes fails the test, naming the file."""
-    from cpsim.kernels.under_test import KernelUnderTest, load
     from cpsim.run import isolation
     if isinstance(kernel, KernelUnderTest):
         return kernel
@@ -133,7 +133,6 @@ def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
     path = path or next(p for p in ("v1", "v1-fused", "v2") if p in _paths_of(k.abi))
     prof = judged_by(k, profile)
     results, failures = {}, []
-    from cpsim.run.sizing import Sizer
     with (Sizer(sizing) if sizing else contextlib.nullcontext()) as sizer:
         for spec in (DEFAULT_SCENARIOS if scenarios is None else scenarios):
             s, verdicts = run_one(k, path, scenario(spec), device, prof, sizer)
@@ -157,7 +156,6 @@ def _check_replay(k, path: str | None, scenarios, device: str) -> dict:
     """A replay-padding kernel (``--kernel-replay``): run after cpsim's slot mapping on v1 and v2 (or on
     ``path``); at least one scenario must replay, or nothing was checked."""
     from cpsim.check import coordinator
-    from cpsim.kernels.under_test import with_replay
     runner = with_replay(None, k)
     results, failures = {}, []
     for spec in (REPLAY_SCENARIOS if scenarios is None else scenarios):
@@ -175,5 +173,4 @@ def _check_replay(k, path: str | None, scenarios, device: str) -> dict:
 
 
 def _paths_of(abi: str) -> tuple[str, ...]:
-    from cpsim.kernels.under_test import ABIS
     return ABIS[abi].paths

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from cpsim.errors import ConfigError
 from cpsim.plugin.check import DEFAULT_SCENARIOS, judged_by, exercised, load_kernel, report_text, run_one, scenario
+from cpsim.run.sizing import Sizer
 
 
 class CpsimKernelItem(pytest.Item):
@@ -33,7 +35,6 @@ class CpsimKernelItem(pytest.Item):
             return None
         cache = self.config.stash.setdefault(_KERNELS, {})
         if ("sizing", spec) not in cache:
-            from cpsim.run.sizing import Sizer
             cache[("sizing", spec)] = Sizer(spec)
         return cache[("sizing", spec)]
 
@@ -50,7 +51,6 @@ class CpsimKernelItem(pytest.Item):
             pytest.skip(f"no group of scenario {s.name} can be checked with the {k.abi} ABI")
 
     def repr_failure(self, excinfo, style=None):
-        from cpsim.errors import ConfigError
         if isinstance(excinfo.value, (AssertionError, ConfigError)):
             return str(excinfo.value)
         return super().repr_failure(excinfo, style)
