@@ -19,9 +19,7 @@ See docs/CAPTURE.md.
 
 from __future__ import annotations
 
-import importlib.abc
 import os
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -30,6 +28,7 @@ if TYPE_CHECKING:
     from cpsim.capture.recorder import Recorder
 
 from cpsim import recording
+from cpsim.capture.session import _Session
 from cpsim.errors import ConfigError
 
 # Imported on first use, so that ``import cpsim.capture; install()`` with capture off (a
@@ -67,96 +66,6 @@ KNOWN_HOSTS = (
 )
 
 _active: "_Session | None" = None
-
-
-def _targets(kernels: Iterable[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for spec in kernels:
-        module, sep, attr = str(spec).partition(":")
-        if not sep or not module or not attr:
-            raise ConfigError("CPSIM_CAPTURE_KERNELS", f"{spec!r} is not module:attr")
-        out.setdefault(module, []).append(attr)
-    return out
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, session: "_Session"):
-        self.inner, self.session = inner, session
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self.inner.exec_module(module)
-        self.session.patch(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Wraps the named kernels right after their module is first imported."""
-
-    def __init__(self, session: "_Session"):
-        self.session = session
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.session.targets:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, self.session)
-                return spec
-        return None
-
-
-class _Session:
-    def __init__(self, recorder: Recorder, kernels: Iterable[str]):
-        self.recorder = recorder
-        self.targets = _targets(kernels)
-        self.saved: list[tuple[Any, str, Any]] = []
-        self.hook = _PatchOnImport(self)
-
-    def patch(self, module) -> None:
-        from cpsim.capture.recorder import CapturedKernel, wrap
-        for attr in self.targets.get(module.__name__, ()):
-            if "." in attr:  # Class.method: a host class's compute_slot_mapping(s) (cpsim.capture.hosts)
-                self._patch_host(module, attr)
-                continue
-            obj = getattr(module, attr, None)
-            if obj is None or isinstance(obj, CapturedKernel):
-                continue
-            self.saved.append((module, attr, obj))
-            setattr(module, attr, wrap(obj, self.recorder, f"{module.__name__}:{attr}"))
-
-    def _patch_host(self, module, attr: str) -> None:
-        from cpsim.capture.hosts import READERS, wrap_method
-        cls_name, _, method = attr.partition(".")
-        cls = getattr(module, cls_name, None)
-        if not isinstance(cls, type) or method not in READERS or method not in cls.__dict__:
-            return
-        if getattr(cls.__dict__[method], "_cpsim_host", False):
-            return
-        original = wrap_method(cls, method, self.recorder, f"{module.__name__}:{attr}")
-        self.saved.append((cls, method, original))
-
-    def start(self) -> None:
-        for name in self.targets:
-            if name in sys.modules:
-                self.patch(sys.modules[name])
-        sys.meta_path.insert(0, self.hook)
-
-    def stop(self) -> None:
-        if self.hook in sys.meta_path:
-            sys.meta_path.remove(self.hook)
-        for module, attr, obj in reversed(self.saved):
-            setattr(module, attr, obj)
-        self.saved.clear()
-        self.recorder.close()
 
 
 def active() -> Recorder | None:
