@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 if TYPE_CHECKING:
     from cpsim.capture.recorder import Recorder
+    from cpsim.capture.session import Session
 
 from cpsim import recording
-from cpsim.capture.session import _Session
 from cpsim.errors import ConfigError
 
 # Imported on first use, so that ``import cpsim.capture; install()`` with capture off (a
@@ -65,7 +65,7 @@ KNOWN_HOSTS = (
     "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
 )
 
-_active: "_Session | None" = None
+_active: "Session | None" = None
 
 
 def active() -> Recorder | None:
@@ -83,15 +83,11 @@ def capture(directory: str | Path, kernels: Iterable[str] = KNOWN_KERNELS, *, ev
     ``max_num_batched_tokens``, ``max_num_reqs``, ``num_speculative_tokens``,
     ``num_blocks`` per group, ``group_names``); replay infers the rest.
     """
-    from cpsim.capture.recorder import Policy, Recorder, check_meta, parse_size, parse_steps
+    from cpsim.capture.session import Session  # numpy (the recorder's): not for an idle install()
     global _active
     if _active is not None:
         raise ConfigError("capture", "a capture is already running in this process")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError("every", f"must be an integer >= 1, got {every!r}")
-    first, last = parse_steps(steps, "steps") if isinstance(steps, str) else (steps or (0, None))
-    size = parse_size(budget, "budget") if isinstance(budget, str) else int(budget)
-    session = _Session(Recorder(directory, Policy(every, first, last, size), rank, check_meta(meta)), kernels)
+    session = Session.from_args(directory, kernels, every, steps, budget, rank, meta)
     session.start()
     _active = session
     recording.set_active(session.recorder)
@@ -119,18 +115,10 @@ def install(env=os.environ) -> Recorder | None:
         return None
     if _active is not None:
         return _active.recorder
-    import json
-
-    from cpsim.capture.recorder import Recorder, check_meta, policy_from_env
-    extra = [k for k in env.get("CPSIM_CAPTURE_KERNELS", "").split(",") if k.strip()]
-    try:
-        meta = check_meta(json.loads(env.get("CPSIM_CAPTURE_META", "") or "{}"), "CPSIM_CAPTURE_META")
-    except json.JSONDecodeError as e:
-        raise ConfigError("CPSIM_CAPTURE_META", f"not valid JSON: {e}") from None
-    rank = env.get("CPSIM_CAPTURE_RANK")
-    session = _Session(Recorder(directory, policy_from_env(env), int(rank) if rank and rank.isdigit() else None,
-                                meta), list(KNOWN_KERNELS) + [k.strip() for k in extra]
-                       + (list(KNOWN_HOSTS) if env.get("CPSIM_CAPTURE_HOSTS", "") not in ("", "0") else []))
+    from cpsim.capture.session import Session  # numpy (the recorder's): only once capture is on
+    extra = [k.strip() for k in env.get("CPSIM_CAPTURE_KERNELS", "").split(",") if k.strip()]
+    hosts = list(KNOWN_HOSTS) if env.get("CPSIM_CAPTURE_HOSTS", "") not in ("", "0") else []
+    session = Session.from_env(env, list(KNOWN_KERNELS) + extra + hosts)
     session.start()
     _active = session
     recording.set_active(session.recorder)

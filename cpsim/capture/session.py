@@ -4,12 +4,14 @@ where they are looked up, in modules imported already and, through an import hoo
 from __future__ import annotations
 
 import importlib.abc
+import json
 import sys
-from typing import TYPE_CHECKING, Any, Iterable
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
-if TYPE_CHECKING:
-    from cpsim.capture.recorder import Recorder
-
+from cpsim.capture.hosts import READERS, wrap_method
+from cpsim.capture.recorder import (CapturedKernel, Policy, Recorder, check_meta, parse_size, parse_steps,
+                                    policy_from_env, wrap)
 from cpsim.errors import ConfigError
 
 
@@ -24,7 +26,7 @@ def _targets(kernels: Iterable[str]) -> dict[str, list[str]]:
 
 
 class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, session: "_Session"):
+    def __init__(self, inner, session: "Session"):
         self.inner, self.session = inner, session
 
     def create_module(self, spec):
@@ -41,7 +43,7 @@ class _Loader(importlib.abc.Loader):
 class _PatchOnImport(importlib.abc.MetaPathFinder):
     """Wraps the named kernels right after their module is first imported."""
 
-    def __init__(self, session: "_Session"):
+    def __init__(self, session: "Session"):
         self.session = session
 
     def find_spec(self, fullname, path, target=None):
@@ -58,15 +60,36 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return None
 
 
-class _Session:
+class Session:
     def __init__(self, recorder: Recorder, kernels: Iterable[str]):
         self.recorder = recorder
         self.targets = _targets(kernels)
         self.saved: list[tuple[Any, str, Any]] = []
         self.hook = _PatchOnImport(self)
 
+    @classmethod
+    def from_args(cls, directory: str | Path, kernels: Iterable[str], every: int,
+                  steps: str | tuple[int, int | None] | None, budget: int | str, rank: int | None,
+                  meta: dict[str, Any] | None) -> Session:
+        """``cpsim.capture.capture``'s arguments, checked (a bad one: ConfigError naming it)."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ConfigError("every", f"must be an integer >= 1, got {every!r}")
+        first, last = parse_steps(steps, "steps") if isinstance(steps, str) else (steps or (0, None))
+        size = parse_size(budget, "budget") if isinstance(budget, str) else int(budget)
+        return cls(Recorder(directory, Policy(every, first, last, size), rank, check_meta(meta)), kernels)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], kernels: Iterable[str]) -> Session:
+        """``CPSIM_CAPTURE`` and its settings (``cpsim.capture.install``), checked."""
+        try:
+            meta = check_meta(json.loads(env.get("CPSIM_CAPTURE_META", "") or "{}"), "CPSIM_CAPTURE_META")
+        except json.JSONDecodeError as e:
+            raise ConfigError("CPSIM_CAPTURE_META", f"not valid JSON: {e}") from None
+        rank = env.get("CPSIM_CAPTURE_RANK")
+        return cls(Recorder(env["CPSIM_CAPTURE"], policy_from_env(env), int(rank) if rank and rank.isdigit() else None,
+                            meta), kernels)
+
     def patch(self, module) -> None:
-        from cpsim.capture.recorder import CapturedKernel, wrap
         for attr in self.targets.get(module.__name__, ()):
             if "." in attr:  # Class.method: a host class's compute_slot_mapping(s) (cpsim.capture.hosts)
                 self._patch_host(module, attr)
@@ -78,7 +101,6 @@ class _Session:
             setattr(module, attr, wrap(obj, self.recorder, f"{module.__name__}:{attr}"))
 
     def _patch_host(self, module, attr: str) -> None:
-        from cpsim.capture.hosts import READERS, wrap_method
         cls_name, _, method = attr.partition(".")
         cls = getattr(module, cls_name, None)
         if not isinstance(cls, type) or method not in READERS or method not in cls.__dict__:
