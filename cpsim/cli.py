@@ -112,8 +112,7 @@ def main(argv: list[str] | None = None, held: tuple | None = None) -> int:
     # whose peer died at start-up is stopped right here).
     pending, held = held if held is not None else hold_signals()
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # a torchrun rank ends with its agent
-        from cpsim.run.reaper import end_with_parent
-        end_with_parent()
+        reaper.end_with_parent()
         # c10d's warnings with C++ frames when the agent's store is gone; each rank's own line says why
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:

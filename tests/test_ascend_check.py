@@ -73,6 +73,14 @@ def test_builtin_kernels_pass_one_entry(ascend_python):
     assert f"{len(registry._v1_fused_combos())} passed, 0 failed" in res.stdout
 
 
+def test_the_worker_imports_with_the_standard_library_only():
+    """The side venv holds triton-ascend and pybind11 only: what the worker imports at its top (cpsim's
+    errors, kernels.under_test, vllm_shim, the compiler) needs nothing else. ``-S``: no site-packages."""
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import cpsim.ascend_check.worker"
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
 def test_missing_side_venv_is_bad_input_naming_the_fix():
     res = _cli("--ascend-python", "/nonexistent/python")
     assert res.returncode == 2

@@ -64,6 +64,16 @@ def test_plugin_is_inert_without_its_options(pytester):
     res.stdout.no_fnmatch_line("*cpsim::*")
 
 
+def test_plugin_without_its_options_loads_no_checking_code(pytester):
+    """Every pytest run in the environment loads the plugin: without its options it imports nothing of
+    cpsim (cpsim.plugin.check loads numpy and pydantic), however pytest probes the plugin module."""
+    pytester.makepyfile(test_user="import sys\n\ndef test_theirs():\n"
+                                  "    assert sorted(m for m in sys.modules if m.startswith('cpsim.')) == "
+                                  "['cpsim.plugin', 'cpsim.plugin.testing']\n")
+    res = pytester.runpytest_subprocess("-p", "cpsim.plugin.testing", "-p", "no:warnings", "-p", "no:hypothesispytest")
+    res.assert_outcomes(passed=1)
+
+
 def test_bad_spec_is_reported_without_a_traceback(pytester):
     res = pytester.runpytest("--cpsim-kernel-v2", f"{KERNELS}/wrong_signature.py:_compute_slot_mapping_kernel",
                              *FAST)

@@ -13,18 +13,21 @@ import json
 import sys
 import time
 
+# All stdlib below their own tops (no numpy, pydantic, rich): the side venv holds triton-ascend and pybind11
+# only, with cpsim's source folder put first on PYTHONPATH by cpsim.ascend_check.runner.
+from cpsim.ascend_check.compiler import compile_kernel, is_triton_ascend
+from cpsim.errors import ConfigError
+from cpsim.kernels import under_test as kut
+from cpsim.kernels import vllm_shim
+
 
 def _load(target: str, shim_vllm: bool, path: str = "", where: str = "kernel"):
-    from cpsim.kernels import under_test as kut
     if shim_vllm:
-        from cpsim.kernels import vllm_shim
         vllm_shim.install()
     return kut.resolve(target, path, where)
 
 
 def _inspect(req: dict) -> dict:
-    from cpsim.errors import ConfigError
-    from cpsim.kernels import under_test as kut
     try:
         obj = _load(req["spec"], req.get("shim_vllm", False), req["path"], req["where"])
         if not kut.is_triton_kernel(obj):
@@ -45,7 +48,6 @@ def _inspect(req: dict) -> dict:
 
 
 def _compile(req: dict) -> None:
-    from cpsim.ascend_check.compiler import compile_kernel, is_triton_ascend
     if not is_triton_ascend():
         print(json.dumps({"fatal": "the `triton` module in this interpreter is not triton-ascend"}), flush=True)
         return

@@ -19,15 +19,14 @@ See docs/CAPTURE.md.
 
 from __future__ import annotations
 
-import importlib.abc
 import os
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 if TYPE_CHECKING:
     from cpsim.capture.recorder import Recorder
+    from cpsim.capture.session import Session
 
 from cpsim import recording
 from cpsim.errors import ConfigError
@@ -66,97 +65,7 @@ KNOWN_HOSTS = (
     "vllm_ascend.worker.block_table:MultiGroupBlockTable.compute_slot_mapping",
 )
 
-_active: "_Session | None" = None
-
-
-def _targets(kernels: Iterable[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for spec in kernels:
-        module, sep, attr = str(spec).partition(":")
-        if not sep or not module or not attr:
-            raise ConfigError("CPSIM_CAPTURE_KERNELS", f"{spec!r} is not module:attr")
-        out.setdefault(module, []).append(attr)
-    return out
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, inner, session: "_Session"):
-        self.inner, self.session = inner, session
-
-    def create_module(self, spec):
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self.inner.exec_module(module)
-        self.session.patch(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Wraps the named kernels right after their module is first imported."""
-
-    def __init__(self, session: "_Session"):
-        self.session = session
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.session.targets:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, self.session)
-                return spec
-        return None
-
-
-class _Session:
-    def __init__(self, recorder: Recorder, kernels: Iterable[str]):
-        self.recorder = recorder
-        self.targets = _targets(kernels)
-        self.saved: list[tuple[Any, str, Any]] = []
-        self.hook = _PatchOnImport(self)
-
-    def patch(self, module) -> None:
-        from cpsim.capture.recorder import CapturedKernel, wrap
-        for attr in self.targets.get(module.__name__, ()):
-            if "." in attr:  # Class.method: a host class's compute_slot_mapping(s) (cpsim.capture.hosts)
-                self._patch_host(module, attr)
-                continue
-            obj = getattr(module, attr, None)
-            if obj is None or isinstance(obj, CapturedKernel):
-                continue
-            self.saved.append((module, attr, obj))
-            setattr(module, attr, wrap(obj, self.recorder, f"{module.__name__}:{attr}"))
-
-    def _patch_host(self, module, attr: str) -> None:
-        from cpsim.capture.hosts import READERS, wrap_method
-        cls_name, _, method = attr.partition(".")
-        cls = getattr(module, cls_name, None)
-        if not isinstance(cls, type) or method not in READERS or method not in cls.__dict__:
-            return
-        if getattr(cls.__dict__[method], "_cpsim_host", False):
-            return
-        original = wrap_method(cls, method, self.recorder, f"{module.__name__}:{attr}")
-        self.saved.append((cls, method, original))
-
-    def start(self) -> None:
-        for name in self.targets:
-            if name in sys.modules:
-                self.patch(sys.modules[name])
-        sys.meta_path.insert(0, self.hook)
-
-    def stop(self) -> None:
-        if self.hook in sys.meta_path:
-            sys.meta_path.remove(self.hook)
-        for module, attr, obj in reversed(self.saved):
-            setattr(module, attr, obj)
-        self.saved.clear()
-        self.recorder.close()
+_active: "Session | None" = None
 
 
 def active() -> Recorder | None:
@@ -174,15 +83,11 @@ def capture(directory: str | Path, kernels: Iterable[str] = KNOWN_KERNELS, *, ev
     ``max_num_batched_tokens``, ``max_num_reqs``, ``num_speculative_tokens``,
     ``num_blocks`` per group, ``group_names``); replay infers the rest.
     """
-    from cpsim.capture.recorder import Policy, Recorder, check_meta, parse_size, parse_steps
+    from cpsim.capture.session import Session  # numpy (the recorder's): not for an idle install()
     global _active
     if _active is not None:
         raise ConfigError("capture", "a capture is already running in this process")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError("every", f"must be an integer >= 1, got {every!r}")
-    first, last = parse_steps(steps, "steps") if isinstance(steps, str) else (steps or (0, None))
-    size = parse_size(budget, "budget") if isinstance(budget, str) else int(budget)
-    session = _Session(Recorder(directory, Policy(every, first, last, size), rank, check_meta(meta)), kernels)
+    session = Session.from_args(directory, kernels, every, steps, budget, rank, meta)
     session.start()
     _active = session
     recording.set_active(session.recorder)
@@ -210,18 +115,10 @@ def install(env=os.environ) -> Recorder | None:
         return None
     if _active is not None:
         return _active.recorder
-    import json
-
-    from cpsim.capture.recorder import Recorder, check_meta, policy_from_env
-    extra = [k for k in env.get("CPSIM_CAPTURE_KERNELS", "").split(",") if k.strip()]
-    try:
-        meta = check_meta(json.loads(env.get("CPSIM_CAPTURE_META", "") or "{}"), "CPSIM_CAPTURE_META")
-    except json.JSONDecodeError as e:
-        raise ConfigError("CPSIM_CAPTURE_META", f"not valid JSON: {e}") from None
-    rank = env.get("CPSIM_CAPTURE_RANK")
-    session = _Session(Recorder(directory, policy_from_env(env), int(rank) if rank and rank.isdigit() else None,
-                                meta), list(KNOWN_KERNELS) + [k.strip() for k in extra]
-                       + (list(KNOWN_HOSTS) if env.get("CPSIM_CAPTURE_HOSTS", "") not in ("", "0") else []))
+    from cpsim.capture.session import Session  # numpy (the recorder's): only once capture is on
+    extra = [k.strip() for k in env.get("CPSIM_CAPTURE_KERNELS", "").split(",") if k.strip()]
+    hosts = list(KNOWN_HOSTS) if env.get("CPSIM_CAPTURE_HOSTS", "") not in ("", "0") else []
+    session = Session.from_env(env, list(KNOWN_KERNELS) + extra + hosts)
     session.start()
     _active = session
     recording.set_active(session.recorder)

@@ -28,8 +28,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from cpsim import schema
 from cpsim.capture.archive import ArchiveWriter
 from cpsim.errors import ConfigError
+from cpsim.kernels.under_test import parameters
 
 FORMAT = "cpsim-capture"
 VERSION = 1
@@ -102,9 +104,7 @@ def policy_from_env(env=os.environ) -> Policy:
 def check_meta(meta: Any, root: str = "meta") -> dict[str, Any]:
     """What the kernel arguments do not carry, checked (``schema.CaptureMetaModel``): a misspelt key
     would otherwise be recorded and silently ignored by replay."""
-    from cpsim import schema
-    from cpsim.schema import parse
-    return parse(schema.CaptureMetaModel, {} if meta is None else meta, root).model_dump(exclude_none=True)
+    return schema.parse(schema.CaptureMetaModel, {} if meta is None else meta, root).model_dump(exclude_none=True)
 
 
 def _distributed() -> bool:
@@ -130,7 +130,6 @@ def process_rank() -> int:
 
 
 def _params(kernel: Any) -> list[str]:
-    from cpsim.kernels.under_test import parameters
     return [n for n, _ in parameters(kernel)]
 
 

@@ -23,7 +23,9 @@ from cpsim.capture import shrink
 from cpsim.capture.batch import ExplicitStep
 from cpsim.capture.picture import write_html
 from cpsim.capture.steps import check_step, first_finding, iter_steps
+from cpsim.check import profiles
 from cpsim.errors import ConfigError
+from cpsim.kernels.under_test import load
 
 
 def main(args, console: Console | None = None) -> int:
@@ -40,7 +42,6 @@ def main(args, console: Console | None = None) -> int:
     quiet_rank = os.environ.get("RANK", "0") not in ("", "0")  # under torchrun only rank 0 speaks
     console = console or terminal.console(quiet=quiet_rank)
     kernels = _kernels(args)
-    from cpsim.check import profiles
     name = getattr(args, "profile", None)
     prof = profiles.get(name) if name else profiles.for_abis([getattr(k, "abi", "builtin") for k in kernels.values()])
     if not args.quiet:
@@ -103,7 +104,6 @@ def _kernels(args) -> dict:
     """The kernels a capture or explicit batch is rerun with. A user's is imported only in a kernel
     worker (this process learns its signature as plain data), and every rerun of it runs there too
     (``cpsim.capture.rerun``)."""
-    from cpsim.kernels.under_test import load
     from cpsim.run import isolation  # its probe: a SPEC is imported by a kernel worker
     if getattr(args, "kernel_v1_fused", None):
         raise ConfigError("--kernel-v1-fused", "captures and explicit batches rerun v1 and v2 kernels only")

@@ -17,6 +17,7 @@ from cpsim import kernels
 from cpsim.capture import rerun_released
 from cpsim.capture.batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
+from cpsim.kernels.under_test import KernelUnderTest, parameters
 from cpsim.layout import PAD_SLOT_ID, POISON
 from cpsim.paths import _intact
 
@@ -34,7 +35,6 @@ def _builtin(path: str):
         from cpsim.kernels.triton_v1 import _compute_slot_mapping_kernel as k
     else:
         from cpsim.kernels.triton_v2 import _compute_slot_mappings_kernel as k
-    from cpsim.kernels.under_test import KernelUnderTest, parameters
     return KernelUnderTest("builtin", k, "builtin", tuple(n for n, _ in parameters(k)))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from cpsim.capture.batch import ExplicitStep, RankBatch
 from cpsim.capture.steps import check_step
+from cpsim.errors import ConfigError
 
 
 def subset(step: ExplicitStep, keep: np.ndarray, groups: list[int], tail: int) -> ExplicitStep:
@@ -70,8 +71,6 @@ def _chunks(items: list, size: int):
 
 def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None = None, max_checks: int = 2000):
     """(smallest failing step, its outcome). ``target``: the invariant that must keep failing."""
-    from cpsim.errors import ConfigError
-
     rb0 = step.ranks[0]
     if any(rb.own_tokens(gi) is not None for rb in step.ranks for gi in range(len(step.groups))):
         raise ConfigError("--shrink", "a step whose groups have their own positions (g<G>/positions) cannot be "

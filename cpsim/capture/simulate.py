@@ -17,7 +17,9 @@ from cpsim import capture as cap
 from cpsim.allocator import allocate_rank
 from cpsim.paths import Knobs, run_path
 from cpsim.run.world import knobs_for
-from cpsim.scenario import Scenario
+from cpsim.errors import ConfigError
+from cpsim.scenario import Scenario, preset, validate
+from cpsim.validate import load_scenario
 
 
 def run(scenarios: list[Scenario], directory: str | Path, paths=("v1", "v2"), knobs: Knobs = Knobs(),
@@ -40,8 +42,6 @@ def run(scenarios: list[Scenario], directory: str | Path, paths=("v1", "v2"), kn
 
 def main(argv: list[str] | None = None) -> int:
     from cpsim import faults
-    from cpsim.errors import ConfigError
-    from cpsim.scenario import preset, validate
 
     p = argparse.ArgumentParser(prog="python -m cpsim.capture.simulate", description=__doc__.splitlines()[0])
     p.add_argument("out", metavar="OUT_DIR")
@@ -54,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inject-at-step", type=int, help="only this step runs with the fault")
     args = p.parse_args(argv)
     try:
-        from cpsim.validate import load_scenario
         base = load_scenario(args.scenario) if args.scenario else validate(preset(args.preset))
         steps = [base.replace(seed=base.seed + i) for i in range(args.steps)]
         knobs = faults.get(args.inject, "--inject").knobs_for(base) if args.inject else Knobs()

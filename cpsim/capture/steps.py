@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from cpsim.capture import batch as xb
+from cpsim.capture import load
 from cpsim.capture.batch import ExplicitStep
 from cpsim.check import coordinator, explicit
 from cpsim.errors import ConfigError
@@ -126,7 +127,6 @@ def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "c
 
 
 def iter_steps(path: str | Path, notes: list[str] | None = None) -> Iterator[ExplicitStep]:
-    from cpsim.capture import load
     if xb.is_explicit(path):
         yield xb.load(path)
         return
@@ -138,5 +138,4 @@ def iter_steps(path: str | Path, notes: list[str] | None = None) -> Iterator[Exp
 
 
 def is_replayable(path: str | Path) -> bool:
-    from cpsim.capture import load
     return load.is_capture(path) or xb.is_explicit(path)

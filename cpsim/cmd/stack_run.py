@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from cpsim import releases
 from cpsim.check import coordinator
 from cpsim.cmd.options import DefaultPaths
 from cpsim.cmd.inputs import parse_paths, scenario_from_args
@@ -108,7 +109,6 @@ def contract_json(result) -> dict:
 def exit_status(result) -> int:
     """1 on a violation; else UNREAD_CHANGES_EXIT when the release was judged with the nearest listed
     release's contract and its contract files changed (docs/RUNNING.md); else 0."""
-    from cpsim import releases
     if not coordinator.passed(result.verdicts):
         return 1
     return releases.UNREAD_CHANGES_EXIT if result.standing is not None and result.standing.unread else 0

@@ -16,6 +16,7 @@ from cpsim.errors import ConfigError, Interrupted
 from cpsim.fuzz.repro import Repro, knobs_for_scenario, resolve_fault, size_key, write_repro
 from cpsim.fuzz.searcher import SPACES, FuzzConfig, FuzzResult, Progress, search
 from cpsim.fuzz.signature import Finding, merge_nested
+from cpsim.fuzz.stop import end_job
 from cpsim.kernels.under_test import to_record, from_record
 from cpsim.kernels import use_interpreter
 
@@ -40,7 +41,6 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
     kernel workers; once the search has ended, SIGTERM is ignored (the process is already leaving)."""
     import signal
     import traceback
-    from cpsim.fuzz.stop import end_job
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, end_job)  # the kernel workers end before the job unwinds
     os.environ["CPSIM_KERNEL_WORKERS"] = workers

@@ -26,6 +26,7 @@ import numpy as np
 
 from cpsim import scenario as sc
 from cpsim.allocator import Allocation
+from cpsim.errors import ConfigError
 from cpsim.kernels import under_test
 from cpsim.paths import adapters
 from cpsim.paths.prep import PerRank
@@ -208,7 +209,6 @@ def job_rows(label: str, family: str, vllm_version: str, name: str, job, paths, 
 
 
 def _path_row(label, family, vllm_version, name, job, path, make_row) -> dict:
-    from cpsim.errors import ConfigError
     ranks = sorted(int(key.rsplit("_r", 1)[1]) for key in job.launches if key.startswith(f"{path}_r"))
     if not any(job.launches[f"{path}_r{r}"] for r in ranks):
         return make_row(label, "conformance", name, path, "not expressible",

@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from cpsim.stack import FAMILIES, recorder
+from cpsim.stack import FAMILIES, recorder, runtime_groups
 from cpsim.stack.exchange import Unsupported, read, write
 
 JOB_TIMEOUT = 300.0  # seconds for one path of one job (every rank), in its own child
@@ -201,7 +201,6 @@ def main(folder: str) -> int:
     write(where, "out", {"release": release, "patches": applied, "jobs": jobs, "runtime_groups": groups,
                          "installed": getattr(module, "installed", None)}, out)
     if dist:
-        from cpsim.stack import runtime_groups
         runtime_groups.close(module)
     return 0
 
@@ -209,7 +208,6 @@ def main(folder: str) -> int:
 def _runtime_groups(dist: dict, meta: dict, module, where: Path) -> dict | None:
     """This rank's place in the runtime's groups; None once it answered why there is none (a raise in
     the release's own setup: the rank's failure, reported like a crash of its host code)."""
-    from cpsim.stack import runtime_groups
     try:
         return runtime_groups.init(dist, meta, module)
     except Exception as e:  # noqa: BLE001 - the release's (or the classes file's) setup failed: reported

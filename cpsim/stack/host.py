@@ -20,9 +20,10 @@ import numpy as np
 
 from cpsim import layout, releases
 from cpsim.check.batch import ExplicitStep, RankBatch
-from cpsim.check import coordinator, explicit
+from cpsim.check import coordinator, explicit, profiles
 from cpsim.errors import ConfigError
 from cpsim.paths import KernelFailure
+from cpsim.run import reaper
 from cpsim.scenario import Scenario
 from cpsim.stack import FAMILIES, recorder
 from cpsim.stack.exchange import read, write
@@ -204,7 +205,6 @@ def _bounded(argv: list[str], env: dict, cwd: str, timeout: float, family: str) 
     """Run the driver child, ``timeout`` seconds at most. Past it, or on any interruption (Ctrl-C,
     torchrun's SIGTERM), the child's whole tree is ended (cpsim.run.reaper): its forked job and
     whatever the release's code started would otherwise outlive it."""
-    from cpsim.run import reaper
     try:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -381,7 +381,6 @@ def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None,
     profile when the adapter names one (``path_profiles`` where a path's differs; else cpsim's model);
     a path whose release code did not complete is kernel-completes failed on its rank, the rest of
     that path not run."""
-    from cpsim.check import profiles
     judged, out = None, []
     for path, step in steps.items():
         name = (path_profiles or {}).get(path, profile)

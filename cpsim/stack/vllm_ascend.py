@@ -45,6 +45,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from cpsim import releases
+from cpsim.stack import vllm as vllm_adapter
+from cpsim.stack.vllm import _runner_023_width
 from cpsim.stack.exchange import Unsupported, request_blocks
 
 # What differs between the releases read is the table's (cpsim/releases/vllm-ascend.json, each release's "rules"):
@@ -268,7 +270,6 @@ def _load_v2(version: str):
     adapter does; the subclass stages its table writes through them). None where the release has none."""
     if releases.release(PROJECT, version).rules["v2"] is None:
         return None
-    from cpsim.stack import vllm as vllm_adapter
     _applied.extend(vllm_adapter.patch_mrv2_buffers())
     import vllm_ascend.worker.v2.block_table as v2
     return v2
@@ -380,7 +381,6 @@ def _drive_v2(mod, meta: dict, arrays: dict, rank: int):
     one per DCP rank, ``cp_size`` DCP; ``append_block_ids`` per request, ``apply_staged_writes``, then
     ``compute_slot_mappings(idx_mapping, query_start_loc, positions, num_tokens_padded)``)."""
     import torch
-    from cpsim.stack.vllm import _runner_023_width
     lim, groups, cp = meta["limits"], meta["groups"], meta["cp"]
     common = dict(block_sizes=[g["block_size"] for g in groups], max_num_reqs=lim["max_num_reqs"],
                   max_num_batched_tokens=lim["max_num_batched_tokens"], device=torch.device("cpu"),
