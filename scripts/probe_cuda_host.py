@@ -106,7 +106,7 @@ import cpsim.fuzz.space as SP
 import cpsim.paths._guard as G
 import cpsim.paths._inputs as In
 import cpsim.paths.prep as S
-import cpsim.paths.replay as R
+import cpsim.paths.replay_padding as R
 import cpsim.paths.v1 as V1
 import cpsim.paths.v2 as V2
 import cpsim.run.world as W

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cpsim import kernels
-from cpsim.ascend_check import registry, runner
+from cpsim.ascend_check import registry, fan_out
 from cpsim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,11 +28,11 @@ def ascend_python() -> str:
     with open(ROOT / ".venv-ascend.lock", "w") as lock:  # xdist workers: one of them builds it
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return runner.find_python()
+            return fan_out.find_python()
         except ConfigError:
             made = subprocess.run(["make", "ascend-venv"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
             try:
-                return runner.find_python()
+                return fan_out.find_python()
             except ConfigError as e:
                 tail = (made.stdout + made.stderr).strip().splitlines()[-3:]
                 pytest.skip(f"the triton-ascend side venv cannot be created here ({e}; make ascend-venv: {tail})")
@@ -62,7 +62,7 @@ def test_vector_of_table_pointers_fails_in_triton_adapter_opt(ascend_python):
     combo = npu.combos()[0]
     jobs = [registry.Job("cuda tile_v2", "cpsim.kernels.tile_v2:_tile_slot_mappings_kernel", npu.signature, combo),
             registry.Job(npu.name, npu.target, npu.signature, combo)]
-    cuda, ascend = runner.run(ascend_python, jobs, "Ascend910B3", 2)
+    cuda, ascend = fan_out.run(ascend_python, jobs, "Ascend910B3", 2)
     assert not cuda.ok and cuda.stage == "triton-adapter-opt", (cuda.stage, cuda.error)
     assert ascend.ok, ascend.error
 
@@ -76,7 +76,7 @@ def test_builtin_kernels_pass_one_entry(ascend_python):
 def test_the_worker_imports_with_the_standard_library_only():
     """The side venv holds triton-ascend and pybind11 only: what the worker imports at its top (cpsim's
     errors, kernels.under_test, vllm_shim, the compiler) needs nothing else. ``-S``: no site-packages."""
-    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import cpsim.ascend_check.worker"
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import cpsim.ascend_check.compile_worker"
     out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 

@@ -16,7 +16,7 @@ from cpsim.paths import v2
 from cpsim.paths.types import Knobs
 from cpsim.plugin.testing import check_kernel
 from cpsim.scenario import preset
-from cpsim.stack import conformance, recorder
+from cpsim.stack import conformance, recording_kernel
 from conformance_hosts import mrv2_host
 from mutants import mutant
 
@@ -28,7 +28,7 @@ def _launch(**change):
     args = dict(max_num_tokens=64, idx_mapping=torch.tensor([2, -1, 0], dtype=torch.int32), cp_rank=1, CP_SIZE=2,
                 block_sizes=torch.tensor([16, 64], dtype=torch.int32))
     args.update(change)
-    return recorder.record("k", (2, 4), args, tuple(args))
+    return recording_kernel.record("k", (2, 4), args, tuple(args))
 
 
 def test_comparison_names_the_one_argument_that_differs_and_both_values():
@@ -47,17 +47,17 @@ def test_comparison_names_the_one_argument_that_differs_and_both_values():
 
 def test_a_stride_is_compared_as_the_row_stride_it_describes():
     buf, guarded = torch.zeros(2, 64, dtype=torch.int64), torch.zeros(2, 80, dtype=torch.int64)[:, 8:72]
-    host = recorder.record("k", (1,), dict(out=buf, out_stride=64), ())
-    mine = recorder.record("k", (1,), dict(out=guarded, out_stride=80), ())
+    host = recording_kernel.record("k", (1,), dict(out=buf, out_stride=64), ())
+    mine = recording_kernel.record("k", (1,), dict(out=guarded, out_stride=80), ())
     assert conformance.compare([host], [mine]) == []
-    wrong = recorder.record("k", (1,), dict(out=guarded, out_stride=64), ())
+    wrong = recording_kernel.record("k", (1,), dict(out=guarded, out_stride=64), ())
     assert [d.argument for d in conformance.compare([host], [wrong])] == ["out_stride"]
 
 
 def _fake_host_launches(s, rank: int, kernel_blocks: bool, num_tokens_arg: bool) -> list[dict]:
     launches: list = []
     params = PARAMS_017 if num_tokens_arg else PARAMS_022
-    mrv2_host._compute_slot_mappings_kernel = recorder.RecordingKernel("_compute_slot_mappings_kernel", params,
+    mrv2_host._compute_slot_mappings_kernel = recording_kernel.RecordingKernel("_compute_slot_mappings_kernel", params,
                                                                        launches)
     host = mrv2_host.BlockTables([g.block_size for g in s.groups], [g.b for g in s.groups], s.limits.max_num_reqs,
                                  _buffer(s, kernel_blocks), [_width(s, g, kernel_blocks) for g in s.groups],

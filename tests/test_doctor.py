@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from cpsim import doctor
+from cpsim import environment_checks
 from cpsim.cli import main
 from cpsim.kernels import FAULT_FP32_GATHER, FAULT_INT32_SLOT
 from cpsim.run import world
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON_INIT = importlib.util.find_spec("triton").origin
-KERNEL_NAMES = {f"kernel {p}" + ("" if p == "v1-torch" else f" {d}") for p, d, _ in doctor.KERNEL_CHECKS}
+KERNEL_NAMES = {f"kernel {p}" + ("" if p == "v1-torch" else f" {d}") for p, d, _ in environment_checks.KERNEL_CHECKS}
 
 
 def rows_by_check(rows):
@@ -30,7 +30,7 @@ def rows_by_check(rows):
 
 
 def run_doctor(tmp_path, capsys, *args):
-    out = tmp_path / "doctor.json"
+    out = tmp_path / "environment_checks.json"
     code = main(["doctor", "--device", "cpu", "--json", str(out), *args])
     text = capsys.readouterr().out
     return code, json.loads(out.read_text()), text
@@ -86,7 +86,7 @@ def record_hash(path: str) -> str:
 def fake_env(monkeypatch, **dists):
     base = {"torch": (real_metadata.version("torch"), [], {})}
     base.update({k.replace("_", "-"): v for k, v in dists.items()})
-    monkeypatch.setattr(doctor, "metadata", FakeMetadata(base))
+    monkeypatch.setattr(environment_checks, "metadata", FakeMetadata(base))
 
 
 # ---- the CPU table ----------------------------------------------------------------------
@@ -111,7 +111,7 @@ def test_the_tiny_scenario_reaches_past_fp32_and_int32():
     """Block ids above 2^24 and slots above 2^31 occur, so an inexact kernel cannot pass."""
     from cpsim.allocator import allocate_world
     for cp in (1, 2):
-        s = doctor.tiny_scenario(cp)
+        s = environment_checks.tiny_scenario(cp)
         ids = [int(b.max()) for rank in allocate_world(s) for b in rank[0].blocks if len(b)]
         assert max(ids) > 2**24
         assert max(ids) * s.groups[0].block_size > 2**31
@@ -119,7 +119,7 @@ def test_the_tiny_scenario_reaches_past_fp32_and_int32():
 
 @pytest.mark.parametrize("fault", [FAULT_FP32_GATHER, FAULT_INT32_SLOT])
 def test_an_inexact_kernel_fails_its_row(fault):
-    rows = rows_by_check(doctor.kernel_rows("cpu", fault=fault))
+    rows = rows_by_check(environment_checks.kernel_rows("cpu", fault=fault))
     # Every Triton kernel writes a slot that fp32 block ids or int32 slot math get wrong.
     for path in ("v1", "v1-fused", "v2"):
         for design in ("per-request", "tile"):
@@ -155,13 +155,13 @@ def test_a_kernel_that_does_not_compile_is_exit_1_with_the_fix(tmp_path, capsys,
 @pytest.mark.parametrize("text, rel", [("2.7.1.post2", (2, 7, 1)), ("2.7.1+cpu", (2, 7, 1)),
                                        ("2.10.0rc2", (2, 10, 0)), ("2.1", (2, 1, 0)), ("dev", None)])
 def test_release(text, rel):
-    assert doctor.release(text) == rel
+    assert environment_checks.release(text) == rel
 
 
 def test_torch_and_torch_npu_mismatch_is_exit_1_with_the_fix(tmp_path, capsys, monkeypatch):
     fake_env(monkeypatch, torch=("2.13.0+cpu", [], {}), torch_npu=("2.7.1.post2", ["torch==2.7.1+cpu"], {}),
              triton=("3.6.0", [], {}))
-    row = rows_by_check(doctor.torch_rows())["torch_npu"]
+    row = rows_by_check(environment_checks.torch_rows())["torch_npu"]
     assert row.status == "fail" and "built for torch 2.7.1, but torch is 2.13.0+cpu" in row.detail
     assert "pip install 'torch==2.7.1'" in row.fix and "torch-npu 2.13.0.*" in row.fix
     code, report, text = run_doctor(tmp_path, capsys, "--skip-kernels")
@@ -172,14 +172,14 @@ def test_torch_and_torch_npu_mismatch_is_exit_1_with_the_fix(tmp_path, capsys, m
 
 def test_matching_torch_npu_is_ok(monkeypatch):
     fake_env(monkeypatch, torch=("2.7.1+cpu", [], {}), torch_npu=("2.7.1.post2", [], {}))
-    row = rows_by_check(doctor.torch_rows())["torch_npu"]
+    row = rows_by_check(environment_checks.torch_rows())["torch_npu"]
     assert row.status == "ok" and "matches torch 2.7.1" in row.detail
 
 
 def test_triton_and_triton_ascend_both_installed_is_exit_1(tmp_path, capsys, monkeypatch):
     fake_env(monkeypatch, triton=("3.6.0", [], {"triton/__init__.py": "sha256=notthisfile"}),
              triton_ascend=("3.2.0", [], {"triton/__init__.py": "sha256=northisone"}))
-    (row,) = doctor.triton_rows("cpu")
+    (row,) = environment_checks.triton_rows("cpu")
     assert row.status == "fail"
     assert row.detail.startswith(f"triton and triton-ascend both installed: the module `triton` comes from "
                                  f"{TRITON_INIT}")
@@ -196,30 +196,30 @@ def test_both_installed_names_whose_files_are_on_disk(monkeypatch):
     # triton-ascend >= 3.2.1 depends on triton and overwrites its files: fine while its copy is on disk ...
     fake_env(monkeypatch, triton=("3.2.0", [], {"triton/__init__.py": "sha256=old"}),
              triton_ascend=("3.2.1", ["triton==3.2.0"], {"triton/__init__.py": real}))
-    (row,) = doctor.triton_rows("npu")
+    (row,) = environment_checks.triton_rows("npu")
     assert row.status == "warn" and "files of triton-ascend" in row.detail
     # ... but not once triton was reinstalled over it.
     fake_env(monkeypatch, triton=("3.2.0", [], {"triton/__init__.py": real}),
              triton_ascend=("3.2.1", ["triton==3.2.0"], {"triton/__init__.py": "sha256=old"}))
-    (row,) = doctor.triton_rows("npu")
+    (row,) = environment_checks.triton_rows("npu")
     assert row.status == "fail" and "files of triton)" in row.detail
 
 
 def test_triton_must_suit_the_device(monkeypatch):
     fake_env(monkeypatch, triton=("3.6.0", [], {}))
-    (row,) = doctor.triton_rows("npu")
-    assert row.status == "fail" and f"pip install {doctor.TRITON_ASCEND_PIN}" in row.fix
-    assert doctor.triton_rows("cpu")[0].status == "ok"
+    (row,) = environment_checks.triton_rows("npu")
+    assert row.status == "fail" and f"pip install {environment_checks.TRITON_ASCEND_PIN}" in row.fix
+    assert environment_checks.triton_rows("cpu")[0].status == "ok"
     fake_env(monkeypatch, triton_ascend=("3.2.0", [], {}))
-    (row,) = doctor.triton_rows("cuda")
+    (row,) = environment_checks.triton_rows("cuda")
     assert row.status == "fail" and "upstream triton" in row.fix
-    assert doctor.triton_rows("npu")[0].status == "ok"
+    assert environment_checks.triton_rows("npu")[0].status == "ok"
 
 
 def test_interpreter_on_an_accelerator_is_a_warning(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert rows_by_check(doctor.env_rows("cuda"))["$TRITON_INTERPRET"].status == "warn"
-    assert rows_by_check(doctor.env_rows("cpu"))["$TRITON_INTERPRET"].status == "info"
+    assert rows_by_check(environment_checks.env_rows("cuda"))["$TRITON_INTERPRET"].status == "warn"
+    assert rows_by_check(environment_checks.env_rows("cpu"))["$TRITON_INTERPRET"].status == "info"
 
 
 def test_a_broken_torch_npu_is_a_row_not_a_traceback(tmp_path, capsys, monkeypatch):
@@ -257,12 +257,12 @@ def test_a_missing_device_fails_the_device_row(tmp_path, capsys):
 # ---- the table under torchrun ------------------------------------------------------------
 
 def test_merge_keeps_what_differs_per_rank():
-    a = [doctor.Row("device", "ok", "cuda:0"), doctor.Row("torch", "ok", "2.7.1")]
-    b = [doctor.Row("device", "ok", "cuda:1"), doctor.Row("torch", "ok", "2.7.1")]
-    merged = doctor.merge([a, b, b])
+    a = [environment_checks.Row("device", "ok", "cuda:0"), environment_checks.Row("torch", "ok", "2.7.1")]
+    b = [environment_checks.Row("device", "ok", "cuda:1"), environment_checks.Row("torch", "ok", "2.7.1")]
+    merged = environment_checks.merge([a, b, b])
     assert [(m.row.check, m.row.detail, m.ranks) for m in merged] == [
         ("device", "cuda:0", [0]), ("device", "cuda:1", [1, 2]), ("torch", "2.7.1", [0, 1, 2])]
-    assert doctor.rank_list([0, 1, 2, 5, 7], 8) == "0-2,5,7" and doctor.rank_list([0, 1], 2) == "all"
+    assert environment_checks.rank_list([0, 1, 2, 5, 7], 8) == "0-2,5,7" and environment_checks.rank_list([0, 1], 2) == "all"
 
 
 def cpu_sim_doctor(out: Path, **extra_env) -> subprocess.CompletedProcess:
@@ -311,7 +311,7 @@ def test_npu_extra_pins_a_matching_torch_and_torch_npu_and_make_never_installs_i
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     pins = dict(re.fullmatch(r"([\w-]+)==(\S+)", x).groups() for x in extras["npu"])
     assert set(pins) == {"torch", "torch-npu", "triton-ascend"}
-    assert doctor.release(pins["torch"]) == doctor.release(pins["torch-npu"])
-    assert doctor.TRITON_ASCEND_PIN == f"triton-ascend=={pins['triton-ascend']}"
+    assert environment_checks.release(pins["torch"]) == environment_checks.release(pins["torch-npu"])
+    assert environment_checks.TRITON_ASCEND_PIN == f"triton-ascend=={pins['triton-ascend']}"
     installs = re.findall(r'-e "\.\[([^\]]*)\]"', (ROOT / "Makefile").read_text())
     assert installs and all("npu" not in x.split(",") for x in installs)

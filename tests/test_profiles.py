@@ -17,7 +17,7 @@ import pytest
 from cpsim import cli
 from cpsim.capture import batch as xb
 from cpsim.check import explicit, profiles
-from cpsim.check.batch import ExplicitStep, RankBatch
+from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
 from cpsim.scenario import CPConfig, KVGroup, Limits, preset
 

@@ -35,14 +35,14 @@ PATHS = ["v1", "v1-fused", "v2"]
 def npu_design(monkeypatch):
     """Launch the NPU kernels with an NPU-style plan: 64-token tiles, at most 3 programs."""
     from cpsim.kernels import select, tile
-    from cpsim.paths import _tile
+    from cpsim.paths import tile_launch
 
     def plan(s, max_num_tokens, device):
         p = tile.plan(max_num_tokens, s.limits.max_num_reqs, s.limits.max_model_len, "cpu", tile=64)
         return dataclasses.replace(p, max_programs=3)
 
-    monkeypatch.setattr(_tile, "tile_kernels", lambda device_type: select.tile_kernels("npu"))
-    monkeypatch.setattr(_tile, "_plan", plan)
+    monkeypatch.setattr(tile_launch, "tile_kernels", lambda device_type: select.tile_kernels("npu"))
+    monkeypatch.setattr(tile_launch, "_plan", plan)
 
 
 def _check(s, paths, knobs=TILE):

@@ -173,7 +173,7 @@ def _mrv2_combos() -> list[dict]:
             for n in CP_SIZES for i in (INTERLEAVES if n > 1 else (16,))]
 
 
-# Replay padding (cpsim/paths/replay.py): after every path's slot mapping, on its int64 [groups, entries] buffer.
+# Replay padding (cpsim/paths/replay_padding.py): after every path's slot mapping, on its int64 [groups, entries] buffer.
 _REPLAY_SIG = {"slot_mappings_ptr": "*i64", "group_stride": "i32", "cacheable_groups_ptr": "*i32",
                "query_start_loc_ptr": "*i32", "positions_ptr": "*i64", "replay_start_ptr": "*i32", "window": "i32",
                "pad_slot_id": "i32"}

@@ -40,7 +40,7 @@ import numpy as np
 from cpsim import bounds, schema
 from cpsim.capture import reach
 from cpsim.capture.archive import ArchiveReader, ArchiveWriter
-from cpsim.check.batch import ExplicitStep, RankBatch
+from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
 from cpsim.schema import parse, parse_list
 from cpsim.validate import read_data

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cpsim.check.batch import ExplicitStep, RankBatch
+from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
 from cpsim.layout import shard_rank, table_index
 

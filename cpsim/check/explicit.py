@@ -1,7 +1,7 @@
 """The coordinator's entry point for explicit batches (given positions, tables, outputs).
 
 The invariants are the coordinator's own functions, unchanged: this module only
-turns an :class:`~cpsim.check.batch.ExplicitStep` into what they read — a
+turns an :class:`~cpsim.check.explicit_batch.ExplicitStep` into what they read — a
 scenario whose batch *returns* the given positions instead of deriving them, and
 per rank and group the request's physical blocks read off the given table (the
 table *is* the allocation the kernel was handed). Expected slots therefore come
@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from cpsim.check import coordinator
-from cpsim.check.batch import ExplicitStep, RankBatch
+from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.check.gathered import Gathered
 from cpsim.errors import ConfigError
 from cpsim.layout import PAD_SLOT_ID

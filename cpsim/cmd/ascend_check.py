@@ -17,7 +17,7 @@ from cpsim.report import terminal
 from rich.table import Table
 
 from cpsim.errors import ConfigError
-from cpsim.ascend_check import registry, runner
+from cpsim.ascend_check import registry, fan_out
 
 PATH_FLAGS = {"v1": "kernel_v1", "v1-fused": "kernel_v1_fused", "v2": "kernel_v2", "replay": "kernel_replay"}
 
@@ -33,7 +33,7 @@ def _jobs(args, py: str):
         jobs += registry.builtin_jobs(args.only)
     for path, spec in user.items():
         where = f"--kernel-{path}"
-        info = runner.inspect_kernel(py, spec, path, args.kernel_abi, where, args.shim_vllm)
+        info = fan_out.inspect_kernel(py, spec, path, args.kernel_abi, where, args.shim_vllm)
         params = info["params"]
         types = dict(registry.USER_ARG_TYPES, **registry.USER_ARG_TYPES_BY_ABI.get(info["abi"], {}))
         sig = {}
@@ -55,7 +55,7 @@ def main(args) -> int:
     if args.jobs < 1:
         raise ConfigError("--jobs", f"must be >= 1, got {args.jobs}")
     out = terminal.console()
-    py = runner.find_python(args.ascend_python)
+    py = fan_out.find_python(args.ascend_python)
     jobs = _jobs(args, py)
     if not jobs:
         raise ConfigError("ascend-check", "nothing to compile")
@@ -72,7 +72,7 @@ def main(args) -> int:
 
     out.print(f"compiling {len(jobs)} kernel x constexpr combination(s) for GPUTarget('npu', '{args.arch}', 0) "
               f"up to triton-adapter-opt, {min(args.jobs, len(jobs))} process(es)", highlight=False)
-    results = runner.run(py, jobs, args.arch, args.jobs, args.timeout, progress)
+    results = fan_out.run(py, jobs, args.arch, args.jobs, args.timeout, progress)
     wall = time.perf_counter() - t0
     table = Table(title="Ascend compile check (frontend + triton-adapter-opt; bishengir-compile not run)")
     for col in ("kernel", "combinations", "pass", "fail", "first failure"):

@@ -23,7 +23,7 @@ from cpsim.report import terminal
 from rich.markup import escape
 from rich.table import Table
 
-from cpsim import doctor
+from cpsim import environment_checks
 from cpsim.run.dist import launched_by_torchrun
 
 STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "fail": "bold red"}
@@ -32,17 +32,17 @@ STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "fail": "bold red"}
 def main(args) -> int:
     if launched_by_torchrun():
         return main_torchrun(args)
-    rows, dev = doctor.collect(args.device, kernels=not args.skip_kernels)
-    rows.append(doctor.Row("torchrun", "info", "not under torchrun: `launch/local.sh N doctor` also checks "
+    rows, dev = environment_checks.collect(args.device, kernels=not args.skip_kernels)
+    rows.append(environment_checks.Row("torchrun", "info", "not under torchrun: `launch/local.sh N doctor` also checks "
                                                 "one all-gather across N ranks"))
     ranks = [{"rank": 0, "host": socket.gethostname(), "device": dev.describe() if dev else "none"}]
     return report(terminal.console(), [rows], ranks, args.json)
 
 
-def report(console: Console, per_rank: list[list[doctor.Row]], ranks: list[dict], json_path: str | None) -> int:
+def report(console: Console, per_rank: list[list[environment_checks.Row]], ranks: list[dict], json_path: str | None) -> int:
     """Print the table (one column per rank set under torchrun) and the verdict; write --json."""
     world = len(per_rank)
-    merged = doctor.merge(per_rank)
+    merged = environment_checks.merge(per_rank)
     if world > 1:
         rt = Table(title=f"{world} rank(s)", title_justify="left")
         for col in ("rank", "host", "pid", "device"):
@@ -61,7 +61,7 @@ def report(console: Console, per_rank: list[list[doctor.Row]], ranks: list[dict]
         t.add_column("fix")
     for m in merged:
         r = m.row
-        cells = [r.check] + ([doctor.rank_list(m.ranks, world)] if world > 1 else [])
+        cells = [r.check] + ([environment_checks.rank_list(m.ranks, world)] if world > 1 else [])
         t.add_row(*cells, f"[{STYLE[r.status]}]{r.status}[/]", escape(r.detail),
                   *([escape(r.fix)] if fixes else []))
     console.print(t, soft_wrap=False)
@@ -105,19 +105,19 @@ def _torchrun(args) -> int:
         ms = (time.perf_counter() - start) * 1e3
         want = list(range(1, comm.world + 1))
         if got.tolist() == want:
-            gather = doctor.Row("all-gather", "ok", f"{comm.world} ranks over {dev.backend} "
+            gather = environment_checks.Row("all-gather", "ok", f"{comm.world} ranks over {dev.backend} "
                                                     f"(bounded by --timeout {args.timeout:g} s)", seconds=ms / 1e3)
         else:
-            gather = doctor.Row("all-gather", "fail", f"{dev.backend} all-gather returned {got.tolist()[:16]}, "
+            gather = environment_checks.Row("all-gather", "fail", f"{dev.backend} all-gather returned {got.tolist()[:16]}, "
                                                       f"expected {want[:16]}",
                                 "the collective library is broken: check HCCL / NCCL logs and the interconnect")
         comm.state("doctor: checks")
-        rows, _ = doctor.collect(args.device, env.local_rank, env.local_world, args.oversubscribe,
+        rows, _ = environment_checks.collect(args.device, env.local_rank, env.local_world, args.oversubscribe,
                                  kernels=not args.skip_kernels,
                                  fault=hooks.fault if hooks.fault_rank == comm.rank else 0)
         rows.append(gather)
         mine = {"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": dev.describe()}
-        everyone = comm.all_gather_objects((mine, rows), "doctor rows", (doctor.Row,))
+        everyone = comm.all_gather_objects((mine, rows), "doctor rows", (environment_checks.Row,))
         code = 0
         if comm.rank == 0:
             code = report(terminal.console(), [r for _, r in everyone], [m for m, _ in everyone], args.json)

@@ -51,7 +51,7 @@ def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]
 
 
 def main(args) -> int:
-    from cpsim.capture import replay as capture_replay
+    from cpsim.capture import replay_steps as capture_replay
     from cpsim.capture.steps import is_replayable
     if is_replayable(args.file):
         if getattr(args, "kernel_replay", None):

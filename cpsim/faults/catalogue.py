@@ -144,7 +144,7 @@ def _mrv2_tail() -> Scenario:
     return _padded_drafts().replace(name="bug:padded-count-tail")
 
 
-# ---- prefix-cache replay padding (cpsim/kernels/replay_pad.py, cpsim/paths/replay.py) ----
+# ---- prefix-cache replay padding (cpsim/kernels/replay_pad.py, cpsim/paths/replay_padding.py) ----
 
 def _replay(name: str, request: Request, window: int) -> Scenario:
     """CP 2: a prefix-cacheable sharded group and a sliding-window group that left prefix caching
@@ -450,7 +450,7 @@ FAULTS: tuple[Fault, ...] = (
         Knobs(kernel_fault=kernels.FAULT_REPLAY_ALL_GROUPS),
         lambda: _replay("replay-pads-every-group", Request(8, 6, "replay", replay_start=8), 4),
         ("replayed-is-pad", "exactly-one-owner", "matches-reference"),
-        "Modelled in the launcher (cpsim/paths/replay.py builds the group list), so it applies to a user's "
+        "Modelled in the launcher (cpsim/paths/replay_padding.py builds the group list), so it applies to a user's "
         "replay kernel as well.",
     ),
 )

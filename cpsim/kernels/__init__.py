@@ -25,7 +25,7 @@ FAULT_SHARD_IS_CP_RANK = 128  # shard rank taken as cp_rank instead of cp_rank %
 FAULT_VIRTUAL_FROM_WORLD = 256  # virtual block B * N instead of B * g
 FAULT_KERNEL_BLOCK_IGNORED = 512  # slot from the physical block size over a kernel-block table
 FAULT_PADDING_IGNORED = 1024  # is_padding tokens mapped like real ones
-# Replay padding (cpsim/kernels/replay_pad.py and its launcher cpsim/paths/replay.py).
+# Replay padding (cpsim/kernels/replay_pad.py and its launcher cpsim/paths/replay_padding.py).
 FAULT_REPLAY_OFF_BY_ONE = 2048   # the replayed range taken as (start, start + window]: one late
 FAULT_REPLAY_FROM_COMPUTED = 4096  # the window counted from the chunk's first position, not replay_start
 FAULT_REPLAY_ALL_GROUPS = 8192   # launcher: every group listed as prefix-cacheable

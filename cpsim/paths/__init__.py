@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from cpsim.errors import ConfigError
-from cpsim.paths import adapters, replay, v1, v2
+from cpsim.paths import adapters, replay_padding, v1, v2
 from cpsim.paths.prep import PerRank
 from cpsim.paths.types import KERNEL_DESIGNS, PATHS, KernelFailure, Knobs, RankOutput, first_failure  # noqa: F401
 
@@ -28,7 +28,7 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     process), and its buffers are read back through it after the launches. ``kernel`` (a
     ``cpsim.kernels.under_test.KernelUnderTest``) replaces the path's built-in kernel; tables and
     buffers are built the same way. Its ``replay`` kernel, if any, replaces the built-in
-    replay-padding kernel that runs after them (``cpsim.paths.replay``).
+    replay-padding kernel that runs after them (``cpsim.paths.replay_padding``).
     """
     if name not in RUNNERS:
         raise ConfigError("paths", f"unknown path {name!r}; choose from {', '.join(PATHS)}")
@@ -43,6 +43,6 @@ def run_path(name: str, scenario, allocs, rank: int, device: torch.device | str 
     else:
         out = RUNNERS[name](scenario, allocs, rank, inputs, knobs)
     if out is not None:  # the runtime's replay pass, after the slot-mapping kernels (cpsim's or the user's)
-        replay.pad(scenario, out.slots, inputs, knobs, getattr(kernel, "replay", None))
+        replay_padding.pad(scenario, out.slots, inputs, knobs, getattr(kernel, "replay", None))
         inputs.read_back(out)  # rows are views into guarded storage: one copy (or one per stage)
     return out

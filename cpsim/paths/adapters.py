@@ -350,7 +350,7 @@ def output_fault(res, device, n_tok: int, T: int) -> int:
 def replay(k, s: Scenario, slots: torch.Tensor, qsl: torch.Tensor, positions: torch.Tensor,
            starts: torch.Tensor, groups: list[int], prep: PerRank) -> None:
     """Launch the user's replay-padding kernel ``k`` on one rank's int64 ``[groups, entries]`` buffer,
-    in place. ``groups``: the indices the runtime lists as prefix-cacheable (``cpsim.paths.replay``)."""
+    in place. ``groups``: the indices the runtime lists as prefix-cacheable (``cpsim.paths.replay_padding``)."""
     device = slots.device
     args = dict(slot_mappings_ptr=slots, group_stride=slots.stride(0), query_start_loc_ptr=qsl,
                 positions_ptr=positions, replay_start_ptr=starts, pad_slot_id=PAD_SLOT_ID, BLOCK=TILE)

@@ -12,7 +12,7 @@ import torch
 from cpsim import kernels, layout, sizing
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import _tile
+from cpsim.paths import tile_launch
 from cpsim.paths._inputs import prepare_triton
 from cpsim.paths.prep import PerRank, TableShape
 from cpsim.paths.types import Knobs, RankOutput
@@ -89,7 +89,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: 
         kv_bs, bpk = _sizes(s, g, knobs)
         prep.launch(g.name)
         if knobs.kernel_design == "tile":
-            _tile.launch_v1(s, g, min(bt.num_tokens, T), bt.query_start_loc, bt.positions, table, out[gi], kv_bs,
+            tile_launch.launch_v1(s, g, min(bt.num_tokens, T), bt.query_start_loc, bt.positions, table, out[gi], kv_bs,
                             bpk, rank, knobs.kernel_fault)
             continue
         _compute_slot_mapping_kernel[(s.batch.num_reqs + 1,)](
@@ -177,7 +177,7 @@ def run_fused(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank,
         circ = torch.tensor([int(g.circular) for _, g in groups], dtype=torch.int32, device=device)
         qsl = bt.query_start_loc
         if knobs.kernel_design == "tile":
-            _tile.launch_v1_fused(s, min(bt.num_tokens, T), qsl, bt.positions, ptrs, strides, sizes, circ, view,
+            tile_launch.launch_v1_fused(s, min(bt.num_tokens, T), qsl, bt.positions, ptrs, strides, sizes, circ, view,
                                   knobs.kernel_fault)
         else:
             _compute_slot_mapping_fused_kernel[(len(groups), s.batch.num_reqs + 1)](

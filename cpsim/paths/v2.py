@@ -21,7 +21,7 @@ import torch
 from cpsim import kernels, sizing
 from cpsim.allocator import Allocation
 from cpsim.layout import PAD_SLOT_ID
-from cpsim.paths import _tile, v1
+from cpsim.paths import tile_launch, v1
 from cpsim.paths._inputs import prepare_triton
 from cpsim.paths.prep import PerRank, TableShape
 from cpsim.paths.types import Knobs, RankOutput
@@ -162,7 +162,7 @@ def run(s: Scenario, allocs: list[Allocation], rank: int, prep: PerRank, knobs: 
     args = (min(bt.num_tokens, T), T, rows, bt.query_start_loc, bt.positions, ptrs, strides, entry_t,
             out, out.stride(0), rank)
     if knobs.kernel_design == "tile":
-        _tile.launch_v2(s, args, enabled, cp_sizes, circular, out, knobs.kernel_fault)
+        tile_launch.launch_v2(s, args, enabled, cp_sizes, circular, out, knobs.kernel_fault)
     else:
         _compute_slot_mappings_kernel[(len(s.groups), s.batch.num_reqs + 1)](
             *args,

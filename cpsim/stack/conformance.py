@@ -1,6 +1,6 @@
 """Adapter conformance: cpsim's adapter for a release's ABI launches the kernel exactly as the release's host does.
 
-A release's host classes run in the stack driver child with a :class:`cpsim.stack.recorder.RecordingKernel`
+A release's host classes run in the stack driver child with a :class:`cpsim.stack.recording_kernel.RecordingKernel`
 in place of their slot-mapping kernel (``kernel_sites`` of the family's adapter module); cpsim's
 adapter (:mod:`cpsim.paths.adapters`) launches a recorder of the same parameter names for the same
 scenario, rank and block ids. The two records are compared argument by argument (:func:`compare`):
@@ -31,7 +31,7 @@ from cpsim.kernels import under_test
 from cpsim.paths import adapters
 from cpsim.paths.prep import PerRank
 from cpsim.paths.types import Knobs
-from cpsim.stack import recorder
+from cpsim.stack import recording_kernel
 from cpsim.stack.host import kv_manager_blocks
 
 OUTPUT_ARGS = ("slot_mapping_ptr", "slot_mappings_ptr")  # the slot buffer: its contents are the kernel's output
@@ -79,7 +79,7 @@ def adapter_launches(s: sc.Scenario, path: str, rank: int, abi: str, params: lis
     release's KV manager hands every rank (:func:`cpsim.stack.host.kv_manager_blocks`), in one launch for
     every group as the releases do (``single``)."""
     launches: list = []
-    kernel = recorder.RecordingKernel("recorder", params, launches)
+    kernel = recording_kernel.RecordingKernel("recorder", params, launches)
     k = under_test.KernelUnderTest("conformance recorder", kernel, abi, tuple(params), "single", path=path)
     allocs = [Allocation(tuple(kv_manager_blocks(s, gi))) for gi in range(len(s.groups))]
     adapters.run(k, path, s, allocs, rank, PerRank(s, "cpu"), Knobs())
@@ -187,7 +187,7 @@ def judge(s: sc.Scenario, path: str, rank: int, family: str, release: str, host:
 def launches_of(arrays: dict, k: int, path: str, rank: int) -> list[dict] | None:
     """The driver's record of one job, path and rank (None when it sent none)."""
     data = arrays.get(f"j{k}/{path}_r{rank}_launches")
-    return None if data is None else recorder.from_bytes(np.asarray(data))
+    return None if data is None else recording_kernel.from_bytes(np.asarray(data))
 
 
 def job_rows(label: str, family: str, vllm_version: str, name: str, job, paths, make_row) -> list[dict]:

@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from cpsim.stack import FAMILIES, recorder, runtime_groups
+from cpsim.stack import FAMILIES, recording_kernel, runtime_groups
 from cpsim.stack.exchange import Unsupported, read, write
 
 JOB_TIMEOUT = 300.0  # seconds for one path of one job (every rank), in its own child
@@ -58,7 +58,7 @@ def drive_path(adapter, module, meta: dict, arrays: dict, path: str, k: int, at_
             launches: list = []
             with Recording(adapter.kernel_sites(module, path), launches):
                 tables, slots = adapter.drive(module, meta, arrays, path, rank)
-            out[f"j{k}/{path}_r{rank}_launches"] = recorder.to_bytes(launches)
+            out[f"j{k}/{path}_r{rank}_launches"] = recording_kernel.to_bytes(launches)
         else:
             tables, slots = adapter.drive(module, meta, arrays, path, rank)
         out[f"j{k}/{path}_r{rank}_slots"] = slots
@@ -69,7 +69,7 @@ def drive_path(adapter, module, meta: dict, arrays: dict, path: str, k: int, at_
 
 
 class Recording:
-    """Within: each (owner, attribute) site's slot-mapping kernel is a :class:`recorder.RecordingKernel`
+    """Within: each (owner, attribute) site's slot-mapping kernel is a :class:`recording_kernel.RecordingKernel`
     appending to ``launches`` (the attribute the release's host looks up at launch time)."""
 
     def __init__(self, sites, launches: list):
@@ -79,7 +79,7 @@ class Recording:
         for owner, attr in self.sites:
             kernel = getattr(owner, attr)
             self.saved.append((owner, attr, owner.__dict__[attr] if attr in vars(owner) else kernel))
-            setattr(owner, attr, recorder.RecordingKernel(attr, kernel.arg_names, self.launches))
+            setattr(owner, attr, recording_kernel.RecordingKernel(attr, kernel.arg_names, self.launches))
         return self
 
     def __exit__(self, *exc):

@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from cpsim import layout, releases
-from cpsim.check.batch import ExplicitStep, RankBatch
+from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.check import coordinator, explicit, profiles
 from cpsim.errors import ConfigError
 from cpsim.paths import KernelFailure
 from cpsim.run import reaper
 from cpsim.scenario import Scenario
-from cpsim.stack import FAMILIES, recorder
+from cpsim.stack import FAMILIES, recording_kernel
 from cpsim.stack.exchange import read, write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,7 +258,7 @@ def jobs_from(out: dict, got: dict, scenarios: list[Scenario], inputs: list, pat
         refused = {p: (u["field"], u["rule"]) for p, u in answer.get("unsupported_paths", {}).items()}
         steps = {p: _step(s, meta, arr, mine, sizes.get(p, answer["entry_sizes"]), p, family)
                  for p in paths if p not in failed and p not in refused and p not in gone}
-        launches = {n[: -len("_launches")]: recorder.from_bytes(a) for n, a in mine.items() if n.endswith("_launches")}
+        launches = {n[: -len("_launches")]: recording_kernel.from_bytes(a) for n, a in mine.items() if n.endswith("_launches")}
         jobs.append(Job(s, steps, profile=answer.get("profile"), failures=failed,
                         path_profiles=answer.get("path_profiles", {}), unsupported_paths=refused,
                         absent_paths=gone, standing=held, launches=launches))

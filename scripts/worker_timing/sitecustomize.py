@@ -67,7 +67,7 @@ if os.environ.get("CPSIM_WTIME"):
 
     import cpsim.run.kernel_worker as kw
     from cpsim import allocator
-    from cpsim.paths import _guard, _inputs, replay, v1, v2
+    from cpsim.paths import _guard, _inputs, replay_padding, v1, v2
     from cpsim.paths import prep as _stage
 
     _acc = collections.defaultdict(float)
@@ -96,7 +96,7 @@ if os.environ.get("CPSIM_WTIME"):
 
     for mod, names in ((_guard, ["table", "tables", "buffer", "blocks", "read_back"]), (allocator, ["table_entries"]),
                        (_inputs, ["upload", "upload_batch"]), (v1, ["run", "mask_padding"]),
-                       (v2, ["run", "run_mrv2", "num_blocks_array"]), (replay, ["pad"]), (kw, ["pack", "_run"])):
+                       (v2, ["run", "run_mrv2", "num_blocks_array"]), (replay_padding, ["pad"]), (kw, ["pack", "_run"])):
         for n in names:
             _patch(getattr(mod, n), f"{mod.__name__.split('.')[-1]}.{n}")
     for cls, names in ((_stage.Stage, ["settle", "per_rank", "table", "buffer", "shared", "batch"]),

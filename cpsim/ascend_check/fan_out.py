@@ -52,7 +52,7 @@ def _env() -> dict:
 
 
 def _call(py: str, request: dict, env: dict, on_line, timeout: float) -> tuple[int, str]:
-    proc = subprocess.Popen([py, "-m", "cpsim.ascend_check.worker"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([py, "-m", "cpsim.ascend_check.compile_worker"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     timer = threading.Timer(timeout, proc.kill)
     timer.start()

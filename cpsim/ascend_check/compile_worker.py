@@ -14,7 +14,7 @@ import sys
 import time
 
 # All stdlib below their own tops (no numpy, pydantic, rich): the side venv holds triton-ascend and pybind11
-# only, with cpsim's source folder put first on PYTHONPATH by cpsim.ascend_check.runner.
+# only, with cpsim's source folder put first on PYTHONPATH by cpsim.ascend_check.fan_out.
 from cpsim.ascend_check.compiler import compile_kernel, is_triton_ascend
 from cpsim.errors import ConfigError
 from cpsim.kernels import under_test as kut
