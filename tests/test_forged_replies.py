@@ -73,6 +73,7 @@ ROUTES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_a_pickled_reply_never_runs_in_the_judge_on_any_route(tmp_path, forge, route):
     mark = forge("pickle")

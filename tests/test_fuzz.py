@@ -175,6 +175,7 @@ def test_an_int32_output_kernel_keeps_the_default_space_below_2_31(explore, tmp_
     assert wide["ascend-v1"] == 0 and wide["callable"] >= 20, wide
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_fuzz_finds_each_injected_fault_and_shrinks_it(name, tmp_path):
     r = _fuzz(name, tmp_path)
@@ -196,6 +197,7 @@ def test_fuzz_finds_each_injected_fault_and_shrinks_it(name, tmp_path):
     assert again.invariants() == repro.violation["invariants"] == r.reported[0].summary["invariants"]
 
 
+@pytest.mark.slow
 def test_without_a_fault_500_examples_find_nothing(tmp_path):
     r = fz.fuzz(fz.FuzzConfig(max_examples=500, seed=1, database=None, out=tmp_path, max_programs=16))
     assert r.examples >= 490  # Hypothesis may draw a scenario twice; it runs once
@@ -294,6 +296,7 @@ def test_two_independent_bugs_give_two_signatures_in_one_run(tmp_path, capsys, m
     assert code == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("space", ["default", "extreme"])
 def test_int32_slot_bug_is_found_in_either_space(space, tmp_path):
     """The int32 twin (int64 out, int32 product) is put on slot>=2^31 and nothing else; the default space
@@ -336,6 +339,7 @@ def test_stop_after_first_writes_one_repro(tmp_path):
     assert len(list(tmp_path.glob("repro-*.json"))) == 1
 
 
+@pytest.mark.slow
 def test_jobs_merge_their_signatures(tmp_path):
     code = cli.main(["fuzz", "--paths", "v1", "--kernel-v1", INT32, "--max-examples", "60", "--seed", "0",
                      "--no-db", "--quiet", "--extreme", "--jobs", "2", "--out", str(tmp_path)])
@@ -405,6 +409,7 @@ def test_a_repro_is_never_lost_when_out_fails_after_the_search(tmp_path):
     assert json.loads(moved.read_text())["fingerprint"] == r.reported[0].scenario.fingerprint()
 
 
+@pytest.mark.slow
 def test_under_torchrun_each_rank_fuzzes_its_own_seed_stream(tmp_path):
     """RANK/WORLD_SIZE set (as torchrun does): rank 1 searches stream 1 and writes its own summary."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
@@ -456,6 +461,7 @@ def test_explore_rejects_an_unknown_explorer():
         fz.search(fz.FuzzConfig(explore="grid", max_examples=1, database=None))
 
 
+@pytest.mark.slow
 def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(tmp_path, monkeypatch):
     """With kernel isolation (the default) the next scenario's kernels run in the worker while the
     last one is checked; in-process nothing runs ahead. Either way a seed visits the same scenarios,

@@ -176,6 +176,7 @@ def test_a_stack_python_that_is_not_a_program_is_exit_2(tmp_path, capsys, kind, 
     ("hangs", "the stack driver (vllm) ran past 20 s and was killed"),
     ("prints a fake pass, exit 0", "the stack driver (vllm) exited 0: pass"),
 ])
+@pytest.mark.slow
 def test_a_stack_python_that_hangs_or_lies_fails_and_keeps_every_report(tmp_path, kind, phrase):
     py = _stack_python(tmp_path, kind)
     start = time.monotonic()
