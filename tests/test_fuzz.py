@@ -310,7 +310,8 @@ def test_int32_slot_bug_is_found_in_either_space(space, tmp_path):
     assert summary["space"].startswith(space)
     for x in summary["signatures"]:
         _replays_same(Path(x["repro"]), tmp_path)
-    assert cli.main(base + ["--out", str(tmp_path / "i"), "--ignore", "*:slot>=2^31"]) == 0
+    if space == "default":  # --ignore matches signatures, whatever the space: one search shows it
+        assert cli.main(base + ["--out", str(tmp_path / "i"), "--ignore", "*:slot>=2^31"]) == 0
 
 
 MRV2_INT32 = str(ROOT / "tests/kernels/vllm_mrv2_033_int32_abi.py") + ":_compute_slot_mappings_kernel"
