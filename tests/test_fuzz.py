@@ -344,7 +344,8 @@ def test_stop_after_first_writes_one_repro(tmp_path):
 @pytest.mark.slow
 def test_jobs_merge_their_signatures(tmp_path):
     code = cli.main(["fuzz", "--paths", "v1", "--kernel-v1", INT32, "--max-examples", "60", "--seed", "0",
-                     "--no-db", "--quiet", "--extreme", "--jobs", "2", "--out", str(tmp_path)])
+                     "--no-db", "--quiet", "--extreme", "--jobs", "2", "--shrink-seconds", "0",
+                     "--out", str(tmp_path)])  # signatures merge as found; shrinking them is shown elsewhere
     assert code == 1
     summary = json.loads((tmp_path / "fuzz-summary.json").read_text())
     assert summary["jobs"] == 2 and summary["examples"] >= 60
@@ -679,7 +680,8 @@ def test_fuzz_counts_the_draws_its_profile_cannot_express(tmp_path):
     are left out, and the summary and the last line count them (seed 1 draws three of them)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "1000"}
     proc = subprocess.run([sys.executable, "-m", "cpsim", "fuzz", "--no-db", "--quiet", "--paths", "v1",
-                           "--profile", "vllm-0.33", "--max-examples", "60", "--seed", "1", "--out", str(tmp_path)],
+                           "--profile", "vllm-0.33", "--max-examples", "60", "--seed", "1", "--shrink-seconds", "0",
+                           "--out", str(tmp_path)],  # counts the draws; whatever it finds needs no shrinking
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     summary = json.loads((tmp_path / "fuzz-summary.json").read_text())
