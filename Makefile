@@ -10,7 +10,7 @@ TRITON ?= triton==3.6.0
 # Triton's CPU interpreter (<= 3.6) breaks on numpy >= 2.3 (1-element scalars).
 NUMPY ?= numpy>=1.24,<2.3
 NPROC ?= 8
-TEST_ARGS ?= -n auto --dist worksteal --durations=20
+TEST_ARGS ?= -n auto --durations=20
 # The Ascend compile check's side venv: triton-ascend ships its own module `triton`,
 # so it never goes into $(VENV). Its wheel is built for CPython 3.11.
 ASCEND_VENV ?= .venv-ascend

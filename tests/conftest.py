@@ -21,10 +21,11 @@ settings.load_profile("cpsim")
 
 
 def pytest_collection_modifyitems(items):
-    """Longest first, so that ``make test``'s workers (``--dist worksteal``) end together: the modules
-    holding a test marked ``slow`` or ``dist`` run first, and in each module those tests come first.
-    A module stays in one piece (its module-scoped fixtures are set up once); the order is the same
-    in every xdist worker, as xdist requires."""
+    """Longest first, so that ``make test``'s workers end together: the modules holding a test marked
+    ``slow`` or ``dist`` run first, and in each module those tests come first. xdist hands the tests out
+    in this order, in chunks, so both workers start on the long ones and the last chunks hold short ones
+    (the 43 s torchrun rows used to sort last). A module stays in one piece (its module-scoped fixtures
+    are set up once); the order is the same in every worker, as xdist requires."""
     def long(item) -> bool:
         return item.get_closest_marker("slow") is not None or item.get_closest_marker("dist") is not None
 
