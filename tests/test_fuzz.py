@@ -373,7 +373,7 @@ def test_classification_splits_one_scenario_into_its_bugs():
     assert all(d in ("padded-tail", "block-id>2^24") for d in sigs.values()), sigs
 
 
-@pytest.mark.parametrize("argv, field", [
+BAD_FUZZ_VALUES = [
     (["--max-examples", "0"], "--max-examples"),
     (["--max-examples", "-5"], "--max-examples"),
     (["--minutes", "-1"], "--minutes"),
@@ -384,17 +384,38 @@ def test_classification_splits_one_scenario_into_its_bugs():
     (["--out", "FILE/sub"], "--out"),
     (["--device", "cuda"], "--device"),
     (["--known", "MISSING"], "--known"),
-])
-def test_fuzz_bad_values_exit_2_before_the_search(argv, field, tmp_path):
+]
+
+
+def _bad_fuzz_argv(argv: list[str], tmp_path: Path) -> list[str]:
     (tmp_path / "FILE").write_text("x")
-    argv = [a.replace("FILE", str(tmp_path / "FILE")).replace("MISSING", str(tmp_path / "missing")) for a in argv]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "1000"}  # rich would wrap the one line at 80
-    proc = subprocess.run([sys.executable, "-m", "cpsim", "fuzz", "--no-db", "--quiet", *argv],
+    return ["fuzz", "--no-db", "--quiet",
+            *[a.replace("FILE", str(tmp_path / "FILE")).replace("MISSING", str(tmp_path / "missing")) for a in argv]]
+
+
+@pytest.mark.parametrize("argv, field", BAD_FUZZ_VALUES)
+def test_fuzz_bad_values_exit_2_before_the_search(argv, field, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "1000")  # rich would wrap the one line at 80
+    code = cli.main(_bad_fuzz_argv(argv, tmp_path))
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert "Traceback" not in out + err and field in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()  # nothing searched, nothing written
+
+
+def test_a_bad_fuzz_value_is_one_line_from_the_process_too(tmp_path):
+    """``python -m cpsim`` adds nothing to that line, whatever the field (the rows above run in-process,
+    a child each cost seconds): the row that does the most before it refuses, here as a process."""
+    argv, field = BAD_FUZZ_VALUES[6]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "1000"}
+    proc = subprocess.run([sys.executable, "-m", "cpsim", *_bad_fuzz_argv(argv, tmp_path)],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr and field in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr and field in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert not (tmp_path / "out").exists()  # nothing searched, nothing written
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_repro_is_never_lost_when_out_fails_after_the_search(tmp_path):
