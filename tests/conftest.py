@@ -18,3 +18,22 @@ def device() -> str:
 
 settings.register_profile("cpsim", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("cpsim")
+
+
+def pytest_collection_modifyitems(items):
+    """Longest first, so that ``make test``'s workers end together: the modules holding a test marked
+    ``slow`` or ``dist`` run first, and in each module those tests come first. xdist hands the tests out
+    in this order, in chunks, so both workers start on the long ones and the last chunks hold short ones
+    (the 43 s torchrun rows used to sort last). A module stays in one piece (its module-scoped fixtures
+    are set up once); the order is the same in every worker, as xdist requires."""
+    def long(item) -> bool:
+        return item.get_closest_marker("slow") is not None or item.get_closest_marker("dist") is not None
+
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    heavy = {module(item) for item in items if long(item)}
+    first: dict[str, int] = {}
+    for item in items:
+        first.setdefault(module(item), len(first))
+    items.sort(key=lambda item: (module(item) not in heavy, first[module(item)], not long(item)))

@@ -192,6 +192,7 @@ ALL_BLOCKS = [b for p in pages() for b in blocks(p.read_text(), str(p.relative_t
 COVERED = covered(ALL_BLOCKS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", ALL_BLOCKS, ids=[b.id for b in ALL_BLOCKS])
 def test_runnable_block(block: Block, tmp_path: Path):
     if block.id in COVERED:

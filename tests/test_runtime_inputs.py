@@ -90,6 +90,7 @@ def test_kernel_without_a_row_bound_fails_tail_group(tmp_path):
     assert {"row-bounds", "dense-local", "matches-reference"} <= bad
 
 
+@pytest.mark.slow
 def test_default_fuzz_finds_the_kernel_without_a_row_bound(tmp_path):
     """Within 100 examples of the default space (seed 0), shrunk to a tail group. Tail groups exist under
     cpsim's profile only; there the release's own host shows its other differences from cpsim's model too
