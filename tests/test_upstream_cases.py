@@ -1,12 +1,16 @@
 """Upstream's own test cases of block tables and slot mapping under (D)CP, judged by cpsim's oracle.
 
 Each case takes the numbers of one upstream test (file, test and release named in its docstring:
-vLLM 0.33.0's sdist, vllm-ascend's v0.23.0 tag) and its expected slots or widths, written as an
+vLLM 0.33.0's and 0.34.0's sdists, vllm-ascend's v0.23.0 tag) and its expected slots or widths, written as an
 explicit batch (docs/CAPTURE.md §3) judged under the release's profile, or as a call of cpsim's
 release sizing (``cpsim.sizing``). The oracle must pass where the upstream test passes, and a twin
 that breaks the upstream expectation must fail, so no case passes vacuously. Where the upstream
 test leaves a number open (``max_model_len`` where it builds a table directly), the case uses the
-length for which the release's runner would build that table, and says so.
+length for which the release's runner would build that table, and says so. vLLM 0.34.0 ships the
+0.33.0 MRV2 cases below unchanged (test_gpu_block_table.py drops only its v1 test; the kpool test
+imports ``get_block_table_width`` from ``kv_cache_interface``), judged under the same profile.
+vllm-ascend's a2/test_block_table.py works its expected slots out in the test (``compute_slot_mapping``
+is patched out); the numbers are still upstream's statement of the layout.
 
 One disagreement, where the release's code decides (cpsim is right): vLLM 0.33.0's kpool-tail test
 builds its MLA table ``MAX_MODEL_LEN // 640 = 1638`` entries wide, one short of the
@@ -19,8 +23,9 @@ one-entry rows) are written as cpsim rings and pass ``block-sizing`` with their 
 Upstream cases cpsim cannot express (one line each, why):
 - vLLM 0.33.0 tests/v1/worker/test_gpu_block_table.py::test_larger_draft_batch_uses_null_kpool_slots:
   ``compute_kpool_tail_slot_mapping`` is the kpool backend's own ring kernel, not a slot-mapping ABI.
-- vLLM 0.33.0 test_gpu_block_table.py (staged writes, row moves, dummy tables, sliding-window gather,
-  shared rows): table bookkeeping, no slots or widths to judge.
+- vLLM 0.33.0 test_gpu_block_table.py and 0.34.0 cpu/test_cpu_block_table.py (staged writes, row
+  moves and capacity, gathers, dummy tables, sliding-window nulling, shared rows): table bookkeeping,
+  no slots or widths to judge.
 - vLLM 0.33.0 tests/v1/attention/test_kpool_tail_slot_mapping.py: the circular ring mapping of the
   tail backend (``CircularBufferSpec`` takes no slot mapping in the runner; cpsim's ring rule is its own).
 - vLLM 0.33.0 tests/v1/attention/test_indexer_deepseek_v4_slot_mapping.py: the indexer's compressed
@@ -143,7 +148,8 @@ def dummy_request(idx: int):
 
     B 4, two rows of width 4, row 0 holds [7, 8]; one request at positions 1, 2, 3. Through
     ``idx_mapping`` [0] upstream expects 29, 30, 31; through [-1] (a dummy) PAD. max_model_len 16: the
-    runner's cdiv(16, 4) = 4 entries."""
+    runner's cdiv(16, 4) = 4 entries. vLLM 0.34.0 cpu/test_cpu_block_table.py has the same case and
+    numbers for CPUBlockTables."""
     slots = [29, 30, 31] if idx == 0 else [P] * 3
     return _doc("v2", [{"name": "attn", "block_size": 4, "num_blocks": 16, "entry_size": 4}],
                 {"max_model_len": 16, "max_num_reqs": 2, "max_num_batched_tokens": 16},
@@ -350,3 +356,35 @@ def test_ascend_draft_reserve_buffer():
     h = _host("v1", 4096, [_g("attention", 128, cp_sharded=True)], dcp=4, nst=5)
     h["max_num_reqs"], h["max_num_batched_tokens"] = 12, 80
     assert sizing.vllm_ascend_0_23(h)["slot_buffer_len"] == 152
+
+
+# ---- vLLM 0.34.0 tests/v1/worker/cpu/test_cpu_block_table.py (CPUBlockTables, MRV2 on CPU), vllm-0.33 ----
+
+def cpu_block_tables():
+    """vLLM 0.34.0 tests/v1/worker/cpu/test_cpu_block_table.py::test_compute_slot_mappings_cpu.
+
+    Two groups of B 8 and width 3: group 0 enabled (row 0 [2, 3, 4], row 1 [10, 11, 12]), group 1 with
+    ``slot_mapping_enabled`` false (a ring to cpsim; its rows are never filled). ``idx_mapping``
+    [1, -1, 0], query_start_loc [0, 2, 4, 6], positions 0, 4 | 100, 101 (a dummy request) | 3, 8,
+    an 8-entry buffer. Upstream expects group 0 [80, 84, -1, -1, 19, 24, -1] and PAD past it, group 1
+    PAD everywhere. max_model_len 24: three blocks of 8, the rows' width. Its num_tokens_padded 7 is past
+    the 6 positions the call hands over; an explicit batch gives positions for padded tokens too, so
+    the count is left out: every entry past the 6 scheduled is PAD either way."""
+    groups = [{"name": "attn", "block_size": 8, "num_blocks": 16, "entry_size": 8},
+              {"name": "disabled", "kind": "sliding_window", "block_size": 8, "num_blocks": 16, "entry_size": 8}]
+    return _doc("v2", groups, {"max_model_len": 24, "max_num_reqs": 2, "max_num_batched_tokens": 8},
+                {"positions": [0, 4, 100, 101, 3, 8], "query_start_loc": [0, 2, 4, 6],
+                 "idx_mapping": [1, -1, 0],
+                 "r0/g0/table": [[2, 3, 4], [10, 11, 12]], "r0/g1/table": [[0, 0, 0], [0, 0, 0]],
+                 "r0/g0/num_blocks": [2, 1], "r0/g1/num_blocks": [0, 0],
+                 "r0/slots": [[80, 84, P, P, 19, 24, P, P], [P] * 8]})
+
+
+def test_cpu_block_tables_agree(tmp_path):
+    assert _failed(cpu_block_tables(), tmp_path, "vllm-0.33") == {}
+
+
+def test_cpu_block_tables_disabled_group_mapped_fails(tmp_path):
+    """The disabled group mapped like the enabled one: its rows hold no blocks, so 0 x 8 + p % 8."""
+    bad = _twin(cpu_block_tables(), **{"r0/slots": [[80, 84, P, P, 19, 24, P, P], [0, 4, P, P, 3, 0, P, P]]})
+    assert "matches-reference" in _failed(bad, tmp_path, "vllm-0.33")
