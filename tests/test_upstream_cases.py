@@ -1,7 +1,7 @@
 """Upstream's own test cases of block tables and slot mapping under (D)CP, judged by cpsim's oracle.
 
 Each case takes the numbers of one upstream test (file, test and release named in its docstring:
-vLLM 0.33.0's and 0.34.0's sdists, vllm-ascend's v0.23.0 tag) and its expected slots or widths, written as an
+vLLM 0.33.0's and 0.34.0's sdists, vllm-ascend 0.23.0.post1's sdist) and its expected slots or widths, written as an
 explicit batch (docs/CAPTURE.md §3) judged under the release's profile, or as a call of cpsim's
 release sizing (``cpsim.sizing``). The oracle must pass where the upstream test passes, and a twin
 that breaks the upstream expectation must fail, so no case passes vacuously. Where the upstream
@@ -33,7 +33,9 @@ Upstream cases cpsim cannot express (one line each, why):
 - vLLM 0.33.0 test_gpu_model_runner_v2.py::test_initialize_kv_cache_does_not_dcp_shard_mamba_block_table
   [no-prefix-cache-with-speculation]: cpsim's sizing models align mode only (``cdiv(mml, B) + spec``);
   the width 8 it captures is accepted by ``block-sizing`` (``test_mamba_spec_width_passes``) but not produced.
-- vllm-ascend v0.23.0 tests/e2e/.../triton/test_compute_slot_mapping.py: compares the NPU kernel with
+- vllm-ascend 0.23.0.post1 test_block_table_310p.py::test_compute_slot_mapping_rejects_device_tensor_inputs:
+  an argument-type check of the 310P host, no slots.
+- vllm-ascend 0.23.0.post1 tests/e2e/.../triton/test_compute_slot_mapping.py: compares the NPU kernel with
   vLLM's on random tables (no expected values), and needs an NPU.
 - vllm-ascend tests/ut/worker/test_compressor_tail_block_table.py (in the code index at commit cf26a4d,
   in no commit of vllm-project/vllm-ascend's mirrored history to 2026-08-22, so in no release): its tail
@@ -279,7 +281,8 @@ def test_mamba_state_table_divided_by_dcp_fails_block_sizing(tmp_path):
     assert set(_failed(mamba_state_table(1), tmp_path, "vllm-0.33")) == {"block-sizing"}
 
 
-# ---- vllm-ascend v0.23.0 tests/ut/worker/a2/test_block_table.py (v1 BlockTable), profile vllm-ascend-0.23
+# ---- vllm-ascend 0.23.0.post1 tests/ut/worker/a2/test_block_table.py (v1 BlockTable; the same file at the
+# v0.23.0 tag), profile vllm-ascend-0.23
 
 ASCEND_B, ASCEND_WIDTH = 128, 128
 
@@ -308,13 +311,15 @@ def ascend_batch(dcp: int, pcp: int, interleave: int, req_indices: list[int], po
 
 def ascend_dcp1_pcp1():
     """test_compute_slot_mapping_dcp1_pcp1_interleave1: requests 0, 0, 1, 1 at positions 0, 1, 0, 1
-    expect [0, 1, 512, 513]."""
+    expect [0, 1, 512, 513]. tests/ut/_310p/test_block_table_310p.py's ..._query_start_loc_signature and
+    ..._accepts_none_compressed_args run the 310P kernel on the same numbers."""
     return ascend_batch(1, 1, 1, [0, 0, 1, 1], [0, 1, 0, 1], {0: [0, 1, 512, 513]})
 
 
 def ascend_dcp4_pcp2_interleave1():
     """test_compute_slot_mapping_dcp4_pcp2_interleave1: request 0 at positions 0..15; rank k holds k
-    and 8 + k at slots 0 and 1, PAD elsewhere."""
+    and 8 + k at slots 0 and 1, PAD elsewhere. test_block_table_310p.py::test_compute_slot_mapping_with_
+    req_indices_signature runs the 310P kernel on rank 0 of it."""
     expected = {}
     for k in range(8):
         row = [P] * 16
@@ -388,3 +393,41 @@ def test_cpu_block_tables_disabled_group_mapped_fails(tmp_path):
     """The disabled group mapped like the enabled one: its rows hold no blocks, so 0 x 8 + p % 8."""
     bad = _twin(cpu_block_tables(), **{"r0/slots": [[80, 84, P, P, 19, 24, P, P], [0, 4, P, P, 3, 0, P, P]]})
     assert "matches-reference" in _failed(bad, tmp_path, "vllm-0.33")
+
+
+# ---- vllm-ascend 0.23.0.post1 tests/ut/_310p/ (the 310P host: vllm_ascend/_310p/block_table.py) -------
+
+def ascend_310p_compressed_inputs():
+    """vllm-ascend 0.23.0.post1 tests/ut/_310p/test_block_table_310p.py::test_multi_group_compute_slot_mapping_
+    uses_compressed_inputs_per_group (the kernel runs here, nothing patched).
+
+    CP 1, two groups of B 128 and 128 entries (max_model_len 128 x 128, as the test passes), each with
+    rows [0..3] and [4..7]; step positions 0, 1, 0, 1 of two requests. Group 0 is given its own
+    positions [0, 1] of request 0, group 1 its own [0] of request 1. Upstream expects [0, 1] and [512]."""
+    rows = [[0, 1, 2, 3] + [0] * 124, [4, 5, 6, 7] + [0] * 124, [0] * 128, [0] * 128]
+    groups = [{"name": f"g{i}", "block_size": 128, "num_blocks": 16, "entry_size": 128} for i in range(2)]
+    return _doc("v1", groups, {"max_model_len": 128 * 128, "max_num_reqs": 4, "max_num_batched_tokens": 512},
+                {"positions": [0, 1, 0, 1], "query_start_loc": [0, 2, 4],
+                 "g0/positions": [0, 1], "g0/req_indices": [0, 0], "g1/positions": [0], "g1/req_indices": [1],
+                 "r0/g0/table": rows, "r0/g1/table": rows,
+                 "r0/g0/num_blocks": [4, 4, 0, 0], "r0/g1/num_blocks": [4, 4, 0, 0],
+                 "r0/slots": [[0, 1] + [P] * 526, [512] + [P] * 527]})
+
+
+def test_ascend_310p_compressed_inputs_agree(tmp_path):
+    assert _failed(ascend_310p_compressed_inputs(), tmp_path, "vllm-ascend-0.23") == {}
+
+
+def test_ascend_310p_group_mapped_on_step_positions_fails(tmp_path):
+    """Group 1 mapped on the step's positions instead of its own: 0, 1, 512, 513."""
+    bad = _twin(ascend_310p_compressed_inputs(), **{"r0/slots": [[0, 1] + [P] * 526, [0, 1, 512, 513] + [P] * 524]})
+    assert "matches-reference" in _failed(bad, tmp_path, "vllm-ascend-0.23")
+
+
+def test_ascend_310p_mamba_widths():
+    """vllm-ascend 0.23.0.post1 tests/ut/_310p/test_model_runner_310p.py::test_may_reinitialize_input_batch_
+    expands_prefix_mamba_block_table: max_model_len 512, CP 1, attention B 128 and mamba B 128 in align
+    mode with 2 speculative blocks: max_num_blocks_per_req [4, 6] (cpsim takes the speculative blocks
+    from num_speculative_tokens)."""
+    h = _host("v1", 512, [_g("attention", 128), _g("mamba", 128)], nst=2)
+    assert sizing.vllm_ascend_0_23(h)["table_widths"] == [4, 6]
