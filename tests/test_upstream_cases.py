@@ -33,6 +33,11 @@ Upstream cases cpsim cannot express (one line each, why):
 - vLLM 0.33.0 test_gpu_model_runner_v2.py::test_initialize_kv_cache_does_not_dcp_shard_mamba_block_table
   [no-prefix-cache-with-speculation]: cpsim's sizing models align mode only (``cdiv(mml, B) + spec``);
   the width 8 it captures is accepted by ``block-sizing`` (``test_mamba_spec_width_passes``) but not produced.
+- vLLM 0.33.0 test_gpu_model_runner.py::test_input_batch_reinitialized_after_late_interleave_adjustment,
+  ::test_v2_runner_snapshots_late_interleave_adjustment, test_gpu_input_batch_v2.py::test_prepare_dcp_local_
+  seq_lens_uses_shared_buffer: runner plumbing (the interleave and DCP arguments forwarded), no slots.
+- vLLM 0.33.0 tests/v1/attention/test_mamba_align_block_table.py, tests/kernels/test_compressor_kv_cache.py:
+  the mamba backend's state-row gather and the DSV4 compressor's own cache writes, not the slot-mapping ABI.
 - vllm-ascend 0.23.0.post1 test_block_table_310p.py::test_compute_slot_mapping_rejects_device_tensor_inputs:
   an argument-type check of the 310P host, no slots.
 - vllm-ascend 0.23.0.post1 tests/e2e/.../triton/test_compute_slot_mapping.py: compares the NPU kernel with
