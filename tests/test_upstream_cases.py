@@ -54,9 +54,11 @@ import json
 
 import pytest
 
+from cpsim import scenario as sc
 from cpsim import sizing
 from cpsim.capture import batch as xb
 from cpsim.check import explicit, profiles
+from cpsim.errors import ConfigError
 
 P = -1
 
@@ -436,3 +438,59 @@ def test_ascend_310p_mamba_widths():
     from num_speculative_tokens)."""
     h = _host("v1", 512, [_g("attention", 128), _g("mamba", 128)], nst=2)
     assert sizing.vllm_ascend_0_23(h)["table_widths"] == [4, 6]
+
+
+# ---- vllm-ascend 0.23.0.post1 compressed groups (DSV4): the release sizes their rows by the ratio -------
+
+def compressed_group(width: int, **group):
+    """vllm-ascend 0.23.0.post1: ``BlockTable.__init__`` gives a group whose spec has ``compress_ratio`` r
+    ``max(cdiv(W, r), 1)`` entries (W = cdiv(max_model_len, B x PCP x DCP), the runner's), and
+    ``get_compressed_pos_and_indices`` hands it positions ``num_computed // r`` .. ``total // r - 1``.
+    tests/ut/worker/test_dsv4_compressed_positions.py's corrected case: ratio 4, 3 tokens computed, 1
+    scheduled (step position 3) -> the group's own position 0 of request 0.
+
+    Here DCP 2, B 128, max_model_len 4096: W = 16, the compressed table cdiv(16, 4) = 4. Step position 3
+    is rank 1's (local 1 of block 2: 257); own position 0 is rank 0's (block 5: 640)."""
+    groups = [{"name": "attn", "block_size": 128, "num_blocks": 8, "entry_size": 128},
+              {"name": "comp", "block_size": 128, "num_blocks": 8, "entry_size": 128} | group]
+    return _doc("v1", groups, {"max_model_len": 4096, "max_num_reqs": 1, "max_num_batched_tokens": 2},
+                {"positions": [3], "query_start_loc": [0, 1], "g1/positions": [0], "g1/req_indices": [0],
+                 "r0/g0/table": [[1] + [0] * 15], "r1/g0/table": [[2] + [0] * 15],
+                 "r0/g1/table": [[5] + [0] * (width - 1)], "r1/g1/table": [[0] * width],
+                 "r0/g0/num_blocks": [1], "r1/g0/num_blocks": [1],
+                 "r0/g1/num_blocks": [1], "r1/g1/num_blocks": [0],
+                 "r0/slots": [[P, P], [640, P]], "r1/slots": [[257, P], [P, P]]},
+                cp={"dcp": 2})
+
+
+def test_compressed_group_at_its_release_width_passes(tmp_path):
+    assert _failed(compressed_group(4, compress_ratio=4), tmp_path, "vllm-ascend-0.23") == {}
+
+
+def test_compressed_group_narrower_than_its_positions_fails(tmp_path):
+    """3 entries hold own positions < 3 x 256 = 768, short of the 1024 = 4096 / 4 the group may reach."""
+    assert _failed(compressed_group(3, compress_ratio=4), tmp_path, "vllm-ascend-0.23") == {"block-sizing": [
+        "rank 0: table width 3 < 4 entries needed for positions < max_model_len / 4 = 1024 (block out of range)",
+        "rank 1: table width 3 < 4 entries needed for positions < max_model_len / 4 = 1024 (block out of range)"]}
+
+
+def test_uncompressed_group_at_that_width_fails(tmp_path):
+    """Without the ratio the same 4-entry table is a sharded group's, short of cdiv(4096, 256) = 16."""
+    assert set(_failed(compressed_group(4), tmp_path, "vllm-ascend-0.23")) == {"block-sizing"}
+
+
+def test_compress_ratio_without_own_positions_is_exit_2(tmp_path):
+    doc = compressed_group(4, compress_ratio=4)
+    for name in ("g1/positions", "g1/req_indices"):
+        del doc["arrays"][name]
+    doc["arrays"]["r0/slots"] = [[P, P], [P, P]]
+    with pytest.raises(ConfigError, match=r"compress_ratio 4 maps its own \(compressed\) positions"):
+        _failed(doc, tmp_path, "vllm-ascend-0.23")
+
+
+def test_compress_ratio_in_a_scenario_is_exit_2():
+    """A scenario run maps the step's positions only; a compressed group is an explicit batch's."""
+    doc = {"cp": {"dcp": 2}, "groups": [{"name": "comp", "compress_ratio": 4}],
+           "batch": {"requests": [{"context_len": 0, "num_tokens": 4}]}}
+    with pytest.raises(ConfigError, match=r"groups\[0\]\(comp\)\.compress_ratio: a compressed group maps its own"):
+        sc.validate(sc.Scenario.from_dict(doc))
