@@ -19,6 +19,10 @@ builds its MLA table ``MAX_MODEL_LEN // 640 = 1638`` entries wide, one short of 
 test reads positions below 21 only, so it never notices; ``block-sizing`` reports the short row.
 Groups whose slot mapping the release disables (``uses_slot_mapping`` false: ``CircularBufferSpec``,
 one-entry rows) are written as cpsim rings and pass ``block-sizing`` with their one entry.
+Read from the release's code beside its tests: vllm-ascend 0.23.0.post1 sizes a compressed group
+(``compress_ratio`` r) ``max(cdiv(W, r), 1)`` entries and maps it on positions ``total // r``; ``block-sizing``
+wanted W of it, a false alarm on rows the release never reads, now judged by the group's
+``compress_ratio`` (the compressed_group cases below).
 
 Upstream cases cpsim cannot express (one line each, why):
 - vLLM 0.33.0 tests/v1/worker/test_gpu_block_table.py::test_larger_draft_batch_uses_null_kpool_slots:
