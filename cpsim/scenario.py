@@ -52,6 +52,7 @@ class KVGroup:
     prefix_cacheable: bool = True  # upstream `spec.prefix_cacheable`: replayed positions are PAD here
     prefix_replay_tokens: int = 0  # upstream `spec.prefix_replay_tokens`: the replay window this group asks for
     row_blocks: int = 0            # a tail group narrower than the sequence: rows hold this many blocks; 0 = all
+    compress_ratio: int = 1        # a compressed group (explicit batches): its own positions index every r-th token
 
     @property
     def b(self) -> int:
@@ -240,6 +241,8 @@ class Scenario:
             for key in ("prefix_replay_tokens", "row_blocks"):
                 if not g[key]:
                     del g[key]
+            if g["compress_ratio"] == 1:
+                del g["compress_ratio"]
         for r in d["batch"]["requests"]:
             if not r["padded_drafts"]:
                 del r["padded_drafts"]
@@ -382,6 +385,9 @@ def validate(s: Scenario) -> Scenario:
         if g.row_blocks and (g.kind != "attention" or g.world(s.cp) > 1):
             raise ConfigError(f"{f}.row_blocks", "a tail group narrower than the sequence is an unsharded attention "
                                                  "group (cp_size 1): every rank keeps the whole tail (SPEC §2.4)")
+        if g.compress_ratio != 1:
+            raise ConfigError(f"{f}.compress_ratio", "a compressed group maps its own positions, which only an "
+                                                     "explicit batch gives (g<G>/positions, docs/CAPTURE.md)")
         err = cp_layout_error(s.cp, g)
         if err and not s.allow_invalid:
             raise ConfigError("cp.interleave", err + " (use --allow-invalid to run it on purpose)")

@@ -88,6 +88,7 @@ class KVGroupModel(Strict):
     prefix_cacheable: StrictBool = True                          # false: replayed positions keep real slots
     prefix_replay_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0  # replay window it asks for
     row_blocks: Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)] = 0  # a tail group's blocks per row; 0 = all
+    compress_ratio: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 1  # own positions count every r-th token
 
 
 class LimitsModel(Strict):

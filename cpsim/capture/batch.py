@@ -180,6 +180,9 @@ def _check_group_tokens(step: ExplicitStep, r: int, rb: RankBatch) -> None:
         pos = None if rb.group_positions is None else rb.group_positions[gi]
         req = None if rb.group_requests is None else rb.group_requests[gi]
         f = f"ranks[{r}].g{gi}({g.name})"
+        if pos is None and g.compress_ratio > 1:
+            raise ConfigError(f"{f}.positions", f"a group with compress_ratio {g.compress_ratio} maps its own "
+                                                "(compressed) positions: give them (g<G>/positions)")
         if pos is None:
             if req is not None:
                 raise ConfigError(f"{f}.req_indices", "a group's request of each token needs the group's own "
@@ -259,11 +262,19 @@ def _check_replay(step: ExplicitStep, r: int, rb: RankBatch) -> None:
 
 # ---- files --------------------------------------------------------------------
 
+def _group_meta(g: KVGroup, entry_size: int) -> dict[str, Any]:
+    """A group as meta.json holds it; compress_ratio left out at 1, as files before it had it."""
+    d = dataclasses.asdict(g) | {"entry_size": entry_size}
+    if d["compress_ratio"] == 1:
+        del d["compress_ratio"]
+    return d
+
+
 def _meta(step: ExplicitStep) -> dict[str, Any]:
     return {
         "format": FORMAT, "version": VERSION, "path": step.path,
         "cp": dataclasses.asdict(step.cp), "limits": dataclasses.asdict(step.limits),
-        "groups": [dataclasses.asdict(g) | {"entry_size": e} for g, e in zip(step.groups, step.entry_sizes)],
+        "groups": [_group_meta(g, e) for g, e in zip(step.groups, step.entry_sizes)],
         "ranks": [{"num_tokens_padded": int(r.num_tokens_padded)} for r in step.ranks],
         "label": step.label,
     }

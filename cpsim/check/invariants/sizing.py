@@ -10,13 +10,21 @@ from cpsim.layout import cdiv
 from cpsim.scenario import Scenario
 
 
+def group_positions(max_model_len: int, g) -> int:
+    """Positions a group's rows must hold: ``cdiv(max_model_len, r)`` for a compressed group, whose own
+    positions count every r-th token (vllm-ascend 0.23.0.post1 ``utils.get_compressed_pos_and_indices``:
+    ``total // r``), so its release table is ``max(cdiv(W, r), 1)`` entries (``BlockTable.__init__``)."""
+    return cdiv(max_model_len, g.compress_ratio)
+
+
 def block_sizing(ctx, path, g, widths: list[int], entry_sizes: list[int]) -> list[Violation]:
     """Each rank's table holds every entry its group's spec needs. cpsim's profile also wants the exact
     width; a release profile accepts wider tables (vLLM aligns to 128 tokens; ``--strict-sizing`` notes it)."""
     s = ctx.s
-    mml = s.limits.max_model_len
+    mml = group_positions(s.limits.max_model_len, g)
     world = g.world(s.cp)
     prof = ctx.profile
+    span = f"max_model_len {mml}" if g.compress_ratio == 1 else f"max_model_len / {g.compress_ratio} = {mml}"
     out = []
     for r, (w, e) in enumerate(zip(widths, entry_sizes)):
         if g.circular or g.row_blocks:  # a ring, a tail group: its row's blocks, by design
@@ -37,7 +45,7 @@ def block_sizing(ctx, path, g, widths: list[int], entry_sizes: list[int]) -> lis
         if w < need:
             out.append(Violation("block-sizing", path, g.name, 1,
                                  f"rank {r}: table width {w} < {need} entries needed for positions "
-                                 f"< max_model_len {mml} (block out of range)", [r]))
+                                 f"< {span} (block out of range)", [r]))
         elif exact is not None and w != exact:
             out.append(Violation("block-sizing", path, g.name, 1,
                                  f"rank {r}: table width {w} != cdiv({mml}, {g.block_size} x {world})"
@@ -52,13 +60,13 @@ def sizing_waste(s: Scenario, gathered: dict, profile=None) -> list[str]:
     the widest table the profile's host builds (cpsim: exact ``cdiv(mml, B·g)``; vLLM >= 0.27:
     the spec's entries rounded up to 128 tokens, ``get_block_table_width``)."""
     prof = profile or profiles.PROFILES["cpsim"]
-    mml = s.limits.max_model_len
     out = []
     for path, G in gathered.items():
         if getattr(G, "failures", None):
             continue
         widths, entry_sizes = host_array(G.widths).T.tolist(), host_array(G.entry_sizes).T.tolist()
         for gi, g in enumerate(s.groups):
+            mml = group_positions(s.limits.max_model_len, g)
             for r, (w, e) in enumerate(zip(widths[gi], entry_sizes[gi])):
                 per = g.block_size // e
                 if g.circular:
