@@ -484,6 +484,31 @@ def test_vllm_adapter_refuses_a_batch_past_max_num_batched_tokens():
     vllm.check_supported(meta, "v2")
 
 
+@pytest.mark.parametrize("release, v2_ok", [("0.28.0", False), ("0.31.0", True), ("0.33.0", True), ("0.34.0", True)])
+def test_dummy_rows_with_tokens_reach_mrv2_hosts_whose_kernel_skips_them(release, v2_ok):
+    """A dummy request with tokens goes to an MRV2 host as idx_mapping -1, not as padding flags: handed on
+    where the release's kernel skips such a row (is_real_req, 0.31 on), refused before (its kernel would read
+    the row) and on v1 (no dummy rows); ascend's hosts refuse it. Padded drafts are still flags (refused)."""
+    from cpsim.stack import conformance, vllm, vllm_ascend
+    from cpsim.stack.exchange import Unsupported
+    s = conformance.dummy_rows()
+    s = s.__class__(**{**s.__dict__, "groups": s.groups[:1]})  # one sharded group: every release builds it
+    meta, arrays = host.plain_input(s, ["v1", "v2"])
+    meta["release_version"] = release
+    assert meta["dummy_tokens"] and not meta["has_padding_flags"] and (arrays["rows"] == -1).sum() == 2
+    with pytest.raises(Unsupported, match="idx_mapping"):
+        vllm.check_supported(meta, "v1")
+    if v2_ok:
+        vllm.check_supported(meta, "v2")
+    else:
+        with pytest.raises(Unsupported, match="is_real_req"):
+            vllm.check_supported(meta, "v2")
+    with pytest.raises(Unsupported, match="dummy rows"):
+        vllm_ascend.check_supported(dict(meta, release_version="0.23.0.post1"), "v1")
+    padded, _ = host.plain_input(conformance.sc.preset("graph-padding"), ["v2"])
+    assert padded["has_padding_flags"]
+
+
 def upstream_check():
     spec = importlib.util.spec_from_file_location("upstream_check", HOSTS.parent.parent / "scripts" / "upstream_check.py")
     module = importlib.util.module_from_spec(spec)

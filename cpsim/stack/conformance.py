@@ -56,14 +56,24 @@ def scenarios() -> list[tuple[str, sc.Scenario]]:
     """The conformance set: graph padding with kernel blocks and a state group (``default``, DCP 4), MTP
     drafts (``mtp``, its batch within the release's token budget), a replicated group with graph padding
     (``released-window``), kernel blocks of a quarter / eighth of B with a wide interleave
-    (``hybrid-interleave``) and partial replicas (``partial-replica``: refused where the release has none)."""
+    (``hybrid-interleave``), partial replicas (``partial-replica``: refused where the release has none) and
+    dummy requests with tokens (``dummy rows``: MRV2 of releases whose kernel skips idx_mapping -1)."""
     mtp = sc.preset("mtp")
     lim = dataclasses.replace(mtp.limits, max_num_batched_tokens=max(mtp.batch.num_tokens, mtp.batch.num_tokens_padded))
     return [("default dcp4", sc.preset("default", dcp=4)),
             ("mtp", dataclasses.replace(mtp, limits=lim)),
             ("released-window", sc.preset("released-window")),
             ("hybrid-interleave", sc.preset("hybrid-interleave")),
-            ("partial-replica", sc.preset("partial-replica"))]
+            ("partial-replica", sc.preset("partial-replica")),
+            ("dummy rows", dummy_rows())]
+
+
+def dummy_rows() -> sc.Scenario:
+    """``graph-padding``'s batch without its padded drafts: two dummy requests (idx_mapping -1) with
+    tokens beside real ones, as vLLM 0.33.0's speculator hands its CUDA-graph-padded rows to the kernel."""
+    s = sc.preset("graph-padding")
+    reqs = tuple(dataclasses.replace(r, padded_drafts=0) for r in s.batch.requests)
+    return dataclasses.replace(s, batch=dataclasses.replace(s.batch, requests=reqs))
 
 
 def release_abi(launches: list[dict], family: str, release: str, own_release: str = "") -> str:

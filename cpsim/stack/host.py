@@ -84,7 +84,9 @@ def plain_input(s: Scenario, paths: list[str]) -> tuple[dict, dict]:
         "groups": [{"name": g.name, "kind": g.kind, "block_size": g.block_size, "kernel_block_size": g.b,
                     "world": g.world(s.cp)} for g in s.groups],
         "num_tokens": b.num_tokens, "num_tokens_padded": n_pad,
-        "has_padding_flags": bool(b.padding_mask().any()),
+        # A dummy request's tokens reach an MRV2 host through idx_mapping -1 (``rows``), not as flags.
+        "has_padding_flags": bool(b.is_padding) or any(r.padded_drafts for r in b.requests),
+        "dummy_tokens": any(r.num_tokens and b.is_dummy(i) for i, r in enumerate(b.requests)),
         "has_replay": bool(s.replay_mask().any()),
     }
     arrays = {"positions": pos, "query_start_loc": b.query_start_loc().astype(np.int64),

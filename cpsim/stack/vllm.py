@@ -48,6 +48,9 @@ from cpsim.stack.exchange import Unsupported, request_blocks
 #   (gpu_model_runner.py may_reinitialize_input_batch, 0.23.0); null: no v1 runner (0.34);
 # "runner-0.23" MRV2 widths: cdiv(max_len, B x DCP) rounded up to 128 // B entries (B <= 128), a mamba
 #   group's then + num_speculative_blocks (gpu/model_runner.py initialize_kv_cache, 0.23.0 and 0.26.0).
+# dummy_rows: the MRV2 kernel skips a request whose idx_mapping is -1 (is_real_req, gpu/block_table.py
+#   _compute_slot_mappings_kernel, 0.31 on), so a dummy row with tokens can be handed to it; before 0.31
+#   the kernel reads every request's row.
 # Each path's profile, host class and the module of get_block_table_width (vllm.v1.worker.block_table to
 # 0.33, vllm.v1.kv_cache_interface in 0.34) are the table's too. A release the table does not list is
 # driven by the rules of the nearest listed one (cpsim.releases.standing).
@@ -120,6 +123,12 @@ def check_supported(meta: dict, path: str) -> None:
                           f"tokens{' (padded)' if path == 'v2' else ''} > {budget}")
     if meta["has_padding_flags"]:
         raise Unsupported("batch.is_padding", f"{v}'s block tables take no per-token padding flags")
+    if meta.get("dummy_tokens") and path == "v1":
+        raise Unsupported("batch.idx_mapping", f"{v}'s v1 BlockTable has a row per request: a dummy request "
+                                               "(idx_mapping -1) is MRV2's")
+    if meta.get("dummy_tokens") and not _rules(meta).get("dummy_rows"):
+        raise Unsupported("batch.idx_mapping", f"{v}'s MRV2 kernel reads the table row of every request it is "
+                                               "handed (no idx_mapping -1 guard; is_real_req arrives in 0.31.0)")
     if meta["has_replay"]:
         raise Unsupported("batch.replay_start", f"{v}'s block tables take no prefix-replay window")
 

@@ -120,8 +120,9 @@ def check_supported(meta: dict, path: str) -> None:
         if g["kind"] == "attention" and g["world"] != world:
             raise Unsupported(f"{where}.cp_size", f"vllm-ascend's {'v1 BlockTable' if path == 'v1' else 'AscendBlockTables'} "
                                                   "applies one CP size to every attention group")
-    if meta["has_padding_flags"] or meta["has_replay"]:
-        raise Unsupported("batch", "vllm-ascend's host tables take no padding flags or replay window")
+    if meta["has_padding_flags"] or meta["has_replay"] or meta.get("dummy_tokens"):
+        raise Unsupported("batch", "vllm-ascend's host tables take no padding flags, dummy rows with tokens or "
+                                     "replay window")
 
 
 def _check_v2(meta: dict) -> None:
