@@ -90,7 +90,8 @@ def _torchrun(args) -> int:
     """Every rank: its own checks; one bounded all-gather; rank 0 prints everyone's rows."""
     import torch
 
-    from cpsim.run.dist import Comm, Env, select_device
+    from cpsim.run.comm import Comm
+    from cpsim.run.dist import Env, select_device
     from cpsim.run.distrun import Hooks
 
     env = Env.from_environ()

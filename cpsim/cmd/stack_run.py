@@ -136,7 +136,8 @@ def main_stack_torchrun(args) -> int:
     Every wait is bounded: the groups' setup and each gather by --timeout, the host code by half of it
     (:func:`cpsim.stack.host.drive_rank`); a rank whose driver died or hung fails every path on that
     rank, named; a rank that never reaches the gather is named by the gather."""
-    from cpsim.run.dist import Comm, Env, select_device
+    from cpsim.run.comm import Comm
+    from cpsim.run.dist import Env, select_device
     from cpsim.stack import host
 
     s = scenario_from_args(args)

@@ -11,7 +11,7 @@ Test hooks (environment variables, read on every rank; used by tests/test_dist.p
 ``CPSIM_TEST_RAISE_RANK=r`` rank r raises inside its first path;
 ``CPSIM_TEST_SEED_RANK=r`` rank r builds its scenario with a different seed;
 ``CPSIM_TEST_FAULT_RANK=r`` rank r runs the kernels with ``CPSIM_TEST_FAULT`` fault bits (default 1);
-``CPSIM_TEST_WARMUP_EXIT_RANK=r`` rank r exits just before warming up its CP group (read in ``cpsim.run.dist``).
+``CPSIM_TEST_WARMUP_EXIT_RANK=r`` rank r exits just before warming up its CP group (read in ``cpsim.run.comm``).
 """
 
 from __future__ import annotations
@@ -311,7 +311,8 @@ def execute(args, entries: list[Entry], report: Callable, progress: Callable | N
 
 
 def _execute(args, entries, report, progress, stopped=None) -> int:
-    from cpsim.run.dist import Comm, Env, select_device
+    from cpsim.run.comm import Comm
+    from cpsim.run.dist import Env, select_device
 
     env = Env.from_environ()
     dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
@@ -330,7 +331,7 @@ def _execute(args, entries, report, progress, stopped=None) -> int:
             sys.stdout.flush()
             line = headline(results) if code == 1 else ""
             if line:
-                from cpsim.run.dist import _record
+                from cpsim.run.comm import _record
                 _record(DistError(line))  # the launch script's one line quotes it
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
         comm.fail(e, None if stopped is None else
