@@ -281,7 +281,7 @@ def _run_group_threads(monkeypatch, fail: dict[int, str], guard_hit: int | None 
 
     def rank(pos):
         results[pos] = distrun._run_group(comms[pos], None, entry, s, 0, pos, [0, 1], [s.fingerprint()] * 2,
-                                          distrun.Hooks(), torch.device("cpu"))
+                                          distrun.Hooks(), torch.device("cpu"), distrun.RankTimes())
 
     threads = [threading.Thread(target=rank, args=(p,)) for p in range(2)]
     for t in threads:

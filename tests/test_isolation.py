@@ -651,9 +651,9 @@ def test_end_trees_ends_children_in_sessions_of_their_own(tmp_path, subreaper):
 
 
 def test_sweep_ends_the_marked_processes_only(tmp_path):
-    """The sweep ends processes whose environment holds this process's worker marker (an orphan of a
-    dead worker, say), and nothing else: not one with another session's token, not one spared (a live
-    worker), not this process's own workers."""
+    """The sweep ends processes whose environment holds the pool's worker marker (an orphan of a
+    dead worker, say), and nothing else: not one with another pool's token, not one spared (a live
+    worker), not the pool's own workers."""
     import signal
     from cpsim.run import isolation, reaper
 
@@ -661,7 +661,8 @@ def test_sweep_ends_the_marked_processes_only(tmp_path):
         env = dict(os.environ, **{reaper.SESSION_VAR: value})
         return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env,
                                 start_new_session=True)
-    mine, other, spared = sleeper(reaper.token()), sleeper("0123456789abcdef"), sleeper(reaper.token())
+    marker = runner.current().pool.marker
+    mine, other, spared = sleeper(marker.token()), sleeper("0123456789abcdef"), sleeper(marker.token())
     procs = [mine, other, spared]
     try:
         end = time.monotonic() + 30  # the environ is readable once the interpreter has been exec'd
@@ -669,7 +670,7 @@ def test_sweep_ends_the_marked_processes_only(tmp_path):
                 reaper.SESSION_VAR.encode() in Path(f"/proc/{p.pid}/environ").read_bytes() for p in procs):
             time.sleep(0.05)
         live = [w.proc.pid for w in runner.current().pool if w.alive()]
-        found = reaper.sweep(spare=reaper.tree(live) | {spared.pid})
+        found = marker.sweep(spare=reaper.tree(live) | {spared.pid})
         assert found == [mine.pid]
         assert mine.wait(5) == -signal.SIGKILL
         assert other.poll() is None and spared.poll() is None

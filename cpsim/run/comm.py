@@ -18,8 +18,8 @@ import torch
 
 from cpsim.errors import ConfigError, DistError
 from cpsim.run import plain
-from cpsim.run.dist import (_AGREED, _TERMINATED, FINAL, HEARTBEAT_S, DeviceChoice, Env, PeerFailure, Terminated,
-                            _leave, _on_sigterm, check_timeout, hccl_env)
+from cpsim.run.dist import (FINAL, HEARTBEAT_S, DeviceChoice, Env, PeerFailure, Terminated, _leave, check_timeout,
+                            hccl_env)
 
 
 # ---- the communicator --------------------------------------------------------------
@@ -38,6 +38,8 @@ class Comm:
         self._stop = threading.Event()
         self._beat_error: BaseException | None = None
         self._seen: dict[int, tuple[int, float]] = {}
+        self.terminated = threading.Event()  # SIGTERM came (``_on_sigterm``)
+        self.agreed: int | None = None  # the exit code every rank agreed on; set once the job's outputs are written
 
     # -- setup / teardown
     @staticmethod
@@ -56,13 +58,20 @@ class Comm:
         c.state("started")
         c.store.add(f"cpsim/hb/{c.rank}", 1)
         threading.Thread(target=c._beat, name="cpsim-heartbeat", daemon=True).start()
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, c._on_sigterm)
         # Object traffic and fingerprints always go through gloo on the host.
         c.ctrl = None if dev.backend == "gloo" else c._new_group(None, "the host (gloo) group", backend="gloo")
         c.warm_up(None, c.world, "the default process group")
         if c.ctrl is not None:
             c.warm_up(c.ctrl, c.world, "the host (gloo) group", ctrl=True)
         return c
+
+    def _on_sigterm(self, signum, frame):
+        if self.agreed is not None:  # past the last barrier: the launcher stops us because a peer left first
+            _leave(self.agreed)
+        # Raised wherever the main thread is (an import may wrap it); ``fail`` checks the flag.
+        self.terminated.set()
+        raise Terminated()
 
     def _new_group(self, ranks: list[int] | None, what: str, **kw):
         """``dist.new_group`` bounded by --timeout, a failure naming the missing peers."""
@@ -302,7 +311,7 @@ class Comm:
         # This rank is ending already (bounded): a later SIGTERM, e.g. the launcher's once a peer
         # left, must not cut short the message, the report of the stop or the linger.
         signal.signal(signal.SIGTERM, lambda *_: None)
-        if isinstance(exc, Terminated) or _TERMINATED.is_set():
+        if isinstance(exc, Terminated) or self.terminated.is_set():
             self._safe_state(f"terminated: SIGTERM while {self._own_state()!r}")
             text, ranks = self.diagnosis()
             msg = f"[rank {self.rank}] terminated by SIGTERM: {text}"
@@ -347,7 +356,7 @@ class Comm:
         them with the agreed code.
         """
         agreed = int(self.all_gather(torch.tensor([code]), what="exit code", ctrl=True).max())
-        _AGREED.append(agreed)
+        self.agreed = agreed
         self._safe_state("done")
         self._stop.set()
         _leave(agreed)

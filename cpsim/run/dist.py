@@ -17,7 +17,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -198,18 +197,6 @@ class PeerFailure(DistError):
     def __init__(self, message: str, ranks: list[int] | None = None):
         super().__init__(message)
         self.ranks = sorted(set(ranks or []))
-
-
-_TERMINATED = threading.Event()
-_AGREED: list[int] = []  # the exit code every rank agreed on; set once the job's outputs are written
-
-
-def _on_sigterm(signum, frame):
-    if _AGREED:  # past the last barrier: the launcher stops us because a peer left first with the same code
-        _leave(_AGREED[0])
-    # Raised wherever the main thread is (an import may wrap it); Comm.fail checks the flag.
-    _TERMINATED.set()
-    raise Terminated()
 
 
 def _leave(code: int):

@@ -16,6 +16,7 @@ Test hooks (environment variables, read on every rank; used by tests/test_dist.p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -24,7 +25,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -84,18 +85,21 @@ RESULT_CLASSES = (GroupResult, Verdict, Violation, Example, *sc.DATA_CLASSES)
 # kernels of every path, the all-gathers of their outputs, the coordinator (first
 # rank of a CP group only).
 PHASES = ("startup", "kernels", "gather", "check")
-_TIMES: dict[str, float] = {}
 
 
-class _timed:
-    def __init__(self, phase: str):
-        self.phase = phase
+class RankTimes:
+    """One rank's wall time by phase (``PHASES``), added up over its entries."""
 
-    def __enter__(self):
-        self.t0 = time.perf_counter()
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
 
-    def __exit__(self, *exc):
-        _TIMES[self.phase] = _TIMES.get(self.phase, 0.0) + time.perf_counter() - self.t0
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 
 @dataclass(frozen=True)
@@ -206,8 +210,9 @@ def _gather_path(comm, pg, N: int, s: Scenario, path: str, out: RankOutput | Non
     return outs, []
 
 
-def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device) -> list[GroupResult]:
-    """Check one entry on every CP group of the world; every rank returns every group's result."""
+def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device, times: RankTimes) -> list[GroupResult]:
+    """Check one entry on every CP group of the world; every rank returns every group's result (its phases
+    timed in ``times``)."""
     N = entry.cp_size
     g, pg = comm.cp_group(N)
     replicas = comm.world // N
@@ -239,13 +244,13 @@ def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device) -> list[Gr
             # Mismatched groups skip the paths (as a whole group, so the collectives stay aligned).
             result = GroupResult(entry.label, g, ranks, s, [same]) if pos == 0 else None
         else:
-            result = _run_group(comm, pg, entry, s, g, pos, ranks, fps[g], hooks, device)
+            result = _run_group(comm, pg, entry, s, g, pos, ranks, fps[g], hooks, device, times)
     payloads = comm.all_gather_objects(result, f"{entry.label}: verdicts", RESULT_CLASSES)
     return [p for p in payloads if p is not None]
 
 
 def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: list[int], fps: list[str],
-               hooks: Hooks, device: torch.device) -> GroupResult | None:
+               hooks: Hooks, device: torch.device, times: RankTimes) -> GroupResult | None:
     N = entry.cp_size
     knobs = knobs_for(pos, entry.knobs, entry.inject_rank)
     if hooks.fault_rank == comm.rank:
@@ -257,7 +262,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
         if hooks.raise_rank == comm.rank:
             raise RuntimeError(f"test hook CPSIM_TEST_RAISE_RANK: rank {comm.rank} raised inside path {path}")
         failure = None
-        with _timed("kernels"):
+        with times.timed("kernels"):
             try:
                 out = run_rank_checked(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
             except KernelFailed as e:  # the kernel's failure travels to the coordinator like its slots would
@@ -267,7 +272,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
         if N == 1:
             outs, failures = (None if out is None else [out]), ([] if failure is None else [failure])
         else:
-            with _timed("gather"):
+            with times.timed("gather"):
                 outs, failures = _gather_path(comm, pg, N, s, path, out, pos, entry.label, failure)
         if failures:
             if pos == 0:
@@ -280,7 +285,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     if pos != 0:
         return None
     comm.state(f"{entry.label}: checking")
-    with _timed("check"):
+    with times.timed("check"):
         verdicts = coordinator.check(s, allocate_world(s), gathered, fps, entry.profile)
     for v in verdicts:  # every rank ran at once: the violation names each rank whose kernel failed
         if v.invariant == "kernel-completes" and v.path in failed_on:
@@ -289,9 +294,9 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     return GroupResult(entry.label, g, ranks, s, verdicts, skipped)
 
 
-def rank_info(comm) -> RankInfo:
+def rank_info(comm, times: RankTimes) -> RankInfo:
     return RankInfo(comm.rank, socket.gethostname(), os.getpid(), comm.dev.describe(),
-                    {k: round(_TIMES.get(k, 0.0), 3) for k in PHASES})
+                    {k: round(times.seconds.get(k, 0.0), 3) for k in PHASES})
 
 
 def execute(args, entries: list[Entry], report: Callable, progress: Callable | None = None,
@@ -318,14 +323,15 @@ def _execute(args, entries, report, progress, stopped=None) -> int:
     dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
     hooks = Hooks.from_environ()
     comm = Comm.init(env, dev, args.timeout)
-    _TIMES["startup"] = time.time() - cpsim.STARTED
+    times = RankTimes()
+    times.seconds["startup"] = time.time() - cpsim.STARTED
     try:
         results: list[GroupResult] = []
         for i, entry in enumerate(entries):
-            results += run_entry(comm, entry, hooks, dev.device)
+            results += run_entry(comm, entry, hooks, dev.device, times)
             if progress is not None and comm.rank == 0:
                 progress(i, entry)
-        infos = comm.all_gather_objects(rank_info(comm), "rank info", (RankInfo,))
+        infos = comm.all_gather_objects(rank_info(comm, times), "rank info", (RankInfo,))
         code = report(results, infos) if comm.rank == 0 else 0
         if comm.rank == 0:
             sys.stdout.flush()
@@ -335,7 +341,7 @@ def _execute(args, entries, report, progress, stopped=None) -> int:
                 _record(DistError(line))  # the launch script's one line quotes it
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
         comm.fail(e, None if stopped is None else
-                  lambda message, ranks: stopped(results, [rank_info(comm)], message, ranks))
+                  lambda message, ranks: stopped(results, [rank_info(comm, times)], message, ranks))
     # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
     try:
         comm.finish(code)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from cpsim.paths import KernelFailure, Knobs, RankOutput
-from cpsim.run import runner, worker
+from cpsim.run import reaper, runner
 from cpsim.run.ahead import DEPTH  # noqa: F401  (re-exported: fuzz keeps as many scenarios drawn ahead)
 from cpsim.run.outcome import KernelFailed  # noqa: F401  (re-exported: what the callers catch)
 from cpsim.run.runner import DEFAULT_TIMEOUT_S, Isolation  # noqa: F401  (re-exported)
@@ -47,13 +47,16 @@ def forget_ahead() -> None:
 
 
 def sweep_escaped() -> list[int]:
-    """``worker.sweep_escaped`` of the runner in use (no runner is built for it)."""
+    """``WorkerPool.sweep_escaped`` of the runner in use (no runner is built for it)."""
     r = runner.installed()
-    return worker.sweep_escaped([] if r is None else r.pool.workers)
+    return [] if r is None else r.sweep_escaped()
 
 
 def end_workers() -> None:
-    """``worker.end_groups`` of the runner in use, now (a process about to leave by ``os._exit`` or a
+    """``WorkerPool.end`` of the runner in use, now (a process about to leave by ``os._exit`` or a
     signal: atexit will not run; no runner is built for it)."""
     r = runner.installed()
-    worker.end_groups(set() if r is None else r.pool.groups)
+    if r is not None:
+        r.end()
+    elif reaper.is_subreaper():
+        reaper.end_descendants()
