@@ -43,13 +43,6 @@ def _immutable(value) -> bool:
     return isinstance(value, IMMUTABLE) or type(value).__module__ in ("typing", "__future__")
 
 
-# The one slot left: the runner callers use when none is handed to them (``cpsim.run.runner.current``).
-# Removing it means every caller hands its runner down (the commands, fuzz jobs, capture, the plugin
-# and the test suite, which must keep one runner warm across tests); until then it is named here, and
-# nothing else may join it.
-KNOWN = {"cpsim.run.runner._current (list)"}
-
-
 def mutable_globals(module: types.ModuleType) -> list[str]:
     """``module.name (type)`` for each global of ``module`` that is not immutable (dunders left out)."""
     return [f"{module.__name__}.{name} ({type(v).__name__})" for name, v in vars(module).items()
@@ -63,8 +56,7 @@ def run_modules() -> list[types.ModuleType]:
 
 def test_no_module_of_cpsim_run_holds_mutable_state():
     found = [g for m in run_modules() for g in mutable_globals(m)]
-    assert sorted(set(found) - KNOWN) == [], f"module-level mutable state in cpsim.run: {found}"
-    assert KNOWN <= set(found), f"{sorted(KNOWN - set(found))} is gone: drop it from KNOWN"
+    assert not found, f"module-level mutable state in cpsim.run: {found}"
 
 
 def test_the_scan_sees_every_run_module():

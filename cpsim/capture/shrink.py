@@ -68,8 +68,10 @@ def _chunks(items: list, size: int):
         yield items[i: i + size]
 
 
-def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None = None, max_checks: int = 2000):
-    """(smallest failing step, its outcome). ``target``: the invariant that must keep failing."""
+def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None = None, max_checks: int = 2000,
+           runner=None):
+    """(smallest failing step, its outcome). ``target``: the invariant that must keep failing; ``runner``:
+    the reruns' (``cpsim.capture.rerun.run``)."""
     from cpsim.errors import ConfigError
 
     rb0 = step.ranks[0]
@@ -87,7 +89,7 @@ def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None =
         cand = compact_tables(subset(step, keep, groups, tail))
         if rerun:  # fresh outputs of the kernel on the smaller inputs
             from cpsim.capture import rerun as rr
-            slots = rr.run(cand, None if k == "builtin" else k)
+            slots = rr.run(cand, None if k == "builtin" else k, runner=runner)
             cand = dataclasses.replace(cand, ranks=[dataclasses.replace(rb, slots=s)
                                                     for rb, s in zip(cand.ranks, slots)])
         return cand

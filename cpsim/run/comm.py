@@ -27,7 +27,7 @@ from cpsim.run.dist import (FINAL, HEARTBEAT_S, DeviceChoice, Env, PeerFailure, 
 class Comm:
     """The initialised world: bounded collectives plus the liveness protocol."""
 
-    def __init__(self, env: Env, dev: DeviceChoice, timeout_s: float):
+    def __init__(self, env: Env, dev: DeviceChoice, timeout_s: float, on_leave: Callable[[], None] | None = None):
         self.env = env
         self.rank, self.world = env.rank, env.world
         self.dev = dev
@@ -40,15 +40,16 @@ class Comm:
         self._seen: dict[int, tuple[int, float]] = {}
         self.terminated = threading.Event()  # SIGTERM came (``_on_sigterm``)
         self.agreed: int | None = None  # the exit code every rank agreed on; set once the job's outputs are written
+        self.on_leave = on_leave  # what ends before the process leaves (its kernel runner's workers)
 
     # -- setup / teardown
     @staticmethod
-    def init(env: Env, dev: DeviceChoice, timeout_s: float) -> "Comm":
+    def init(env: Env, dev: DeviceChoice, timeout_s: float, on_leave: Callable[[], None] | None = None) -> "Comm":
         import torch.distributed as dist
         check_timeout(timeout_s)
         if dev.backend == "hccl":
             os.environ.update(hccl_env(timeout_s))
-        c = Comm(env, dev, timeout_s)
+        c = Comm(env, dev, timeout_s, on_leave)
         try:
             dist.init_process_group(dev.backend, timeout=timedelta(seconds=timeout_s))
         except Exception as e:  # a missing rank surfaces here as a store timeout
@@ -68,7 +69,7 @@ class Comm:
 
     def _on_sigterm(self, signum, frame):
         if self.agreed is not None:  # past the last barrier: the launcher stops us because a peer left first
-            _leave(self.agreed)
+            _leave(self.agreed, self.on_leave)
         # Raised wherever the main thread is (an import may wrap it); ``fail`` checks the flag.
         self.terminated.set()
         raise Terminated()
@@ -339,7 +340,7 @@ class Comm:
             self._linger()
         # Bad input found inside the run (a user kernel breaking its ABI) is still bad input: 2, which
         # the launcher reports when every rank ended so (it is found on every rank alike).
-        _leave(2 if isinstance(exc, ConfigError) else 1)
+        _leave(2 if isinstance(exc, ConfigError) else 1, self.on_leave)
 
     def _own_state(self) -> str:
         try:
@@ -359,7 +360,7 @@ class Comm:
         self.agreed = agreed
         self._safe_state("done")
         self._stop.set()
-        _leave(agreed)
+        _leave(agreed, self.on_leave)
 
     def _safe_state(self, text: str) -> None:
         try:

@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Callable
 
 import torch
 
@@ -65,7 +66,8 @@ def _agent_store(timeout_s: float):
         return None
 
 
-def end_on_bad_input(message: str, timeout_s: float | None, code: int = 2) -> int:
+def end_on_bad_input(message: str, timeout_s: float | None, code: int = 2,
+                     before_exit: Callable[[], None] | None = None) -> int:
     """Under torchrun, end every rank on the same bad input together, printing it once.
 
     Never returns under torchrun's agent; returns ``code`` elsewhere (RANK / WORLD_SIZE set by
@@ -75,7 +77,8 @@ def end_on_bad_input(message: str, timeout_s: float | None, code: int = 2) -> in
     command line). Left alone, the first rank to exit makes torchrun SIGTERM the others, maybe
     before rank 0 has printed anything, and they end with -15 instead of 2. Instead each rank
     counts itself in through the agent's store and waits (bounded) for the others; rank 0
-    prints the message, another rank only a message that differs from rank 0's.
+    prints the message, another rank only a message that differs from rank 0's. ``before_exit``: as
+    ``_leave``'s ``before``.
     """
     try:
         env = Env.from_environ()
@@ -85,7 +88,7 @@ def end_on_bad_input(message: str, timeout_s: float | None, code: int = 2) -> in
     store = _agent_store(bound)
     if store is None:  # not under torchrun's agent: the caller prints and returns as usual
         return code
-    signal.signal(signal.SIGTERM, lambda *_: _leave(code))  # a peer already left with the same code
+    signal.signal(signal.SIGTERM, lambda *_: _leave(code, before_exit))  # a peer already left with the same code
     store.set(f"cpsim/early/msg/{env.rank}", message)
     end = time.monotonic() + bound
     if env.rank == 0:
@@ -100,7 +103,7 @@ def end_on_bad_input(message: str, timeout_s: float | None, code: int = 2) -> in
     store.add("cpsim/early/count", 1)
     while int(store.add("cpsim/early/count", 0)) < env.world and time.monotonic() < end:
         time.sleep(0.05)
-    _leave(code)
+    _leave(code, before_exit)
 
 
 # ---- devices -------------------------------------------------------------------
@@ -199,17 +202,17 @@ class PeerFailure(DistError):
         self.ranks = sorted(set(ranks or []))
 
 
-def _leave(code: int):
+def _leave(code: int, before: Callable[[], None] | None = None):
     """End the process now with ``code``: a process group with a collective in flight can block in
-    its destructor, and a peer that left first makes the launcher signal the rest."""
+    its destructor, and a peer that left first makes the launcher signal the rest. ``before``: what must
+    end first, as ``os._exit`` skips atexit (the kernel runner's workers, ``KernelRunner.end``)."""
     for f in (sys.stdout, sys.stderr):
         try:
             f.flush()
         except Exception:  # a closed pipe: nothing more to say
             pass
-    isolation = sys.modules.get("cpsim.run.isolation")
-    if isolation is not None:  # os._exit skips atexit: end the kernel workers and what they left here
-        isolation.end_workers()
+    if before is not None:
+        before()
     os._exit(code)
 
 
