@@ -101,9 +101,11 @@ def _interrupted(args, signum: int, started: float, err, wrote: list[str] | None
     return 128 + signum
 
 
-def main(argv: list[str] | None = None, held: tuple | None = None) -> int:
+def main(argv: list[str] | None = None, held: tuple | None = None, runner=None) -> int:
     """``held``: (signals kept so far, the handlers they replaced) where ``python -m cpsim`` started keeping
-    them before its imports; else they are kept from here."""
+    them before its imports; else they are kept from here. ``runner``: the ``KernelRunner`` the command's
+    kernels run on, configured from its options (a long-lived caller's, such as the test suite's: its workers
+    stay warm across commands); none: one of the command's own, ended when it returns."""
     import signal
     import time
     started = STARTED if held is not None else time.time()
@@ -126,18 +128,21 @@ def main(argv: list[str] | None = None, held: tuple | None = None) -> int:
     err = terminal.console(stderr=True)
     if pending:
         return _interrupted(args, pending[0], started, err)
+    kernels = None  # the command's KernelRunner, handed down on args.kernel_runner
     try:
         check_args(args)  # option bounds and output paths, before any work
         if getattr(args, "check_inputs", None):
             args.check_inputs(args)  # the command's own inputs (scenario, paths): still without torch
-        from cpsim.run import runner
-        runner.current().configure_from_args(args)
+        from cpsim.run.runner import KernelRunner
+        kernels = args.kernel_runner = KernelRunner() if runner is None else runner
+        kernels.configure_from_args(args)
         reaper.become_subreaper()  # a kernel's setsid() child still ends with cpsim
         return int(command(args.func)(args) or 0)
     except ConfigError as e:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun: every rank ends together, one line
             from cpsim.run.dist import end_on_bad_input
-            end_on_bad_input(f"error: {e}", getattr(args, "timeout", None))
+            end_on_bad_input(f"error: {e}", getattr(args, "timeout", None),
+                             before_exit=None if kernels is None else kernels.end)
         err.print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     except DistError as e:
@@ -148,9 +153,10 @@ def main(argv: list[str] | None = None, held: tuple | None = None) -> int:
     except Interrupted as e:
         return _interrupted(args, e.signum, started, err, getattr(e, "wrote", None))
     finally:
-        runner = sys.modules.get("cpsim.run.runner")
-        if runner is not None and runner.installed() is not None:  # what a dead worker's kernel left,
-            runner.installed().sweep_escaped()  # found by its marker (cpsim.run.reaper)
+        if kernels is not None:  # what a dead worker's kernel left, found by its marker (cpsim.run.reaper)
+            kernels.sweep_escaped()
+        if kernels is not None and runner is None:
+            kernels.close()
 
 
 if __name__ == "__main__":

@@ -292,8 +292,9 @@ def tiny_scenario(dcp: int):
     return sc.validate(sc.Scenario("doctor", sc.CPConfig(dcp=dcp, interleave=4), groups, limits, batch))
 
 
-def kernel_row(path: str, design: str, cp: int, device, fault: int = 0) -> Row:
-    """Run one built-in kernel on every virtual rank of a tiny scenario on ``device``; exact or not."""
+def kernel_row(path: str, design: str, cp: int, device, fault: int = 0, runner=None) -> Row:
+    """Run one built-in kernel on every virtual rank of a tiny scenario on ``device`` (on ``runner``:
+    ``run_virtual``'s); exact or not."""
     from cpsim.allocator import allocate_world
     from cpsim.check import coordinator
     from cpsim.paths import Knobs
@@ -303,7 +304,8 @@ def kernel_row(path: str, design: str, cp: int, device, fault: int = 0) -> Row:
     s = tiny_scenario(cp)
     start = time.perf_counter()
     try:
-        gathered = world.run_virtual(s, [path], Knobs(kernel_fault=fault, kernel_design=design), device=device)
+        gathered = world.run_virtual(s, [path], Knobs(kernel_fault=fault, kernel_design=design), device=device,
+                                     runner=runner)
     except Exception as e:  # noqa: BLE001  (a compile error is this check's finding, reported as a row)
         first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
         return Row(name, "fail", f"does not compile or run on {device}: {type(e).__name__}: {first}"[:300],
@@ -329,17 +331,21 @@ def torch_device_type(device) -> str:
     return getattr(device, "type", str(device).split(":")[0])
 
 
-def kernel_rows(device, fault: int = 0) -> list[Row]:
-    return [kernel_row(path, design, cp, device, fault) for path, design, cp in KERNEL_CHECKS]
+def kernel_rows(device, fault: int = 0, runner=None) -> list[Row]:
+    """``kernel_row`` for each of ``KERNEL_CHECKS``, on one runner (the caller's, else one of their own)."""
+    from cpsim.run.runner import given
+    with given(runner) as r:
+        return [kernel_row(path, design, cp, device, fault, r) for path, design, cp in KERNEL_CHECKS]
 
 
 # ---- everything --------------------------------------------------------------------
 
 def collect(requested: str = "auto", local_rank: int = 0, local_world: int = 1, oversubscribe: bool = False,
-            kernels: bool = True, fault: int = 0):
+            kernels: bool = True, fault: int = 0, runner=None):
     """(rows, DeviceChoice or None): every check of this process, in the order the table shows them.
 
-    ``fault``: FAULT_* bits compiled into the kernels under check (tests only).
+    ``fault``: FAULT_* bits compiled into the kernels under check (tests only); ``runner``: the kernel
+    checks' (``kernel_rows``).
     """
     given = dict(os.environ)
     rows = [python_row(), *torch_rows()]
@@ -354,7 +360,7 @@ def collect(requested: str = "auto", local_rank: int = 0, local_world: int = 1, 
     elif failed([r for r in rows if r.check == "triton"]):
         rows.append(Row("kernels", "fail", "not run: no usable triton", "fix the triton row first"))
     else:
-        rows += kernel_rows(dev.device, fault)
+        rows += kernel_rows(dev.device, fault, runner)
     return rows, dev
 
 

@@ -24,6 +24,7 @@ from cpsim import scenario as sc
 from cpsim.validate import load_scenario
 from cpsim.cli import main
 from cpsim.errors import ConfigError
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "small-cp4.json"
@@ -527,7 +528,7 @@ def test_every_path_flag_of_every_command_is_checked():
 def test_bad_input_row(row: Row, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = run_row(row, tmp_path)
-    code = main(argv)
+    code = main(argv, runner=RUNNER)
     out, err = capsys.readouterr()
     assert code == row.code, (argv, out, err)
     assert "Traceback" not in out + err
@@ -547,13 +548,13 @@ def test_the_capture_and_batch_rows_start_from_files_that_replay_clean(tmp_path,
     for i, make in enumerate((explicit(lambda d: None), explicit_npz(), capture_file())):
         d = tmp_path / str(i)
         d.mkdir()
-        assert main(["replay", str(make(d)), "--quiet"]) == 0, capsys.readouterr()
+        assert main(["replay", str(make(d)), "--quiet"], runner=RUNNER) == 0, capsys.readouterr()
     # ... and whose checks still bite: a wrong slot in the hand-made capture is a violation.
     d = tmp_path / "wrong"
     d.mkdir()
     import numpy as np
     assert main(["replay", str(capture_file(arrays={"slot_mapping_ptr": np.array([12, 13, 15, 14])})(d)),
-                 "--quiet"]) == 1
+                 "--quiet"], runner=RUNNER) == 1
 
 
 @pytest.mark.parametrize("meta, phrase", [
@@ -598,7 +599,7 @@ def _unwritable_dir(tmp_path: Path) -> Path:
 def test_unwritable_json_with_valid_html_junit_stops_before_work(tmp_path, capsys):
     ro = _unwritable_dir(tmp_path)
     html, junit = tmp_path / "r.html", tmp_path / "r.xml"
-    code = main(["run", "--json", str(ro / "r.json"), "--html", str(html), "--junit", str(junit)])
+    code = main(["run", "--json", str(ro / "r.json"), "--html", str(html), "--junit", str(junit)], runner=RUNNER)
     err = capsys.readouterr().err
     assert code == 2 and "--json" in err and "cannot write" in err and "Traceback" not in err
     assert not html.exists() and not junit.exists()   # nothing computed, nothing half-written
@@ -614,7 +615,7 @@ def test_a_write_failing_at_the_end_leaves_the_other_outputs(tmp_path, capsys, m
     monkeypatch.setattr(report, "write_json", full)
     js, html, junit = tmp_path / "r.json", tmp_path / "r.html", tmp_path / "r.xml"
     code = main(["run", "--scenario", str(EXAMPLE), "--dcp", "1", "--paths", "v1-torch", "--quiet",
-                 "--json", str(js), "--html", str(html), "--junit", str(junit)])
+                 "--json", str(js), "--html", str(html), "--junit", str(junit)], runner=RUNNER)
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
     assert "pass" in out                                           # the verdict was printed first
@@ -637,13 +638,13 @@ def test_the_probe_leaves_nothing_behind(tmp_path):
 
 def test_replay_runs_an_unedited_repro_and_an_edited_one_only_when_asked(tmp_path, capsys):
     path = repro()(tmp_path)
-    assert main(["replay", str(path), "--quiet"]) == 0
+    assert main(["replay", str(path), "--quiet"], runner=RUNNER) == 0
     data = json.loads(path.read_text())
     data["scenario"]["batch"]["requests"][0]["kind"] = "renamed"   # a label: the violation status stays
     path.write_text(json.dumps(data))
-    assert main(["replay", str(path), "--quiet"]) == 2
+    assert main(["replay", str(path), "--quiet"], runner=RUNNER) == 2
     assert "--accept-edited" in capsys.readouterr().err
-    assert main(["replay", str(path), "--quiet", "--accept-edited"]) == 0
+    assert main(["replay", str(path), "--quiet", "--accept-edited"], runner=RUNNER) == 0
 
 
 # ---- no traceback reaches the terminal --------------------------------------------------------

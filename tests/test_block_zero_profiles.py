@@ -17,6 +17,7 @@ from cpsim.check import explicit, profiles
 from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
 from cpsim.scenario import CPConfig, KVGroup, Limits
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 P = -1
 GOOD = ([0, P, 1, P, 2, P, P, P], [P, 20, P, 21, P, 22, P, P])
@@ -131,16 +132,16 @@ def test_run_picks_the_released_profile_and_names_it(tmp_path, capsys):
     kernels.use_interpreter()
     spec = f"{Path(__file__).parent / 'kernels'}/vllm_v1_032_abi.py:SlotMappingLauncher.kernel"
     out = tmp_path / "r.json"
-    assert cli.main(["run", "--scenario", "default", "--paths", "v1", "--kernel-v1", spec, "--json", str(out)]) == 0
+    assert cli.main(["run", "--scenario", "default", "--paths", "v1", "--kernel-v1", spec, "--json", str(out)], runner=RUNNER) == 0
     assert "profile: vllm-0.33 (vLLM 0.32.0-0.33.0 v1, 0.32.0-0.34.0 MRV2)" in capsys.readouterr().out
     assert json.loads(out.read_text())["profile"] == "vllm-0.33"
-    assert cli.main(["run", "--scenario", "default", "--paths", "v1", "--quiet", "--json", str(out)]) == 0
+    assert cli.main(["run", "--scenario", "default", "--paths", "v1", "--quiet", "--json", str(out)], runner=RUNNER) == 0
     assert json.loads(out.read_text())["profile"] == "cpsim"
 
 
 def test_unknown_profile_is_exit_2(capsys):
     from cpsim import cli
-    assert cli.main(["run", "--paths", "v1", "--profile", "vllm-9.9", "--quiet"]) == 2
+    assert cli.main(["run", "--paths", "v1", "--profile", "vllm-9.9", "--quiet"], runner=RUNNER) == 2
     assert "--profile" in capsys.readouterr().err
 
 

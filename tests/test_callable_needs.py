@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 K = f"{Path(__file__).parent / 'kernels'}/callable_needs.py"
 SMALL = str(Path(__file__).parent.parent / "examples" / "small-cp4.json")
 
 
 def _run(capsys, scenario, fn):
-    rc = cli.main(["run", "--scenario", scenario, "--paths", "v1", "--kernel-v1", f"{K}:{fn}"])
+    rc = cli.main(["run", "--scenario", scenario, "--paths", "v1", "--kernel-v1", f"{K}:{fn}"], runner=RUNNER)
     return rc, capsys.readouterr().out
 
 

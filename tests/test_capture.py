@@ -26,6 +26,7 @@ from cpsim.capture import load, simulate
 from cpsim.cli import main
 from cpsim.paths import Knobs
 from cpsim.scenario import Batch, CPConfig, KVGroup, Limits, Request, Scenario, validate
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -59,7 +60,7 @@ def clean(tmp_path_factory) -> Path:
 
 def _replay(*args: str, tmp_path: Path) -> tuple[int, dict]:
     out = tmp_path / "r.json"
-    rc = main(["replay", *map(str, args), "--quiet", "--json", str(out)])
+    rc = main(["replay", *map(str, args), "--quiet", "--json", str(out)], runner=RUNNER)
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 
@@ -100,7 +101,7 @@ def test_fault_on_the_v2_launch_only(tmp_path):
 
 
 def test_rerun_through_a_fixed_kernel_passes_and_reports_the_difference(faulty, tmp_path, capsys):
-    rc = main(["replay", str(faulty), "--kernel-v1", "builtin", "--kernel-v2", "builtin", "--quiet"])
+    rc = main(["replay", str(faulty), "--kernel-v1", "builtin", "--kernel-v2", "builtin", "--quiet"], runner=RUNNER)
     out = capsys.readouterr().out
     assert rc == 0
     # rank 1 left 5 tail entries of each of 2 v1 groups (and of 3 v2 groups) unwritten
@@ -150,7 +151,7 @@ def test_policy_every_steps_and_budget(tmp_path):
     done = list(load.steps(tmp_path / "budget", notes))
     cut = min(t["step"] for t in c.truncated.values())
     assert cut >= 1 and [s.label["step"] for s in done] == list(range(cut)) and f"ran out at step {cut}" in notes[0]
-    assert main(["replay", str(tmp_path / "budget"), "--quiet"]) == 0
+    assert main(["replay", str(tmp_path / "budget"), "--quiet"], runner=RUNNER) == 0
 
 
 def test_capture_off_wraps_nothing():
@@ -176,7 +177,7 @@ def test_env_switch_in_a_fresh_process(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=300)
     c = load.open_capture(tmp_path / "env")
     assert list(c.index) == [0] and len(c.index[0][0]) == 1
-    assert main(["replay", str(tmp_path / "env"), "--quiet"]) == 0
+    assert main(["replay", str(tmp_path / "env"), "--quiet"], runner=RUNNER) == 0
 
 
 # ---- explicit batches ----------------------------------------------------------
@@ -184,7 +185,7 @@ def test_env_switch_in_a_fresh_process(tmp_path):
 def test_shuffled_positions_example_checks_clean():
     s = xb.load(EXAMPLES / "explicit-shuffled-positions.json")
     assert s.ranks[0].positions[:8].tolist() == [5, 2, 7, 0, 3, 6, 1, 4]
-    assert main(["replay", str(EXAMPLES / "explicit-shuffled-positions.json"), "--quiet"]) == 0
+    assert main(["replay", str(EXAMPLES / "explicit-shuffled-positions.json"), "--quiet"], runner=RUNNER) == 0
 
 
 def test_shuffled_positions_with_two_slots_swapped_fail(tmp_path):
@@ -226,7 +227,7 @@ def test_bad_explicit_batches_exit_2(tmp_path, capsys, edit, field):
     edit(data)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(data))
-    assert main(["replay", str(bad)]) == 2
+    assert main(["replay", str(bad)], runner=RUNNER) == 2
     err = capsys.readouterr().err
     assert field in err and "Traceback" not in err
 
@@ -235,7 +236,7 @@ def test_capture_with_a_missing_rank_file_exits_2(faulty, tmp_path, capsys):
     d = tmp_path / "one"
     d.mkdir()
     shutil.copy(faulty / "rank0.cpcap", d)
-    assert main(["replay", str(d)]) == 2
+    assert main(["replay", str(d)], runner=RUNNER) == 2
     assert "rank(s) [1]" in capsys.readouterr().err
 
 
@@ -263,9 +264,9 @@ def test_capture_under_torchrun_via_sitecustomize(tmp_path):
 
 def test_draw_a_captured_step(faulty, tmp_path):
     out = tmp_path / "step.png"
-    assert main(["draw", "--capture", str(faulty), "--out", str(out), "--quiet"]) == 1  # the failing step
+    assert main(["draw", "--capture", str(faulty), "--out", str(out), "--quiet"], runner=RUNNER) == 1  # the failing step
     assert out.stat().st_size > 10_000
-    assert main(["draw", "--capture", str(faulty), "--step", "0", "--out", str(out), "--quiet"]) == 0
+    assert main(["draw", "--capture", str(faulty), "--step", "0", "--out", str(out), "--quiet"], runner=RUNNER) == 0
 
 
 def test_a_second_owner_is_named_by_rank(tmp_path):
@@ -348,7 +349,7 @@ def test_capture_of_upstream_abis_replays(tmp_path, path, spec):
 
 def test_html_report_of_a_failing_step(faulty, tmp_path):
     page = tmp_path / "r.html"
-    assert main(["replay", str(faulty), "--quiet", "--html", str(page)]) == 1
+    assert main(["replay", str(faulty), "--quiet", "--html", str(page)], runner=RUNNER) == 1
     text = page.read_text()
     assert "data:image/png;base64," in text and "padding" in text
 
@@ -406,13 +407,13 @@ def test_meta_block_sizes_judge_a_wrong_block_size_argument_against_the_real_lay
         failed = {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"}
         assert rc == 1 and "owner-rule" in failed, d
     simulate.run([s], tmp_path / "badmeta", meta={"block_sizes": [12]})
-    assert main(["replay", str(tmp_path / "badmeta")]) == 2
+    assert main(["replay", str(tmp_path / "badmeta")], runner=RUNNER) == 2
 
 
 def test_options_that_do_not_apply_are_refused(tmp_path, capsys):
-    assert main(["replay", str(EXAMPLES / "explicit-shuffled-positions.json"), "--kernel-v1-fused", "builtin"]) == 2
+    assert main(["replay", str(EXAMPLES / "explicit-shuffled-positions.json"), "--kernel-v1-fused", "builtin"], runner=RUNNER) == 2
     repro = next((ROOT / "examples").glob("virtual-block-uses-kernel-block.json"))
-    assert main(["replay", str(repro), "--shrink", str(tmp_path / "x.npz")]) == 2
+    assert main(["replay", str(repro), "--shrink", str(tmp_path / "x.npz")], runner=RUNNER) == 2
     assert "--shrink" in capsys.readouterr().err
 
 

@@ -5,11 +5,12 @@ import subprocess
 import sys
 
 from cpsim.cli import main
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 
 def test_run_default_passes(tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert main(["run", "--json", str(out)]) == 0
+    assert main(["run", "--json", str(out)], runner=RUNNER) == 0
     text = capsys.readouterr().out
     assert "all invariants hold" in text and "dense-local" in text
     report = json.loads(out.read_text())
@@ -21,7 +22,7 @@ def test_run_default_passes(tmp_path, capsys):
 
 def test_invalid_interleave_run_on_purpose_is_caught(tmp_path, capsys):
     out = tmp_path / "r.json"
-    code = main(["run", "--allow-invalid", "--interleave", "48", "--paths", "v1,v2", "--json", str(out)])
+    code = main(["run", "--allow-invalid", "--interleave", "48", "--paths", "v1,v2", "--json", str(out)], runner=RUNNER)
     assert code == 1
     failed = {v["invariant"] for v in json.loads(out.read_text())["verdicts"] if v["status"] == "fail"}
     assert {"dense-local", "owner-rule"} & failed
@@ -36,8 +37,8 @@ def test_invalid_interleave_is_rejected_with_a_clear_message():
 
 
 def test_unknown_preset_and_path(capsys):
-    assert main(["run", "--scenario", "nope"]) == 2
-    assert main(["run", "--paths", "v3"]) == 2
+    assert main(["run", "--scenario", "nope"], runner=RUNNER) == 2
+    assert main(["run", "--paths", "v3"], runner=RUNNER) == 2
     err = capsys.readouterr().err
     assert "nope" in err and "v3" in err
 
@@ -46,4 +47,4 @@ def test_scenario_file(tmp_path):
     from cpsim import scenario as sc
     path = tmp_path / "s.toml"
     sc.preset("default", dcp=1).dump(path)
-    assert main(["run", "--scenario", str(path), "--quiet"]) == 0
+    assert main(["run", "--scenario", str(path), "--quiet"], runner=RUNNER) == 0

@@ -17,6 +17,7 @@ import pytest
 from cpsim import cli, faults
 from cpsim import fuzz as fz
 from test_dist import _env, cpu_sim
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 HERE = Path(__file__).parent
 GOOD_V1 = f"{HERE}/kernels/ascend_v1_abi.py:_compute_slot_mapping_kernel"
@@ -66,9 +67,9 @@ def html_rows(path: Path, first: str) -> list[list[str]]:
 
 def test_sweep_runs_the_kernel_under_test_and_writes_one_html_page(tmp_path, broken_v1, capsys):
     args = ["sweep", "--presets", "hybrid-mamba", "--cp", "1,2", "--paths", "v1", "--quiet"]
-    assert cli.main(args + ["--kernel-v1", GOOD_V1]) == 0
+    assert cli.main(args + ["--kernel-v1", GOOD_V1], runner=RUNNER) == 0
     page = tmp_path / "sweep.html"
-    assert cli.main(args + ["--kernel-v1", broken_v1, "--html", str(page)]) == 1
+    assert cli.main(args + ["--kernel-v1", broken_v1, "--html", str(page)], runner=RUNNER) == 1
     assert "2 of 2 scenario run(s) fail" in capsys.readouterr().out
     # One page: the summary lists both scenarios, each scenario's table fails padding on v1.
     summary = [r for r in html_rows(page, "hybrid-mamba cp1 [seed 0] · ranks 0-0")
@@ -80,7 +81,7 @@ def test_sweep_runs_the_kernel_under_test_and_writes_one_html_page(tmp_path, bro
 
 
 def test_sweep_rejects_a_kernel_for_an_unselected_path(capsys):
-    assert cli.main(["sweep", "--paths", "v2", "--kernel-v1", GOOD_V1]) == 2
+    assert cli.main(["sweep", "--paths", "v2", "--kernel-v1", GOOD_V1], runner=RUNNER) == 2
     assert "--kernel-v1" in capsys.readouterr().err
 
 
@@ -88,7 +89,7 @@ def test_sweep_rejects_a_kernel_for_an_unselected_path(capsys):
 def test_bugs_matrix_with_a_kernel_under_test(tmp_path, broken_v1, good):
     out = tmp_path / "m.json"
     code = cli.main(["bugs", "matrix", "--presets", "none", "--faults", "stale-tail", "--jobs", "1",
-                     "--kernel-v1", GOOD_V1 if good else broken_v1, "--json", str(out)])
+                     "--kernel-v1", GOOD_V1 if good else broken_v1, "--json", str(out)], runner=RUNNER)
     (cell,) = json.loads(out.read_text())["cells"]
     if good:  # the built-in paths still carry the fault; the user's v1 kernel is clean
         assert code == 0 and cell["caught"] and not cell["baseline_failed"]
@@ -100,7 +101,7 @@ def test_bugs_matrix_with_a_kernel_under_test(tmp_path, broken_v1, good):
 def test_fuzz_records_the_kernel_and_replay_reloads_or_overrides_it(tmp_path, broken_v1, capsys):
     out = tmp_path / "out"
     assert cli.main(["fuzz", "--paths", "v1", "--kernel-v1", broken_v1, "--max-examples", "100", "--seed", "0",
-                     "--stop-after-first", "--no-db", "--out", str(out), "--quiet"]) == 1
+                     "--stop-after-first", "--no-db", "--out", str(out), "--quiet"], runner=RUNNER) == 1
     (repro,) = out.glob("repro-*.json")
     data = json.loads(repro.read_text())
     assert data["kernels"] == {"v1": {"spec": broken_v1, "abi": "ascend-v1", "v2_launch": "split",
@@ -108,11 +109,11 @@ def test_fuzz_records_the_kernel_and_replay_reloads_or_overrides_it(tmp_path, br
     assert "padding" in data["violation"]["invariants"]
     capsys.readouterr()
     page = tmp_path / "replay.html"
-    assert cli.main(["replay", str(repro), "--html", str(page)]) == 1   # the recorded (broken) kernel
+    assert cli.main(["replay", str(repro), "--html", str(page)], runner=RUNNER) == 1   # the recorded (broken) kernel
     assert f"kernel under test on v1: {broken_v1}" in capsys.readouterr().out.replace("\n", "")
     assert html_rows(page, "padding")[0][1].startswith("FAIL")
-    assert cli.main(["replay", str(repro), "--kernel-v1", GOOD_V1, "--quiet"]) == 0
-    assert cli.main(["replay", str(repro), "--kernel-v1", "builtin", "--quiet"]) == 0
+    assert cli.main(["replay", str(repro), "--kernel-v1", GOOD_V1, "--quiet"], runner=RUNNER) == 0
+    assert cli.main(["replay", str(repro), "--kernel-v1", "builtin", "--quiet"], runner=RUNNER) == 0
 
 
 def test_replay_of_an_old_repro_without_kernels_uses_the_builtin_ones(tmp_path):
@@ -123,18 +124,18 @@ def test_replay_of_an_old_repro_without_kernels_uses_the_builtin_ones(tmp_path):
     assert data["kernels"] == {"v1": "builtin"}
     del data["kernels"]
     path.write_text(json.dumps(data))
-    assert cli.main(["replay", str(path), "--quiet"]) == 1
+    assert cli.main(["replay", str(path), "--quiet"], runner=RUNNER) == 1
 
 
 # ---- --html on bugs reproduce ------------------------------------------------------------
 
 def test_bugs_reproduce_writes_html_with_the_violation(tmp_path):
     page, fixed = tmp_path / "bug.html", tmp_path / "fixed.html"
-    assert cli.main(["bugs", "reproduce", "stale-tail", "--paths", "v1,v2", "--html", str(page)]) == 1
+    assert cli.main(["bugs", "reproduce", "stale-tail", "--paths", "v1,v2", "--html", str(page)], runner=RUNNER) == 1
     assert [r[1:3] for r in html_rows(page, "padding")] == [["FAIL 3", "FAIL 3"]]
     text = page.read_text()
     assert "data:image/png;base64," in text and "<code>padding</code>" in text
-    assert cli.main(["bugs", "reproduce", "stale-tail", "--paths", "v1,v2", "--fixed", "--html", str(fixed)]) == 0
+    assert cli.main(["bugs", "reproduce", "stale-tail", "--paths", "v1,v2", "--fixed", "--html", str(fixed)], runner=RUNNER) == 0
     assert [r[1:3] for r in html_rows(fixed, "padding")] == [["pass", "pass"]]
 
 
@@ -147,10 +148,10 @@ def test_torchrun_world_must_hold_whole_cp_groups(tmp_path, monkeypatch, capsys)
     path = fz.write_repro(tmp_path, fz.Repro(s, ["v1"], f.knobs_for(s), f.name, {}))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "3")
-    assert cli.main(["replay", str(path), "--device", "cpu"]) == 2
+    assert cli.main(["replay", str(path), "--device", "cpu"], runner=RUNNER) == 2
     err = capsys.readouterr().err
     assert "world size 3" in err and f"CP size {s.cp.world}" in err
-    assert cli.main(["bugs", "reproduce", f.name, "--device", "cpu"]) == 2
+    assert cli.main(["bugs", "reproduce", f.name, "--device", "cpu"], runner=RUNNER) == 2
     err = capsys.readouterr().err
     assert "world size 3" in err and f"CP size {s.cp.world}" in err
 

@@ -19,6 +19,7 @@ from cpsim.scenario import preset
 from cpsim.stack import conformance, recording_kernel
 from conformance_hosts import mrv2_host
 from mutants import mutant
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 PARAMS_017 = ("num_tokens",) + ABIS["vllm-mrv2-0.18"].required
 PARAMS_022 = ABIS["vllm-mrv2-0.22"].required
@@ -144,11 +145,11 @@ def test_twin_of_0_17_padding_from_num_tokens_fails_under_its_adapter(tmp_path):
     between the scheduled and the padded count keep stale slots (passed while the adapter handed the
     scheduled count)."""
     spec = "tests/kernels/vllm_v2_abi.py:_compute_slot_mappings_kernel"
-    check_kernel(spec, abi="vllm-v2", path="v2", scenarios=["default"])
+    check_kernel(spec, abi="vllm-v2", path="v2", scenarios=["default"], runner=RUNNER)
     twin = mutant(tmp_path, spec, "for i in range(tl.load(query_start_loc + batch_idx), max_num_tokens,",
                   "for i in range(num_tokens, max_num_tokens,")
     with pytest.raises(AssertionError, match=r"✗ padding \[v2\]"):
-        check_kernel(twin, abi="vllm-v2", path="v2", scenarios=["default"])
+        check_kernel(twin, abi="vllm-v2", path="v2", scenarios=["default"], runner=RUNNER)
 
 
 def test_twin_of_0_22_virtual_block_from_block_sizes_fails_under_its_adapter():
@@ -157,9 +158,9 @@ def test_twin_of_0_22_virtual_block_from_block_sizes_fails_under_its_adapter():
     handed these releases physical tables and B)."""
     spec = "tests/kernels/vllm_mrv2_022_virtual_from_block_sizes.py:_compute_slot_mappings_kernel"
     with pytest.raises(AssertionError, match=r"✗ owner-rule \[v2\]"):
-        check_kernel(spec, abi="vllm-mrv2-0.22", path="v2", scenarios=["hybrid-interleave"])
+        check_kernel(spec, abi="vllm-mrv2-0.22", path="v2", scenarios=["hybrid-interleave"], runner=RUNNER)
     check_kernel("tests/kernels/vllm_mrv2_018_abi.py:_compute_slot_mappings_kernel", abi="vllm-mrv2-0.22",
-                 path="v2", scenarios=["hybrid-interleave", "default"])
+                 path="v2", scenarios=["hybrid-interleave", "default"], runner=RUNNER)
 
 
 def _replayed_past_kernel_block(replay_start: int):
@@ -181,12 +182,12 @@ def test_0_22_replayed_is_pad_finding_is_the_virtual_block_defect():
     release arithmetic with B x CP passes both."""
     twin = "tests/kernels/vllm_mrv2_022_virtual_from_block_sizes.py:_compute_slot_mappings_kernel"
     with pytest.raises(AssertionError, match=r"(?s)✗ owner-rule \[v2\].*✗ replayed-is-pad \[v2\]"):
-        check_kernel(twin, abi="vllm-mrv2-0.22", path="v2", scenarios=[_replayed_past_kernel_block(64)])
+        check_kernel(twin, abi="vllm-mrv2-0.22", path="v2", scenarios=[_replayed_past_kernel_block(64)], runner=RUNNER)
     with pytest.raises(AssertionError, match=r"✗ owner-rule \[v2\]") as no_replay:
-        check_kernel(twin, abi="vllm-mrv2-0.22", path="v2", scenarios=[_replayed_past_kernel_block(0)])
+        check_kernel(twin, abi="vllm-mrv2-0.22", path="v2", scenarios=[_replayed_past_kernel_block(0)], runner=RUNNER)
     assert "✗ replayed-is-pad" not in str(no_replay.value)
     check_kernel("tests/kernels/vllm_mrv2_018_abi.py:_compute_slot_mappings_kernel", abi="vllm-mrv2-0.22",
-                 path="v2", scenarios=[_replayed_past_kernel_block(64), _replayed_past_kernel_block(0)])
+                 path="v2", scenarios=[_replayed_past_kernel_block(64), _replayed_past_kernel_block(0)], runner=RUNNER)
 
 
 def test_ascend_0_23_capacity_reserves_drafts_on_v1_only():

@@ -10,6 +10,7 @@ from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.layout import PAD_SLOT_ID, POISON, owner_rank
 from cpsim.run.world import run_virtual
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 SHARDED, UNSHARDED, RING, MAMBA = 0, 1, 2, 3
 
@@ -26,7 +27,7 @@ def world():
         sc.Batch((sc.Request(0, 300), sc.Request(700, 1), sc.Request(90, 3), sc.Request(0, 0)),
                  (4, 0, 2, -1), num_tokens_padded=330), seed=5)
     s = sc.validate(s)
-    gathered = run_virtual(s, ["v1", "v1-torch", "v2"])
+    gathered = run_virtual(s, ["v1", "v1-torch", "v2"], runner=RUNNER)
     return s, allocate_world(s), gathered
 
 
@@ -261,7 +262,7 @@ def replay_world():
         sc.Batch((sc.Request(40, 60, "replay", replay_start=32), sc.Request(0, 20),
                   sc.Request(200, 10, "replay", replay_start=200)), (2, 0, 3)), seed=3)
     s = sc.validate(s)
-    return s, allocate_world(s), run_virtual(s, ["v1", "v2"])
+    return s, allocate_world(s), run_virtual(s, ["v1", "v2"], runner=RUNNER)
 
 
 REPLAYED = list(range(0, 8)) + list(range(80, 90))  # token indices at replayed positions

@@ -20,6 +20,7 @@ from cpsim.run.dist import select_device
 from cpsim.errors import ConfigError
 from cpsim import scenario as sc
 from cpsim.report.junit import write_junit
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_npu_without_torch_npu_is_a_clear_error(capsys):
     with pytest.raises(ConfigError, match="device npu requested but torch_npu is not importable"):
         select_device("npu")
-    assert main(["run", "--device", "npu"]) == 2
+    assert main(["run", "--device", "npu"], runner=RUNNER) == 2
     assert "torch_npu is not importable" in capsys.readouterr().err
 
 
@@ -118,7 +119,7 @@ def test_sweep_rejects_unknown_toml_keys(tmp_path):
 def test_virtual_sweep_writes_json_and_junit(tmp_path):
     js, xml = tmp_path / "r.json", tmp_path / "r.xml"
     code = main(["sweep", "--presets", "mtp", "--cp", "2,16", "--interleaves", "1,256", "--paths", "v1,v2",
-                 "--quiet", "--json", str(js), "--junit", str(xml)])
+                 "--quiet", "--json", str(js), "--junit", str(xml)], runner=RUNNER)
     assert code == 0
     root = ET.parse(xml).getroot()
     # mtp cp2 i1 runs (2 paths x 15 invariants incl. replicas-agree, replayed-is-pad, inputs-intact, kernel-output
@@ -262,7 +263,7 @@ def _run_group_threads(monkeypatch, fail: dict[int, str], guard_hit: int | None 
     from cpsim.run import distrun, isolation
 
     s = sc.validate(sc.preset("mtp", dcp=2))
-    real, lock = distrun.run_rank_checked, threading.Lock()
+    real, lock = RUNNER.run_rank_checked, threading.Lock()
 
     def run(path, s_, allocs, rank, device, knobs, kernel):
         if path == "v1" and rank in fail:
@@ -273,7 +274,7 @@ def _run_group_threads(monkeypatch, fail: dict[int, str], guard_hit: int | None 
             out.guard[0, -1] = 5
         return out
 
-    monkeypatch.setattr(distrun, "run_rank_checked", run)
+    monkeypatch.setattr(RUNNER, "run_rank_checked", run)
     entry = distrun.Entry("mtp", lambda g: s, 2, ["v1", "v2"])
     shared, barrier = {}, threading.Barrier(2, timeout=60)
     comms = [_ThreadComm(2, shared, barrier) for _ in range(2)]
@@ -281,7 +282,7 @@ def _run_group_threads(monkeypatch, fail: dict[int, str], guard_hit: int | None 
 
     def rank(pos):
         results[pos] = distrun._run_group(comms[pos], None, entry, s, 0, pos, [0, 1], [s.fingerprint()] * 2,
-                                          distrun.Hooks(), torch.device("cpu"))
+                                          distrun.Hooks(), torch.device("cpu"), distrun.RankWork(RUNNER))
 
     threads = [threading.Thread(target=rank, args=(p,)) for p in range(2)]
     for t in threads:

@@ -19,6 +19,7 @@ from cpsim import environment_checks
 from cpsim.cli import main
 from cpsim.kernels import FAULT_FP32_GATHER, FAULT_INT32_SLOT
 from cpsim.run import world
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 ROOT = Path(__file__).resolve().parents[1]
 TRITON_INIT = importlib.util.find_spec("triton").origin
@@ -30,8 +31,8 @@ def rows_by_check(rows):
 
 
 def run_doctor(tmp_path, capsys, *args):
-    out = tmp_path / "environment_checks.json"
-    code = main(["doctor", "--device", "cpu", "--json", str(out), *args])
+    out = tmp_path / "doctor.json"
+    code = main(["doctor", "--device", "cpu", "--json", str(out), *args], runner=RUNNER)
     text = capsys.readouterr().out
     return code, json.loads(out.read_text()), text
 
@@ -119,7 +120,7 @@ def test_the_tiny_scenario_reaches_past_fp32_and_int32():
 
 @pytest.mark.parametrize("fault", [FAULT_FP32_GATHER, FAULT_INT32_SLOT])
 def test_an_inexact_kernel_fails_its_row(fault):
-    rows = rows_by_check(environment_checks.kernel_rows("cpu", fault=fault))
+    rows = rows_by_check(environment_checks.kernel_rows("cpu", fault=fault, runner=RUNNER))
     # Every Triton kernel writes a slot that fp32 block ids or int32 slot math get wrong.
     for path in ("v1", "v1-fused", "v2"):
         for design in ("per-request", "tile"):
@@ -232,7 +233,7 @@ def test_a_broken_torch_npu_is_a_row_not_a_traceback(tmp_path, capsys, monkeypat
 
     monkeypatch.setattr(dist, "select_device", no_cann)
     out = tmp_path / "d.json"
-    code = main(["doctor", "--json", str(out)])
+    code = main(["doctor", "--json", str(out)], runner=RUNNER)
     rows = {r["check"]: r for r in json.loads(out.read_text())["rows"]}
     assert code == 1
     # Here torch_npu is not importable at all; on a server without CANN's environment it raises on import.
@@ -247,7 +248,7 @@ def test_a_missing_device_fails_the_device_row(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     out = tmp_path / "d.json"
-    code = main(["doctor", "--device", "cuda", "--skip-kernels", "--json", str(out)])
+    code = main(["doctor", "--device", "cuda", "--skip-kernels", "--json", str(out)], runner=RUNNER)
     rows = {r["check"]: r for r in json.loads(out.read_text())["rows"]}
     assert code == 1
     assert rows["device"]["status"] == "fail" and "--device cuda" in rows["device"]["detail"]

@@ -13,6 +13,7 @@ from cpsim.cmd.draw import figure_for, simulate
 from cpsim.report import draw
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 
 def texts(fig) -> list[str]:
@@ -21,12 +22,12 @@ def texts(fig) -> list[str]:
 
 @pytest.fixture(scope="module")
 def default_fig():
-    return figure_for(sc.validate(sc.preset("default")))
+    return figure_for(sc.validate(sc.preset("default")), runner=RUNNER)
 
 
 @pytest.fixture(scope="module")
 def vkb_fig():
-    return figure_for(small(), knobs=VIRTUAL_FROM_KERNEL_BLOCK)
+    return figure_for(small(), knobs=VIRTUAL_FROM_KERNEL_BLOCK, runner=RUNNER)
 
 
 def test_default_preset_png_and_svg(default_fig, tmp_path):
@@ -42,7 +43,7 @@ def test_default_preset_png_and_svg(default_fig, tmp_path):
 
 def test_healthy_strip_follows_global_owner_rule():
     s = small()
-    pic = simulate(s)
+    pic = simulate(s, runner=RUNNER)
     w = pic.width
     assert w % (s.cp.world * s.cp.interleave) == 0
     panel = pic.panels[("v2", 0)]
@@ -80,7 +81,7 @@ def test_injected_fault_is_annotated(vkb_fig, tmp_path):
 
 
 def test_violation_without_token_is_listed():
-    fig, pic = figure_for(small(), knobs=STALE_TAIL, paths=("v2",))
+    fig, pic = figure_for(small(), knobs=STALE_TAIL, paths=("v2",), runner=RUNNER)
     assert any(v.invariant == "padding" and v.status == "fail" for v in pic.verdicts)
     assert any("✗ padding" in t for t in texts(fig))
 
@@ -95,9 +96,9 @@ def test_cli_draw(tmp_path, capsys):
     f = tmp_path / "s.json"
     small().dump(f)
     out = tmp_path / "x.svg"
-    assert cli.main(["draw", "--scenario", str(f), "--paths", "v2", "--out", str(out), "--quiet"]) == 0
+    assert cli.main(["draw", "--scenario", str(f), "--paths", "v2", "--out", str(out), "--quiet"], runner=RUNNER) == 0
     assert out.stat().st_size > 10_000
-    assert cli.main(["draw", "--scenario", str(f), "--out", str(tmp_path / "x.pdf")]) == 2
+    assert cli.main(["draw", "--scenario", str(f), "--out", str(tmp_path / "x.pdf")], runner=RUNNER) == 2
     assert "png or .svg" in capsys.readouterr().err
 
 
@@ -105,15 +106,15 @@ def test_cli_draw_repro_knobs(tmp_path):
     import json
     f = tmp_path / "repro.json"
     f.write_text(json.dumps({"scenario": small().to_dict(), "knobs": {"virtual_from_kernel_block": True}}))
-    assert cli.main(["draw", "--repro", str(f), "--paths", "v2", "--out", str(tmp_path / "r.png"), "--quiet"]) == 1
+    assert cli.main(["draw", "--repro", str(f), "--paths", "v2", "--out", str(tmp_path / "r.png"), "--quiet"], runner=RUNNER) == 1
 
 
 def test_cli_draw_injected_catalogue_fault(tmp_path, capsys):
     """``--inject NAME`` draws the fault's own trigger scenario with its violations."""
     out = tmp_path / "x.png"
-    assert cli.main(["draw", "--inject", "stale-tail", "--out", str(out)]) == 1
+    assert cli.main(["draw", "--inject", "stale-tail", "--out", str(out)], runner=RUNNER) == 1
     assert out.stat().st_size > 1000
-    assert cli.main(["draw", "--inject", "no-such-bug", "--out", str(out)]) == 2
+    assert cli.main(["draw", "--inject", "no-such-bug", "--out", str(out)], runner=RUNNER) == 2
     assert "no-such-bug" in capsys.readouterr().err
 
 
@@ -126,7 +127,7 @@ def _checked_picture(s, knobs=None, paths=("v1", "v2"), kernels=None):
     from cpsim.paths import Knobs
     from cpsim.run.world import run_virtual
     allocs = allocate_world(s)
-    gathered = run_virtual(s, list(paths), knobs or Knobs(), kernels=kernels, allocs=allocs)
+    gathered = run_virtual(s, list(paths), knobs or Knobs(), kernels=kernels, allocs=allocs, runner=RUNNER)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
     return draw.build(s, gathered, allocs, verdicts, list(paths))
 

@@ -18,6 +18,7 @@ from cpsim import fuzz as fz
 from cpsim.fuzz import space
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,7 @@ def _fuzz(name: str, out: Path) -> fz.FuzzResult:
         # Default space for all (cpsim's kernels write int64 slots: slots past 2^31 are drawn too).
         # Shrinking bounded by Hypothesis, not by the clock (a loaded machine must not change the result).
         _RUNS[name] = fz.fuzz(fz.FuzzConfig(inject=name, max_examples=300, seed=0, database=None, out=out,
-                                            stop_after_first=True, shrink_seconds=3600))
+                                            stop_after_first=True, shrink_seconds=3600), runner=RUNNER)
     return _RUNS[name]
 
 
@@ -169,7 +170,7 @@ def test_an_int32_output_kernel_keeps_the_default_space_below_2_31(explore, tmp_
         drawn.clear()
         cfg = fz.FuzzConfig(paths=["v1"], kernels={"v1": KernelUnderTest("k.py:k", None, abi, ())}, max_examples=300,
                             seed=0, database=None, out=tmp_path / abi, explore=explore)
-        assert fz.search(cfg).examples >= 290
+        assert fz.search(cfg, runner=RUNNER).examples >= 290
         wide[abi] = sum(any(g.num_blocks * g.block_size > 2**31 for g in s.groups) for s in drawn)
         assert ("every slot id < 2^31" in cfg.describe_space()) == (abi == "ascend-v1")
     assert wide["ascend-v1"] == 0 and wide["callable"] >= 20, wide
@@ -192,14 +193,14 @@ def test_fuzz_finds_each_injected_fault_and_shrinks_it(name, tmp_path):
     # The repro replays, in this process, to the invariants it recorded.
     repro = fz.load_repro(r.repro)
     assert repro.inject == name
-    again = fz.replay(repro)
+    again = fz.replay(repro, runner=RUNNER)
     assert again.failed
     assert again.invariants() == repro.violation["invariants"] == r.reported[0].summary["invariants"]
 
 
 @pytest.mark.slow
 def test_without_a_fault_500_examples_find_nothing(tmp_path):
-    r = fz.fuzz(fz.FuzzConfig(max_examples=500, seed=1, database=None, out=tmp_path, max_programs=16))
+    r = fz.fuzz(fz.FuzzConfig(max_examples=500, seed=1, database=None, out=tmp_path, max_programs=16), runner=RUNNER)
     assert r.examples >= 490  # Hypothesis may draw a scenario twice; it runs once
     assert not r.found, [f.to_dict() for f in r.findings]
 
@@ -225,22 +226,22 @@ def test_replay_of_a_fixed_scenario_passes_without_the_fault(tmp_path):
     data["inject"] = None
     clean = tmp_path / "clean.json"
     clean.write_text(json.dumps(data))
-    assert cli.main(["replay", str(clean), "--quiet"]) == 0
-    assert cli.main(["replay", str(r.repro), "--quiet"]) == 1
+    assert cli.main(["replay", str(clean), "--quiet"], runner=RUNNER) == 0
+    assert cli.main(["replay", str(r.repro), "--quiet"], runner=RUNNER) == 1
 
 
 def test_fuzz_cli_bad_input_exits_2(tmp_path, capsys):
-    assert cli.main(["fuzz", "--inject", "no-such-fault", "--max-examples", "1", "--no-db"]) == 2
+    assert cli.main(["fuzz", "--inject", "no-such-fault", "--max-examples", "1", "--no-db"], runner=RUNNER) == 2
     assert "--inject" in capsys.readouterr().err
-    assert cli.main(["replay", str(tmp_path / "missing.json")]) == 2
+    assert cli.main(["replay", str(tmp_path / "missing.json")], runner=RUNNER) == 2
     (tmp_path / "x.json").write_text('{"groups": []}')
-    assert cli.main(["replay", str(tmp_path / "x.json")]) == 2
+    assert cli.main(["replay", str(tmp_path / "x.json")], runner=RUNNER) == 2
 
 
 def test_fuzz_cli_writes_repro_and_exits_1(tmp_path, capsys):
     # No --seed: Hypothesis only uses its example database for unseeded runs.
     code = cli.main(["fuzz", "--inject", "stale-tail", "--max-examples", "300", "--quiet", "--stop-after-first",
-                     "--out", str(tmp_path / "out"), "--db", str(tmp_path / "db")])
+                     "--out", str(tmp_path / "out"), "--db", str(tmp_path / "db")], runner=RUNNER)
     assert code == 1
     files = list((tmp_path / "out").glob("repro-*.json"))
     assert len(files) == 1
@@ -262,7 +263,7 @@ INT32 = str(ROOT / "tests/kernels/int32_slots.py") + ":slot_mapping"
 def _replays_same(repro: Path, tmp_path: Path) -> None:
     """`cpsim replay` of the repro fails again, with the invariants it recorded."""
     out = tmp_path / f"replay-{repro.stem}.json"
-    assert cli.main(["replay", str(repro), "--quiet", "--json", str(out)]) == 1
+    assert cli.main(["replay", str(repro), "--quiet", "--json", str(out)], runner=RUNNER) == 1
     recorded = json.loads(repro.read_text())["violation"]
     assert json.loads(out.read_text())["violation"]["invariants"] == recorded["invariants"]
 
@@ -271,7 +272,7 @@ def test_two_independent_bugs_give_two_signatures_in_one_run(tmp_path, capsys, m
     monkeypatch.setenv("COLUMNS", "300")  # the table on one line per signature
     out = tmp_path / "out"
     code = cli.main(["fuzz", "--paths", "v1", "--kernel-v1", TWO_BUGS, "--max-examples", "200", "--seed", "0",
-                     "--no-db", "--out", str(out), "--shrink-seconds", "60"])  # shrinking ends early; 60 s is for a loaded box
+                     "--no-db", "--out", str(out), "--shrink-seconds", "60"], runner=RUNNER)  # shrinking ends early; 60 s is for a loaded box
     text = capsys.readouterr().out
     assert code == 1
     summary = json.loads((out / "fuzz-summary.json").read_text())
@@ -293,7 +294,7 @@ def test_two_independent_bugs_give_two_signatures_in_one_run(tmp_path, capsys, m
     assert fp32["size"]["tokens"] == 1 and fp32["size"]["requests"] == 1
     # --ignore (glob) and --known (a summary file) skip accepted findings.
     code = cli.main(["fuzz", "--paths", "v1", "--kernel-v1", TWO_BUGS, "--max-examples", "60", "--seed", "0",
-                     "--no-db", "--quiet", "--out", str(tmp_path / "o2"), "--known", str(out / "fuzz-summary.json")])
+                     "--no-db", "--quiet", "--out", str(tmp_path / "o2"), "--known", str(out / "fuzz-summary.json")], runner=RUNNER)
     assert code == 0, capsys.readouterr().out
 
 
@@ -304,14 +305,14 @@ def test_int32_slot_bug_is_found_in_either_space(space, tmp_path):
     reaches it too, since the callable ABI writes int64 slots."""
     base = ["fuzz", "--paths", "v1", "--kernel-v1", INT32, "--max-examples", "150", "--seed", "0", "--no-db",
             "--quiet", "--shrink-seconds", "10"] + (["--extreme"] if space == "extreme" else [])
-    assert cli.main(base + ["--out", str(tmp_path / "x")]) == 1
+    assert cli.main(base + ["--out", str(tmp_path / "x")], runner=RUNNER) == 1
     summary = json.loads((tmp_path / "x" / "fuzz-summary.json").read_text())
     assert summary["signatures"] and all(x["dimension"] == "slot>=2^31" for x in summary["signatures"])
     assert summary["space"].startswith(space)
     for x in summary["signatures"]:
         _replays_same(Path(x["repro"]), tmp_path)
     if space == "default":  # --ignore matches signatures, whatever the space: one search shows it
-        assert cli.main(base + ["--out", str(tmp_path / "i"), "--ignore", "*:slot>=2^31"]) == 0
+        assert cli.main(base + ["--out", str(tmp_path / "i"), "--ignore", "*:slot>=2^31"], runner=RUNNER) == 0
 
 
 MRV2_INT32 = str(ROOT / "tests/kernels/vllm_mrv2_033_int32_abi.py") + ":_compute_slot_mappings_kernel"
@@ -326,17 +327,17 @@ def test_vllm_033_mrv2_int32_twin_is_found_by_the_default_fuzz_and_by_huge_cache
     huge-cache catches it where the same kernel widening first passes."""
     out = tmp_path / "f"
     assert cli.main(["fuzz", "--paths", "v2", "--kernel-v2", MRV2_INT32, "--max-examples", "60", "--seed", str(seed),
-                     "--no-db", "--quiet", "--stop-after-first", "--shrink-seconds", "5", "--out", str(out)]) == 1
+                     "--no-db", "--quiet", "--stop-after-first", "--shrink-seconds", "5", "--out", str(out)], runner=RUNNER) == 1
     summary = json.loads((out / "fuzz-summary.json").read_text())
     assert [x["dimension"] for x in summary["signatures"]] == ["slot>=2^31"], summary["signatures"]
     run = ["run", "--scenario", "huge-cache", "--paths", "v2", "--quiet", "--kernel-v2"]
-    assert cli.main(run + [MRV2_INT32]) == 1
-    assert cli.main(run + [MRV2_OK]) == 0
+    assert cli.main(run + [MRV2_INT32], runner=RUNNER) == 1
+    assert cli.main(run + [MRV2_OK], runner=RUNNER) == 0
 
 
 def test_stop_after_first_writes_one_repro(tmp_path):
     code = cli.main(["fuzz", "--paths", "v1", "--kernel-v1", INT32, "--max-examples", "150", "--seed", "0",
-                     "--no-db", "--quiet", "--extreme", "--stop-after-first", "--out", str(tmp_path)])
+                     "--no-db", "--quiet", "--extreme", "--stop-after-first", "--out", str(tmp_path)], runner=RUNNER)
     assert code == 1
     assert len(list(tmp_path.glob("repro-*.json"))) == 1
 
@@ -345,7 +346,7 @@ def test_stop_after_first_writes_one_repro(tmp_path):
 def test_jobs_merge_their_signatures(tmp_path):
     code = cli.main(["fuzz", "--paths", "v1", "--kernel-v1", INT32, "--max-examples", "60", "--seed", "0",
                      "--no-db", "--quiet", "--extreme", "--jobs", "2", "--shrink-seconds", "0",
-                     "--out", str(tmp_path)])  # signatures merge as found; shrinking them is shown elsewhere
+                     "--out", str(tmp_path)], runner=RUNNER)  # signatures merge as found; shrinking them is shown elsewhere
     assert code == 1
     summary = json.loads((tmp_path / "fuzz-summary.json").read_text())
     assert summary["jobs"] == 2 and summary["examples"] >= 60
@@ -474,16 +475,16 @@ def test_random_draws_replay_through_hypothesis_as_the_same_scenario():
 def test_hypothesis_explorer_still_finds_and_shrinks(tmp_path):
     """--explore hypothesis: Hypothesis draws the scenarios too (from the same space)."""
     r = fz.fuzz(fz.FuzzConfig(inject="stale-tail", max_examples=200, seed=0, database=None, out=tmp_path,
-                              stop_after_first=True, shrink_seconds=3600, explore="hypothesis"))
+                              stop_after_first=True, shrink_seconds=3600, explore="hypothesis"), runner=RUNNER)
     assert r.found
     z = fz.size(r.scenario)
     assert z["requests"] == 1 and z["tokens"] <= 2, z
-    assert fz.replay(fz.load_repro(r.repro)).failed
+    assert fz.replay(fz.load_repro(r.repro), runner=RUNNER).failed
 
 
 def test_explore_rejects_an_unknown_explorer():
     with pytest.raises(ConfigError, match="--explore"):
-        fz.search(fz.FuzzConfig(explore="grid", max_examples=1, database=None))
+        fz.search(fz.FuzzConfig(explore="grid", max_examples=1, database=None), runner=RUNNER)
 
 
 @pytest.mark.slow
@@ -491,18 +492,17 @@ def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(t
     """With kernel isolation (the default) the next scenario's kernels run in the worker while the
     last one is checked; in-process nothing runs ahead. Either way a seed visits the same scenarios,
     in the same order, with the same verdicts."""
-    from cpsim.run import isolation, runner
     from cpsim.run.runner import Isolation
 
     def visited(process: bool) -> tuple[list[str], list, int]:
         seen: list[str] = []
-        real_visit, real_ahead, started = fz._Searcher.visit, isolation.ahead, []
+        real_visit, real_ahead, started = fz._Searcher.visit, RUNNER.ahead, []
         monkeypatch.setattr(fz._Searcher, "visit", lambda me, s, meanwhile=None: seen.append(s.fingerprint())
                             or real_visit(me, s, meanwhile))
-        monkeypatch.setattr(isolation, "ahead", lambda *a: started.append(real_ahead(*a)) or started[-1])
-        monkeypatch.setattr(runner.current(), "config", Isolation(process=process))
+        monkeypatch.setattr(RUNNER, "ahead", lambda *a: started.append(real_ahead(*a)) or started[-1])
+        monkeypatch.setattr(RUNNER, "config", Isolation(process=process))
         r = fz.fuzz(fz.FuzzConfig(max_examples=40, seed=5, database=None, out=tmp_path / str(process),
-                                  inject="stale-tail"))
+                                  inject="stale-tail"), runner=RUNNER)
         monkeypatch.undo()
         return seen, [f.signature for f in r.findings], sum(started)
 

@@ -7,13 +7,14 @@ import json
 
 from cpsim import cli
 from cpsim.cmd.inputs import distinct_notes
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 
 def test_drawn_examples_and_shrink_runs_are_counted_apart(tmp_path, capsys):
     """`--max-examples 40` with a fault that shows: the plain-random search draws exactly 40 scenarios, and
     shrinking the finding runs more; the summary and the last line count the two apart."""
     code = cli.main(["fuzz", "--paths", "v1", "--inject", "stale-tail", "--max-examples", "40", "--seed", "1",
-                     "--no-db", "--quiet", "--shrink-seconds", "20", "--out", str(tmp_path), "--format", "plain"])
+                     "--no-db", "--quiet", "--shrink-seconds", "20", "--out", str(tmp_path), "--format", "plain"], runner=RUNNER)
     out = capsys.readouterr().out
     assert code == 1, out
     summary = json.loads((tmp_path / "fuzz-summary.json").read_text())

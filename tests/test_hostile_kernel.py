@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from test_coordinator import world  # noqa: F401  (a fixture)
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 
 def sigint_default() -> None:
@@ -319,7 +320,7 @@ def _main(capsys, tmp_path, source: str, *extra: str) -> tuple[int, str, dict]:
     kernel = tmp_path / "k.py"
     kernel.write_text(source)
     report = tmp_path / "r.json"
-    code = cli.main([*SMALL, "--kernel-v1", f"{kernel}:kernel", "--json", str(report), *extra])
+    code = cli.main([*SMALL, "--kernel-v1", f"{kernel}:kernel", "--json", str(report), *extra], runner=RUNNER)
     cap = capsys.readouterr()
     assert "Traceback" not in cap.out + cap.err
     return code, " ".join((cap.out + cap.err).split()), json.loads(report.read_text())

@@ -24,6 +24,7 @@ from cpsim.layout import GUARD, table_guard_id
 from cpsim.paths import KernelFailure
 from cpsim.run import chunks, outcome, runner, worker
 from cpsim.run.runner import Isolation
+from kernel_load import RUNNER
 from test_coordinator import SHARDED, broken, judge, world  # noqa: F401  (world is a fixture)
 
 HERE = Path(__file__).parent
@@ -34,7 +35,7 @@ SMALL = ["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1"]
 
 def _run(capsys, tmp_path, kernel: str, *extra: str) -> tuple[int, str, dict]:
     out = tmp_path / "r.json"
-    code = cli.main([*SMALL, "--kernel-v1", kernel, "--json", str(out), *extra])
+    code = cli.main([*SMALL, "--kernel-v1", kernel, "--json", str(out), *extra], runner=RUNNER)
     cap = capsys.readouterr()
     text = cap.out + cap.err
     assert "Traceback" not in text
@@ -120,7 +121,7 @@ def test_process_exit_code_is_never_zero(tmp_path, name):
 
 
 def test_bad_kernel_timeout_is_bad_input(capsys):
-    assert cli.main([*SMALL, "--kernel-timeout", "0"]) == 2
+    assert cli.main([*SMALL, "--kernel-timeout", "0"], runner=RUNNER) == 2
     assert "--kernel-timeout" in capsys.readouterr().err
 
 
@@ -195,7 +196,7 @@ def test_paths_run_side_by_side_and_a_hang_in_one_leaves_the_other_checked(capsy
     out = tmp_path / "r.json"
     t = time.monotonic()
     code = cli.main(["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1,v2", "--kernel-v1",
-                     f"{K}/hostile.py:hang", "--kernel-timeout", "4", "--json", str(out)])
+                     f"{K}/hostile.py:hang", "--kernel-timeout", "4", "--json", str(out)], runner=RUNNER)
     took = time.monotonic() - t
     text = capsys.readouterr().out
     assert code == 1 and "Traceback" not in text
@@ -204,7 +205,7 @@ def test_paths_run_side_by_side_and_a_hang_in_one_leaves_the_other_checked(capsy
     v2 = {v["invariant"]: v["status"] for v in report["verdicts"] if v["path"] == "v2"}
     assert v1.pop("kernel-completes") == "fail" and set(v1.values()) == {"not run"}
     assert v2["matches-reference"] == "pass" and "not run" not in v2.values()
-    assert len(runner.current().pool) >= 2
+    assert len(RUNNER.pool) >= 2
     assert took < 120  # bounded: the hang cost its 4 s, not the test's timeout
 
 
@@ -220,14 +221,14 @@ def test_run_paths_config_error_leaves_no_stale_worker(monkeypatch):
     s = sc.preset("mtp", dcp=2)
     allocs = allocate_world(s)
     knobs = [Knobs()] * s.cp.world
-    first = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    first = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     assert all(isinstance(v, list) and v[0] is not None for v in first.values())
     monkeypatch.setattr(worker.Worker, "answer", lambda *a: (_ for _ in ()).throw(ConfigError("f", "r")))
     with pytest.raises(ConfigError):
-        isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
-    assert not runner.current().run_ahead.inflight and all(not w.alive() for w in runner.current().pool[:2])
+        RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    assert not RUNNER.run_ahead.inflight and all(not w.alive() for w in RUNNER.pool[:2])
     monkeypatch.undo()
-    again = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    again = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     for p in ("v1", "v2"):
         assert all(torch.equal(a.slots, b.slots) for a, b in zip(first[p], again[p]))
 
@@ -255,7 +256,7 @@ def test_first_failure_and_rank_ranges():
 @pytest.mark.parametrize("value", ["abc", "0", "-3", "1.5"])
 def test_bad_kernel_workers_value_is_exit_2(capsys, value, monkeypatch):
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", value)
-    code = cli.main(["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1", "--quiet"])
+    code = cli.main(["run", "--scenario", "mtp", "--dcp", "2", "--paths", "v1", "--quiet"], runner=RUNNER)
     text = capsys.readouterr()
     assert code == 2 and "Traceback" not in text.out + text.err
     assert "CPSIM_KERNEL_WORKERS: must be a positive integer" in text.out + text.err
@@ -263,7 +264,7 @@ def test_bad_kernel_workers_value_is_exit_2(capsys, value, monkeypatch):
 
 def _world(s):
     from cpsim.run import isolation
-    isolation.forget_ahead()  # nothing an earlier test started ahead is left in flight or kept
+    RUNNER.forget_ahead()  # nothing an earlier test started ahead is left in flight or kept
     from cpsim.allocator import allocate_world
     from cpsim.paths import Knobs
     return allocate_world(s), [Knobs()] * s.cp.world
@@ -283,12 +284,12 @@ def test_runs_started_ahead_are_collected_not_run_again():
     from cpsim.run import isolation
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
-    plain = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
-    before = next(runner.current().pool.tokens)
-    assert isolation.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, {})
-    _same(isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {}), plain)
-    assert next(runner.current().pool.tokens) == before + 2  # the rank runs were started once, by ahead
-    assert not runner.current().run_ahead.inflight and not runner.current().run_ahead.kept
+    plain = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    before = next(RUNNER.pool.tokens)
+    assert RUNNER.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    _same(RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {}), plain)
+    assert next(RUNNER.pool.tokens) == before + 2  # the rank runs were started once, by ahead
+    assert not RUNNER.run_ahead.inflight and not RUNNER.run_ahead.kept
 
 
 def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
@@ -298,13 +299,13 @@ def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
     from cpsim.run import isolation
     s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
     (a1, k1), (a2, k2) = _world(s1), _world(s2)
-    plain1 = isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
-    plain2 = isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
-    assert isolation.ahead(s1, ["v1", "v2"], a1, "cpu", k1, {})
-    _same(isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)
-    before = next(runner.current().pool.tokens)
-    _same(isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
-    assert next(runner.current().pool.tokens) == before + 1 and not runner.current().run_ahead.kept
+    plain1 = RUNNER.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
+    plain2 = RUNNER.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
+    assert RUNNER.ahead(s1, ["v1", "v2"], a1, "cpu", k1, {})
+    _same(RUNNER.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)
+    before = next(RUNNER.pool.tokens)
+    _same(RUNNER.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
+    assert next(RUNNER.pool.tokens) == before + 1 and not RUNNER.run_ahead.kept
 
 
 def test_a_worker_crashing_with_later_paths_queued_names_the_rank_and_runs_the_rest(monkeypatch):
@@ -317,10 +318,10 @@ def test_a_worker_crashing_with_later_paths_queued_names_the_rank_and_runs_the_r
     from cpsim.run import isolation
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
-    plain = isolation.run_paths(s, ["v2"], allocs, "cpu", knobs, {})
+    plain = RUNNER.run_paths(s, ["v2"], allocs, "cpu", knobs, {})
     kernels = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
-    assert isolation.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
-    got = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
+    assert RUNNER.ahead(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
+    got = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
     assert isinstance(got["v1"], KernelFailure) and got["v1"].kind == "crashed" and got["v1"].rank == 0
     assert got["v1"].not_run == [1]
     _same({"v2": got["v2"]}, plain)
@@ -334,16 +335,16 @@ def test_two_scenarios_in_flight_come_back_in_any_order_each_run_once(monkeypatc
     from cpsim.run import isolation
     s1, s2, s3 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4), sc.preset("mtp", dcp=1)
     (a1, k1), (a2, k2), (a3, k3) = _world(s1), _world(s2), _world(s3)
-    plain1 = isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
-    plain2 = isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
-    before = next(runner.current().pool.tokens)
-    assert isolation.ahead(s1, ["v1", "v2"], a1, "cpu", k1, {})
-    assert isolation.ahead(s2, ["v1", "v2"], a2, "cpu", k2, {})
-    assert isolation.DEPTH == 2 and not isolation.ahead(s3, ["v1", "v2"], a3, "cpu", k3, {})
-    _same(isolation.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)  # the later one first
-    assert len(runner.current().run_ahead.kept) == 1 and not runner.current().run_ahead.inflight
-    _same(isolation.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
-    assert next(runner.current().pool.tokens) == before + 3 and not runner.current().run_ahead.kept
+    plain1 = RUNNER.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
+    plain2 = RUNNER.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
+    before = next(RUNNER.pool.tokens)
+    assert RUNNER.ahead(s1, ["v1", "v2"], a1, "cpu", k1, {})
+    assert RUNNER.ahead(s2, ["v1", "v2"], a2, "cpu", k2, {})
+    assert isolation.DEPTH == 2 and not RUNNER.ahead(s3, ["v1", "v2"], a3, "cpu", k3, {})
+    _same(RUNNER.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {}), plain2)  # the later one first
+    assert len(RUNNER.run_ahead.kept) == 1 and not RUNNER.run_ahead.inflight
+    _same(RUNNER.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {}), plain1)
+    assert next(RUNNER.pool.tokens) == before + 3 and not RUNNER.run_ahead.kept
 
 
 def test_a_crash_in_the_first_scenario_in_flight_resends_the_second_to_a_fresh_worker(monkeypatch):
@@ -356,14 +357,14 @@ def test_a_crash_in_the_first_scenario_in_flight_resends_the_second_to_a_fresh_w
     from cpsim.run import isolation
     s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
     (a1, k1), (a2, k2) = _world(s1), _world(s2)
-    plain2 = isolation.run_paths(s2, ["v1"], a2, "cpu", k2, {})
+    plain2 = RUNNER.run_paths(s2, ["v1"], a2, "cpu", k2, {})
     crash = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
-    assert isolation.ahead(s1, ["v1"], a1, "cpu", k1, crash)
-    assert isolation.ahead(s2, ["v1"], a2, "cpu", k2, {})
-    got1 = isolation.run_paths(s1, ["v1"], a1, "cpu", k1, crash)
+    assert RUNNER.ahead(s1, ["v1"], a1, "cpu", k1, crash)
+    assert RUNNER.ahead(s2, ["v1"], a2, "cpu", k2, {})
+    got1 = RUNNER.run_paths(s1, ["v1"], a1, "cpu", k1, crash)
     assert isinstance(got1["v1"], KernelFailure) and got1["v1"].kind == "crashed" and got1["v1"].rank == 0
     assert got1["v1"].not_run == [1]
-    _same(isolation.run_paths(s2, ["v1"], a2, "cpu", k2, {}), plain2)
+    _same(RUNNER.run_paths(s2, ["v1"], a2, "cpu", k2, {}), plain2)
 
 
 def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_path):
@@ -381,20 +382,20 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
     from cpsim.run import isolation
     s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
     (a1, k1), (a2, k2) = _world(s1), _world(s2)
-    plain1 = isolation.run_paths(s1, ["v1"], a1, "cpu", k1, {})
+    plain1 = RUNNER.run_paths(s1, ["v1"], a1, "cpu", k1, {})
     crash = {"v1": load(f"{flaky}:segfault_once", "v1")}
-    assert isolation.ahead(s1, ["v1"], a1, "cpu", k1, {})
-    assert isolation.ahead(s2, ["v1"], a2, "cpu", k2, crash)
-    _same(isolation.run_paths(s1, ["v1"], a1, "cpu", k1, {}), plain1)
+    assert RUNNER.ahead(s1, ["v1"], a1, "cpu", k1, {})
+    assert RUNNER.ahead(s2, ["v1"], a2, "cpu", k2, crash)
+    _same(RUNNER.run_paths(s1, ["v1"], a1, "cpu", k1, {}), plain1)
     import time
     end = time.monotonic() + 60
-    while runner.current().pool[0].alive() and time.monotonic() < end:  # dead before it is asked for
+    while RUNNER.pool[0].alive() and time.monotonic() < end:  # dead before it is asked for
         time.sleep(0.05)
-    before = next(runner.current().pool.tokens)
-    got2 = isolation.run_paths(s2, ["v1"], a2, "cpu", k2, crash)
+    before = next(RUNNER.pool.tokens)
+    got2 = RUNNER.run_paths(s2, ["v1"], a2, "cpu", k2, crash)
     assert isinstance(got2["v1"], KernelFailure) and got2["v1"].kind == "crashed" and got2["v1"].rank == 0
     assert got2["v1"].not_run == [1, 2, 3]
-    assert next(runner.current().pool.tokens) == before + 1  # collected, not started again
+    assert next(RUNNER.pool.tokens) == before + 1  # collected, not started again
 
 
 def _lose_first_batch(monkeypatch, instead=None):
@@ -424,7 +425,7 @@ def test_a_lost_batched_chunk_runs_again_rank_by_rank_and_the_loss_is_reported(m
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     lost = _lose_first_batch(monkeypatch)
-    got = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    got = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     assert lost, "the chunk was not batched"
     f = got["v1"]
     assert isinstance(f, KernelFailure) and f.kind == "exited"
@@ -448,7 +449,7 @@ def test_a_lost_batched_chunk_that_fails_again_names_the_rank(monkeypatch):
             raise outcome._fail("crashed", "crashed with SIGSEGV", path, rank, kernel)
         return real(self, reply, path, rank, kernel)
     monkeypatch.setattr(worker.Worker, "answer", answer)
-    got = isolation.run_paths(s, ["v1"], allocs, "cpu", knobs, {})
+    got = RUNNER.run_paths(s, ["v1"], allocs, "cpu", knobs, {})
     f = got["v1"]
     assert isinstance(f, KernelFailure) and f.rank == 1 and f.kind == "crashed"
     assert "on rank 1" in f.message and "every one completed" not in f.message
@@ -460,9 +461,9 @@ def test_batched_replies_equal_an_in_process_run(dcp, monkeypatch):
     from cpsim.run import isolation
     s = sc.preset("mtp", dcp=dcp)
     allocs, knobs = _world(s)
-    batched = isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
-    monkeypatch.setattr(runner.current(), "config", Isolation(process=False))
-    _same(batched, isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
+    batched = RUNNER.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
+    monkeypatch.setattr(RUNNER, "config", Isolation(process=False))
+    _same(batched, RUNNER.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
 
 
 def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(monkeypatch):
@@ -478,7 +479,7 @@ def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(mo
     from cpsim.run import wire
     _lose_first_batch(monkeypatch, wire.LostOnReadback("AcceleratorError",
                                                        "CUDA error: an illegal memory access was encountered"))
-    got = isolation.run_paths(s, ["v1"], allocs, "cpu", knobs, {})
+    got = RUNNER.run_paths(s, ["v1"], allocs, "cpu", knobs, {})
     f = got["v1"]
     assert isinstance(f, KernelFailure) and f.kind == "raised"
     assert f.message.startswith("kernel raised AcceleratorError: CUDA error: an illegal memory access was encountered "
@@ -521,16 +522,16 @@ def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, workers, 
     real_send = chunks._send
     monkeypatch.setattr(chunks, "_send", lambda run, w, tasks: sent.append((w, [t[0] for t in tasks]))
                         or real_send(run, w, tasks))
-    split = isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
+    split = RUNNER.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
     if workers == 2:
         assert len({w for w, _ in sent}) == 2 and sorted(p for _, ps in sent for p in ps) == ["v1", "v1-torch", "v2"]
     else:  # three paths of four ranks, two workers each
         assert len({w for w, _ in sent}) == 6 and sorted(p for _, ps in sent for p in ps) == \
             ["v1", "v1", "v1-torch", "v1-torch", "v2", "v2"]
     kernels = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
-    crashed = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
-    monkeypatch.setattr(runner.current(), "config", Isolation(process=False))
-    _same(split, isolation.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
+    crashed = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, kernels)
+    monkeypatch.setattr(RUNNER, "config", Isolation(process=False))
+    _same(split, RUNNER.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {}))
     assert isinstance(crashed["v1"], KernelFailure) and crashed["v1"].kind == "crashed" and crashed["v1"].rank == 0
     if workers == 2:
         assert crashed["v1"].not_run == list(range(1, dcp))
@@ -559,7 +560,7 @@ def test_a_worker_killed_mid_batch_runs_its_ranks_again_one_by_one(monkeypatch):
             killed.append(w.proc.pid)
             os.kill(w.proc.pid, signal.SIGKILL)
     monkeypatch.setattr(chunks, "_send", send)
-    got = isolation.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    got = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     assert killed
     f = got["v1"]
     assert isinstance(f, KernelFailure) and f.kind == "crashed" and "SIGKILL" in f.message
@@ -587,7 +588,7 @@ def test_a_kernel_killing_its_worker_is_named_on_its_rank_and_the_other_ranks_ru
     from cpsim.run import isolation
     s = sc.preset("mtp", dcp=4)
     allocs, knobs = _world(s)
-    got = isolation.run_paths(s, ["v1"], allocs, "cpu", knobs, {"v1": load(f"{kernel}:kernel", "v1")})
+    got = RUNNER.run_paths(s, ["v1"], allocs, "cpu", knobs, {"v1": load(f"{kernel}:kernel", "v1")})
     f = got["v1"]
     assert isinstance(f, KernelFailure) and f.rank == named and f.kind == "crashed"
     assert f"kernel crashed with SIGKILL on rank {named} " in f.message and "one of ranks" not in f.message
@@ -651,9 +652,9 @@ def test_end_trees_ends_children_in_sessions_of_their_own(tmp_path, subreaper):
 
 
 def test_sweep_ends_the_marked_processes_only(tmp_path):
-    """The sweep ends processes whose environment holds this process's worker marker (an orphan of a
-    dead worker, say), and nothing else: not one with another session's token, not one spared (a live
-    worker), not this process's own workers."""
+    """The sweep ends processes whose environment holds the pool's worker marker (an orphan of a
+    dead worker, say), and nothing else: not one with another pool's token, not one spared (a live
+    worker), not the pool's own workers."""
     import signal
     from cpsim.run import isolation, reaper
 
@@ -661,19 +662,20 @@ def test_sweep_ends_the_marked_processes_only(tmp_path):
         env = dict(os.environ, **{reaper.SESSION_VAR: value})
         return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], env=env,
                                 start_new_session=True)
-    mine, other, spared = sleeper(reaper.token()), sleeper("0123456789abcdef"), sleeper(reaper.token())
+    marker = RUNNER.pool.marker
+    mine, other, spared = sleeper(marker.token()), sleeper("0123456789abcdef"), sleeper(marker.token())
     procs = [mine, other, spared]
     try:
         end = time.monotonic() + 30  # the environ is readable once the interpreter has been exec'd
         while time.monotonic() < end and not all(
                 reaper.SESSION_VAR.encode() in Path(f"/proc/{p.pid}/environ").read_bytes() for p in procs):
             time.sleep(0.05)
-        live = [w.proc.pid for w in runner.current().pool if w.alive()]
-        found = reaper.sweep(spare=reaper.tree(live) | {spared.pid})
+        live = [w.proc.pid for w in RUNNER.pool if w.alive()]
+        found = marker.sweep(spare=reaper.tree(live) | {spared.pid})
         assert found == [mine.pid]
         assert mine.wait(5) == -signal.SIGKILL
         assert other.poll() is None and spared.poll() is None
-        assert all(w.alive() for w in runner.current().pool if w.proc is not None and w.proc.pid in live)
+        assert all(w.alive() for w in RUNNER.pool if w.proc is not None and w.proc.pid in live)
     finally:
         for p in procs:
             p.kill()
@@ -737,9 +739,9 @@ def test_a_kernel_s_exception_is_named_alike_in_a_worker_and_in_process(fn, kind
     s = sc.preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     kernels = {"v1": load(f"{K}/hostile.py:{fn}", "v1")}
-    isolated = runner.current().run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]
-    monkeypatch.setattr(runner.current(), "config", Isolation(process=False))
-    here = runner.current().run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]
+    isolated = RUNNER.run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]
+    monkeypatch.setattr(RUNNER, "config", Isolation(process=False))
+    here = RUNNER.run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]
     assert isinstance(isolated, KernelFailure) and isolated.kind == kind
     assert (here.kind, here.rank, here.group, here.message) == (isolated.kind, isolated.rank, isolated.group,
                                                                 isolated.message)

@@ -24,6 +24,7 @@ from cpsim import bounds
 from cpsim.cli import main
 from test_bad_input import EXPLICIT, REPLAY, SCENARIO, Row, capture_file, explicit, json_file, run_row
 from test_hostile_kernel import TRITON_STORES_INTO_TABLE, cpsim
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 
 def forged_npz(shapes: dict[str, tuple[int, ...]], held: int = 64):
@@ -99,7 +100,7 @@ ROWS = [
 def test_input_row(row: Row, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = run_row(row, tmp_path)
-    code = main(argv)
+    code = main(argv, runner=RUNNER)
     out, err = capsys.readouterr()
     assert code == 2, (argv, out, err)
     assert "Traceback" not in out + err
@@ -112,7 +113,7 @@ def test_a_batch_that_records_a_real_run_is_judged_and_says_why(tmp_path, capsys
     """The same narrow table in a batch naming the kernels whose outputs it holds (``label.kernels``,
     as a capture's steps and their shrunk batches do): the run's finding, exit 1, with a note."""
     f = explicit(lambda d: (_narrow(d), d["label"].__setitem__("kernels", ["host.py:slot_kernel"])))(tmp_path)
-    assert main(["replay", str(f)]) == 1
+    assert main(["replay", str(f)], runner=RUNNER) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "first violation: dense-local" in out
     assert "judged, not refused: the step records a real run of host.py:slot_kernel" in out
@@ -124,7 +125,7 @@ def test_good_batches_and_scenarios_stay_inside_the_limits(tmp_path, capsys):
     for i, make in enumerate((explicit(lambda d: None), explicit_npz())):
         d = tmp_path / str(i)
         d.mkdir()
-        assert main(["replay", str(make(d)), "--quiet"]) == 0, capsys.readouterr()
+        assert main(["replay", str(make(d)), "--quiet"], runner=RUNNER) == 0, capsys.readouterr()
 
 
 # ---- item 2: inputs-intact on the replay routes ----------------------------------------------
@@ -165,7 +166,7 @@ def _stack_python(tmp_path: Path, kind: str) -> str:
 ])
 def test_a_stack_python_that_is_not_a_program_is_exit_2(tmp_path, capsys, kind, phrase):
     py = _stack_python(tmp_path, kind)
-    code = main(["run", "--stack", "vllm", "--dcp", "2", "--stack-python", py, "--json", str(tmp_path / "r.json")])
+    code = main(["run", "--stack", "vllm", "--dcp", "2", "--stack-python", py, "--json", str(tmp_path / "r.json")], runner=RUNNER)
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
     assert "Traceback" not in out + err

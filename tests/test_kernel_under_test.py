@@ -17,6 +17,7 @@ from kernel_load import load
 from cpsim.scenario import preset
 from cpsim.plugin.testing import check_kernel
 from mutants import mutant
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 kernels.use_interpreter()
 
@@ -47,14 +48,14 @@ def test_abi_is_detected_from_parameter_names(spec, path, abi):
                                        (CALLABLE, "v2")],
                          ids=["ascend-v1", "ascend-v2", "vllm-v2", "callable-v1", "callable-v2"])
 def test_kernels_in_each_abi_pass_every_invariant(spec, path):
-    results = check_kernel(spec, path=path, scenarios=SCENARIOS)
+    results = check_kernel(spec, path=path, scenarios=SCENARIOS, runner=RUNNER)
     checked = [v for vs in results.values() for v in vs if v.status == "pass"]
     assert {v.invariant for v in checked} >= {"exactly-one-owner", "owner-rule", "dense-local", "no-collision",
                                               "padding", "matches-reference", "block-sizing"}
 
 
 def test_fused_kernel_passes_at_cp1():
-    results = check_kernel(FUSED, scenarios=("hybrid-mamba", "random:4", "default"))
+    results = check_kernel(FUSED, scenarios=("hybrid-mamba", "random:4", "default"), runner=RUNNER)
     assert all(name.endswith("@cp1") for name in results)  # the fused path exists at CP size 1 only
 
 
@@ -70,7 +71,7 @@ def test_fused_kernel_passes_at_cp1():
 ], ids=["ascend-v1-stale-tail", "ascend-v2-no-interleave", "vllm-v2-wrong-owner", "callable-off-by-one"])
 def test_one_line_bug_fails_with_the_expected_invariant(tmp_path, spec, path, old, new, scenario, invariant):
     with pytest.raises(AssertionError) as e:
-        check_kernel(mutant(tmp_path, spec, old, new), path=path, scenarios=[scenario])
+        check_kernel(mutant(tmp_path, spec, old, new), path=path, scenarios=[scenario], runner=RUNNER)
     assert f"✗ {invariant} [{path}]" in str(e.value)
 
 
@@ -114,17 +115,17 @@ def test_int32_abi_cannot_hold_slots_past_2_31_and_says_so():
     s = preset("mtp")
     s = s.replace(groups=tuple(dataclasses.replace(g, num_blocks=2**25) for g in s.groups))
     with pytest.raises(AssertionError) as e:
-        check_kernel(V1, scenarios=[s])
+        check_kernel(V1, scenarios=[s], runner=RUNNER)
     assert "ascend-v1 ABI writes int32 slot mappings" in str(e.value)
     assert "✗ matches-reference" in str(e.value)
-    check_kernel(VLLM_V2, scenarios=[s])  # the same layout through an int64 ABI holds
+    check_kernel(VLLM_V2, scenarios=[s], runner=RUNNER)  # the same layout through an int64 ABI holds
 
 
 def test_single_v2_launch_reproduces_cp_applied_to_unsharded_groups():
     # vLLM #57260: one launch with CP_SIZE for every group breaks the unsharded attention group.
-    check_kernel(VLLM_V2, scenarios=["hybrid-mamba"])
+    check_kernel(VLLM_V2, scenarios=["hybrid-mamba"], runner=RUNNER)
     with pytest.raises(AssertionError) as e:
-        check_kernel(VLLM_V2, scenarios=["hybrid-mamba"], v2_launch="single")
+        check_kernel(VLLM_V2, scenarios=["hybrid-mamba"], v2_launch="single", runner=RUNNER)
     assert "✗ exactly-one-owner [v2] group attn-local" in str(e.value)
 
 
@@ -132,7 +133,7 @@ def test_a_scenario_the_abi_cannot_express_is_not_a_pass():
     s = preset("hybrid-mamba")
     s = s.replace(groups=tuple(g for g in s.groups if g.kind in ("sliding_window", "mamba")))
     with pytest.raises(AssertionError, match="no scenario had a group"):
-        check_kernel(VLLM_V2, scenarios=[s])
+        check_kernel(VLLM_V2, scenarios=[s], runner=RUNNER)
 
 
 def test_callable_returning_a_non_tensor_is_a_kernel_output_violation(tmp_path):
@@ -140,28 +141,28 @@ def test_callable_returning_a_non_tensor_is_a_kernel_output_violation(tmp_path):
     f = tmp_path / "bad_callable.py"
     f.write_text("def slots(positions):\n    return positions.tolist()\n")
     with pytest.raises(AssertionError, match="kernel-output"):
-        check_kernel(f"{f}:slots", scenarios=["mtp"])
+        check_kernel(f"{f}:slots", scenarios=["mtp"], runner=RUNNER)
 
 
 @pytest.mark.parametrize("flag,spec", [("--kernel-v1", V1), ("--kernel-v2", ASCEND_V2), ("--kernel-v2", VLLM_V2)],
                          ids=["ascend-v1", "ascend-v2", "vllm-v2"])
 def test_cli_run_with_a_user_kernel(flag, spec, capsys):
     path = "v1" if flag == "--kernel-v1" else "v2"
-    assert cli.main(["run", "--scenario", "mtp", "--paths", path, flag, spec]) == 0
+    assert cli.main(["run", "--scenario", "mtp", "--paths", path, flag, spec], runner=RUNNER) == 0
     out = capsys.readouterr().out
     assert "all invariants hold" in out and f"kernel under test on {path}: {spec}" in out
 
 
 def test_cli_rejects_a_kernel_for_an_unselected_path(capsys):
-    assert cli.main(["run", "--paths", "v2", "--kernel-v1", V1]) == 2
+    assert cli.main(["run", "--paths", "v2", "--kernel-v1", V1], runner=RUNNER) == 2
     assert "--kernel-v1" in capsys.readouterr().err
 
 
 def test_shim_vllm_loads_a_kernel_importing_vllm(capsys):
     try:
-        assert cli.main(["run", "--scenario", "mtp", "--paths", "v2", "--kernel-v2", SHIMMED]) == 2
+        assert cli.main(["run", "--scenario", "mtp", "--paths", "v2", "--kernel-v2", SHIMMED], runner=RUNNER) == 2
         assert "--shim-vllm" in capsys.readouterr().err
-        assert cli.main(["run", "--scenario", "mtp", "--paths", "v2", "--kernel-v2", SHIMMED, "--shim-vllm"]) == 0
+        assert cli.main(["run", "--scenario", "mtp", "--paths", "v2", "--kernel-v2", SHIMMED, "--shim-vllm"], runner=RUNNER) == 0
         assert "all invariants hold" in capsys.readouterr().out
         vllm_shim.install()  # the kernel was imported in the worker; the shim itself, here
         from vllm.triton_utils import HAS_TRITON, tl, triton

@@ -10,6 +10,7 @@ from cpsim import cli, kernels
 from kernel_load import load
 from cpsim.plugin.testing import check_kernel
 from mutants import mutant
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 kernels.use_interpreter()
 
@@ -27,7 +28,7 @@ def test_mrv2_abi_is_detected(spec):
 
 @pytest.mark.parametrize("scenario", ("partial-replica",) + MIXED, ids=["partial-replica", "json", "toml"])
 def test_correct_mrv2_kernel_passes_mixed_cp_sizes_at_cp8(scenario):
-    results = check_kernel(MRV2, path="v2", scenarios=[scenario])
+    results = check_kernel(MRV2, path="v2", scenarios=[scenario], runner=RUNNER)
     (verdicts,) = results.values()
     passed = {v.invariant for v in verdicts if v.status == "pass"}
     assert {"replicas-agree", "exactly-one-owner", "owner-rule", "padding", "matches-reference"} <= passed
@@ -47,12 +48,12 @@ def test_correct_mrv2_kernel_passes_mixed_cp_sizes_at_cp8(scenario):
         "is-padding-ignored", "stale-tail"])
 def test_one_line_bug_fails_with_the_expected_invariant(tmp_path, old, new, invariant):
     with pytest.raises(AssertionError) as e:
-        check_kernel(mutant(tmp_path, MRV2, old, new), path="v2", scenarios=["partial-replica"])
+        check_kernel(mutant(tmp_path, MRV2, old, new), path="v2", scenarios=["partial-replica"], runner=RUNNER)
     assert f"✗ {invariant} [v2]" in str(e.value)
 
 
 def test_cli_run_with_mrv2_kernel_exits_0(capsys):
-    rc = cli.main(["run", "--scenario", "partial-replica", "--paths", "v2", "--kernel-v2", MRV2])
+    rc = cli.main(["run", "--scenario", "partial-replica", "--paths", "v2", "--kernel-v2", MRV2], runner=RUNNER)
     assert rc == 0
     assert "(cpsim-mrv2)" in capsys.readouterr().out
 
@@ -61,7 +62,7 @@ def test_older_abi_without_is_padding_gets_a_host_mask_and_a_note():
     from cpsim.plugin.testing import load_kernel, run_one
     from cpsim.scenario import preset
     k = load_kernel(f"{ROOT}/tests/kernels/vllm_v2_abi.py:_compute_slot_mappings_kernel", "v2")
-    s, verdicts = run_one(k, "v2", preset("partial-replica"))
+    s, verdicts = run_one(k, "v2", preset("partial-replica"), runner=RUNNER)
     assert all(v.status != "fail" for v in verdicts)
     assert any("no is_padding input" in n for n in k.notes)
 
@@ -71,7 +72,7 @@ ADAPTIVE = f"{ROOT}/tests/kernels/ascend_v1_fused_adaptive_abi.py:_compute_slot_
 
 def test_adaptive_fused_abi_is_detected_and_passes_at_cp1():
     assert load(ADAPTIVE, "v1-fused").abi == "ascend-v1-fused-adaptive"
-    results = check_kernel(ADAPTIVE, path="v1-fused", scenarios=("hybrid-mamba", "random:4", "default"))
+    results = check_kernel(ADAPTIVE, path="v1-fused", scenarios=("hybrid-mamba", "random:4", "default"), runner=RUNNER)
     assert all(name.endswith("@cp1") for name in results)
 
 
@@ -92,5 +93,5 @@ def test_adaptive_fused_small_tile_bug_fails(tmp_path):
         "_slots(table, out, req, positions_ptr, start, tl.minimum(end, start + SMALL_TILE_BLOCK_SIZE), stride, "
         "bs, circular, PAD_ID, SMALL_TILE_BLOCK_SIZE)"))
     with pytest.raises(AssertionError) as e:
-        check_kernel(f"{bug}:{attr}", path="v1-fused", scenarios=["default"])
+        check_kernel(f"{bug}:{attr}", path="v1-fused", scenarios=["default"], runner=RUNNER)
     assert "✗ padding [v1-fused]" in str(e.value) or "✗ matches-reference [v1-fused]" in str(e.value)

@@ -18,6 +18,7 @@ from cpsim.check import coordinator
 from cpsim.errors import ConfigError
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.run.world import run_virtual
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 FULL, HALF, REPL, RING = 0, 1, 2, 3
 
@@ -35,7 +36,7 @@ def world():
         sc.Batch((sc.Request(0, 90), sc.Request(200, 4, "spec", padded_drafts=2), sc.Request(37, 1),
                   sc.Request(0, 0)), (3, 0, 5, -1), num_tokens_padded=110, is_padding=(40,)),
         seed=3))
-    return s, allocate_world(s), run_virtual(s, ["v1", "v1-torch", "v2"])
+    return s, allocate_world(s), run_virtual(s, ["v1", "v1-torch", "v2"], runner=RUNNER)
 
 
 def judge(world, gathered=None):
@@ -223,7 +224,7 @@ def test_block_sizing_exact_width_with_g(world):
 def test_mrv2_and_v1_match_reference_on_random_mixed_scenarios(seed):
     s = sc.random_scenario(seed, max_world=8, max_groups=4, max_reqs=6, max_model_len=4096)
     assert len({g.world(s.cp) for g in s.groups if g.slot_mapped}) > 1 or s.batch.has_padding
-    gathered = run_virtual(s, ["v1", "v1-torch", "v2"])
+    gathered = run_virtual(s, ["v1", "v1-torch", "v2"], runner=RUNNER)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     assert [v for v in verdicts if v.status == "fail"] == []
     assert any(v.invariant == "matches-reference" and v.status == "pass" for v in verdicts)
@@ -240,7 +241,7 @@ def test_v2_uses_mrv2_only_when_needed():
 def test_partial_replica_preset_passes_at_cp8():
     s = sc.preset("partial-replica")
     assert s.cp.world == 8 and sorted({g.world(s.cp) for g in s.groups}) == [1, 4, 8]
-    gathered = run_virtual(s, ["v1", "v2"])
+    gathered = run_virtual(s, ["v1", "v2"], runner=RUNNER)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * 8)
     assert coordinator.passed(verdicts)
     v2 = gathered["v2"].slots
@@ -277,7 +278,7 @@ def test_draw_shows_replica_sets(tmp_path):
     s = sc.validate(load_scenario("examples/replicas-cp4.json"))
     from cpsim.paths import Knobs
     from cpsim import kernels
-    pic = simulate(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_SHARD_IS_CP_RANK))
+    pic = simulate(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_SHARD_IS_CP_RANK), runner=RUNNER)
     half = next(p for p in pic.panels.values() if p.group.name == "cp2")
     assert any(v.invariant == "replicas-agree" for v in half.violations)
     assert half.strip_bad.any()  # the tokens the second replica set lost are outlined

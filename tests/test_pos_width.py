@@ -18,6 +18,7 @@ from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim.paths import v1
 from cpsim.run.world import run_virtual
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 kernels.use_interpreter()
 
@@ -34,9 +35,9 @@ def test_int32_only_when_provable():
                                   lambda: sc.random_scenario(3)], ids=["default", "cp1", "random3"])
 def test_int64_positions_give_the_same_slots(make, monkeypatch):
     s = make()
-    narrow = run_virtual(s, PATHS)
+    narrow = run_virtual(s, PATHS, runner=RUNNER)
     monkeypatch.setattr(v1, "pos_int32", lambda s: False)
-    wide = run_virtual(s, PATHS)
+    wide = run_virtual(s, PATHS, runner=RUNNER)
     assert narrow.keys() == wide.keys()
     for p in narrow:
         assert torch.equal(narrow[p].slots, wide[p].slots), p

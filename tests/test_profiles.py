@@ -20,6 +20,7 @@ from cpsim.check import explicit, profiles
 from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
 from cpsim.scenario import CPConfig, KVGroup, Limits, preset
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 P = -1
 ATTN = KVGroup("attn", "attention", 4, num_blocks=64)
@@ -266,7 +267,7 @@ VLLM = "vllm-0.33 (vLLM 0.32.0-0.33.0 v1, 0.32.0-0.34.0 MRV2)"
 def test_run_accepts_and_shows_the_profile_and_its_notes(tmp_path, capsys):
     out = tmp_path / "r.json"
     code = cli.main(["run", "--scenario", "mtp", "--dcp", "2", "--pcp", "2", "--paths", "v1", "--profile",
-                     "vllm-0.33", "--json", str(out)])
+                     "vllm-0.33", "--json", str(out)], runner=RUNNER)
     text = capsys.readouterr().out
     assert code == 0 and f"profile: {VLLM}" in text and "PCP does not shard KV" in text
     data = json.loads(out.read_text())
@@ -274,14 +275,14 @@ def test_run_accepts_and_shows_the_profile_and_its_notes(tmp_path, capsys):
 
 
 def test_run_partial_replica_under_vllm_is_exit_2(capsys):
-    assert cli.main(["run", "--scenario", "partial-replica", "--paths", "v1", "--profile", "vllm-0.33"]) == 2
+    assert cli.main(["run", "--scenario", "partial-replica", "--paths", "v1", "--profile", "vllm-0.33"], runner=RUNNER) == 2
     assert "groups[1].cp_size" in capsys.readouterr().err
 
 
 def test_sweep_accepts_and_shows_the_profile(tmp_path, capsys):
     out = tmp_path / "s.json"
     code = cli.main(["sweep", "--presets", "mtp,partial-replica", "--paths", "v1", "--profile", "vllm-0.33",
-                     "--json", str(out)])
+                     "--json", str(out)], runner=RUNNER)
     text = capsys.readouterr().out  # the skip reason wraps inside its table cell: read it from the JSON
     assert code == 0 and f"profile: {VLLM}" in text and "skipped" in text
     report = json.loads(out.read_text())
@@ -292,7 +293,7 @@ def test_sweep_accepts_and_shows_the_profile(tmp_path, capsys):
 
 def test_bugs_reproduce_accepts_and_shows_the_profile(tmp_path, capsys):
     out = tmp_path / "b.json"
-    code = cli.main(["bugs", "reproduce", "mtp-draft-capacity", "--profile", "vllm-ascend-0.23", "--json", str(out)])
+    code = cli.main(["bugs", "reproduce", "mtp-draft-capacity", "--profile", "vllm-ascend-0.23", "--json", str(out)], runner=RUNNER)
     assert code == 1 and "profile: vllm-ascend-0.23" in capsys.readouterr().out
     assert json.loads(out.read_text())["profile"] == "vllm-ascend-0.23"
 
@@ -300,46 +301,46 @@ def test_bugs_reproduce_accepts_and_shows_the_profile(tmp_path, capsys):
 def test_fuzz_records_the_profile_and_replay_and_draw_use_it(tmp_path, capsys):
     code = cli.main(["fuzz", "--max-examples", "30", "--seed", "0", "--paths", "v1", "--inject", "mtp-draft-capacity",
                      "--profile", "vllm-ascend-0.23", "--out", str(tmp_path), "--no-db", "--stop-after-first",
-                     "--shrink-seconds", "5"])
+                     "--shrink-seconds", "5"], runner=RUNNER)
     assert code == 1 and "profile: vllm-ascend-0.23" in capsys.readouterr().out
     repro = next(tmp_path.glob("repro-*.json"))
     assert json.loads(repro.read_text())["profile"] == "vllm-ascend-0.23"
-    assert cli.main(["replay", str(repro)]) == 1
+    assert cli.main(["replay", str(repro)], runner=RUNNER) == 1
     assert "profile: vllm-ascend-0.23" in capsys.readouterr().out
-    assert cli.main(["replay", str(repro), "--profile", "cpsim"]) == 1
+    assert cli.main(["replay", str(repro), "--profile", "cpsim"], runner=RUNNER) == 1
     assert "profile: cpsim" in capsys.readouterr().out
     small = tmp_path / "small.json"  # draw needs a drawable scenario: the repro's profile on a small one
     from cpsim.scenario import preset
     small.write_text(json.dumps({**json.loads(repro.read_text()), "scenario": preset("mtp", dcp=2).to_dict()}))
-    assert cli.main(["draw", "--repro", str(small), "--out", str(tmp_path / "f.png")]) == 1  # the fault, injected
+    assert cli.main(["draw", "--repro", str(small), "--out", str(tmp_path / "f.png")], runner=RUNNER) == 1  # the fault, injected
     assert "profile vllm-ascend-0.23" in capsys.readouterr().out
     bad = json.loads(repro.read_text())
     bad["profile"] = "vllm-9.9"
     repro.write_text(json.dumps(bad))
-    assert cli.main(["replay", str(repro)]) == 2
+    assert cli.main(["replay", str(repro)], runner=RUNNER) == 2
     assert "repro.profile" in capsys.readouterr().err
 
 
 def test_draw_accepts_and_shows_the_profile(tmp_path, capsys):
     png = tmp_path / "d.png"
-    assert cli.main(["draw", "--scenario", "mtp", "--profile", "vllm-0.33", "--out", str(png)]) == 0
+    assert cli.main(["draw", "--scenario", "mtp", "--profile", "vllm-0.33", "--out", str(png)], runner=RUNNER) == 0
     assert "profile vllm-0.33" in capsys.readouterr().out
 
 
 def test_replay_of_an_explicit_batch_judges_by_the_profile(tmp_path, capsys):
     f = tmp_path / "mamba.json"
     xb.save(_mamba(MAMBA_UNSHARDED), f)
-    assert cli.main(["replay", str(f)]) == 1  # cpsim expects PAD for the state group
-    assert cli.main(["replay", str(f), "--profile", "vllm-0.33"]) == 0
+    assert cli.main(["replay", str(f)], runner=RUNNER) == 1  # cpsim expects PAD for the state group
+    assert cli.main(["replay", str(f), "--profile", "vllm-0.33"], runner=RUNNER) == 0
     assert f"profile: {VLLM}" in capsys.readouterr().out
 
 
 def test_pytest_plugin_check_kernel_takes_the_profile():
     from cpsim.plugin.testing import check_kernel
     spec = f"{Path(__file__).parent / 'kernels'}/vllm_mrv2_032_abi.py:_compute_slot_mappings_kernel"
-    assert check_kernel(spec, path="v2", scenarios=["default"])  # its own release: vllm-0.33
+    assert check_kernel(spec, path="v2", scenarios=["default"], runner=RUNNER)  # its own release: vllm-0.33
     with pytest.raises(AssertionError, match=r"profile: cpsim[\s\S]*|matches-reference"):
-        check_kernel(spec, path="v2", scenarios=["default"], profile="cpsim")  # mamba slots are not PAD
+        check_kernel(spec, path="v2", scenarios=["default"], profile="cpsim", runner=RUNNER)  # mamba slots are not PAD
 
 
 def test_torchrun_run_accepts_and_shows_the_profile():
@@ -389,7 +390,7 @@ def test_a_position_indexed_mamba_table_is_wide_enough_under_vllm_profiles(tmp_p
     path.write_text(json.dumps(scen))
     out = tmp_path / "r.json"
     code = cli.main(["run", "--scenario", str(path), "--paths", "v2", "--profile", width_rule_profile,
-                     "--json", str(out)])
+                     "--json", str(out)], runner=RUNNER)
     capsys.readouterr()
     sizing = [v for v in json.loads(out.read_text())["verdicts"] if v["invariant"] == "block-sizing"]
     assert sizing and all(v["status"] == "pass" for v in sizing), sizing

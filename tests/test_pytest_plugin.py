@@ -9,6 +9,7 @@ import pytest
 
 from cpsim import kernels
 from cpsim.plugin import testing
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 pytest_plugins = ["pytester"]
 
@@ -22,7 +23,7 @@ def _warm():
     """Import Triton and the interpreter here: pytester's inline runs drop modules first imported
     inside them, and Triton's native extension cannot be imported twice in one process."""
     kernels.use_interpreter()
-    testing.check_kernel(GOOD, scenarios=["random:1"])
+    testing.check_kernel(GOOD, scenarios=["random:1"], runner=RUNNER)
 
 
 def _broken(pytester) -> str:
@@ -95,29 +96,23 @@ import pytest
 sys.path.insert(0, {str(KERNELS)!r})
 import forks_setsid as fk
 from cpsim.plugin.testing import check_kernel
-from cpsim.run import isolation
+from cpsim.run.runner import KernelRunner
 
 PIDS = os.environ["CPSIM_TEST_PIDS"]
 
 
 def test_a_timed_out_workers_setsid_child_ends_with_the_worker():
-    isolation.configure(timeout_s=5)
-    try:
-        with pytest.raises(AssertionError, match=r"kernel exceeded 5 s \\(worker killed\\) on rank 0"):
-            check_kernel("{FORKS}:then_hangs", scenarios=["mtp"])
-    finally:
-        isolation.configure(timeout_s=isolation.DEFAULT_TIMEOUT_S)
+    with KernelRunner() as runner, pytest.raises(AssertionError, match=r"kernel exceeded 5 s \\(worker killed\\) on rank 0"):
+        runner.configure(timeout_s=5)
+        check_kernel("{FORKS}:then_hangs", scenarios=["mtp"], runner=runner)
     pids = fk.pids(PIDS, "then_hangs")
     assert pids and not any(map(fk.alive, pids))
 
 
 def test_the_orphan_of_a_worker_its_kernel_killed_is_swept_when_the_check_ends():
-    isolation.configure(timeout_s=60)  # well below the orphan's sleep: waiting for the pipe alone is a timeout
-    try:
-        with pytest.raises(AssertionError, match="kernel crashed with SIGKILL on rank 0"):
-            check_kernel("{FORKS}:then_kills_worker", scenarios=["mtp"])
-    finally:
-        isolation.configure(timeout_s=isolation.DEFAULT_TIMEOUT_S)
+    with KernelRunner() as runner, pytest.raises(AssertionError, match="kernel crashed with SIGKILL on rank 0"):
+        runner.configure(timeout_s=60)  # well below the orphan's sleep: waiting for the pipe alone is a timeout
+        check_kernel("{FORKS}:then_kills_worker", scenarios=["mtp"], runner=runner)
     pids = fk.pids(PIDS, "then_kills_worker")
     assert pids and not any(map(fk.alive, pids))
 

@@ -16,6 +16,7 @@ from kernel_load import load
 from cpsim.plugin.testing import check_kernel
 from cpsim.scenario import Request, preset
 from mutants import mutant
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 kernels.use_interpreter()
 
@@ -114,7 +115,7 @@ def test_plain_function_in_a_triton_signature_gets_the_triton_off_hint():
 @pytest.mark.parametrize("abi", KERNELS)
 def test_our_kernel_in_the_released_signature_passes(abi):
     spec, path, forced, scenarios = KERNELS[abi]
-    results = check_kernel(spec, abi=forced, path=path, scenarios=[_scenario(n) for n in scenarios])
+    results = check_kernel(spec, abi=forced, path=path, scenarios=[_scenario(n) for n in scenarios], runner=RUNNER)
     assert len(results) == len(scenarios)
 
 
@@ -155,7 +156,7 @@ BUGS = [
 def test_one_line_broken_twin_fails(tmp_path, abi, old, new, scenario, invariant):
     spec, path, forced, _ = KERNELS[abi]
     with pytest.raises(AssertionError) as e:
-        check_kernel(mutant(tmp_path, spec, old, new), abi=forced, path=path, scenarios=[_scenario(scenario)])
+        check_kernel(mutant(tmp_path, spec, old, new), abi=forced, path=path, scenarios=[_scenario(scenario)], runner=RUNNER)
     assert f"✗ {invariant} [{path}]" in str(e.value)
 
 
@@ -165,7 +166,7 @@ def test_shim_covers_the_imports_of_released_v1_files(capsys):
     spec = f"{K}/vllm_v1_032_vllm_imports.py:_SLOT_LAUNCHER"
     try:
         assert cli.main(["run", "--scenario", "default", "--paths", "v1", "--kernel-v1", spec, "--shim-vllm",
-                         "--quiet"]) == 0
+                         "--quiet"], runner=RUNNER) == 0
         assert load(spec, "v1", shim_vllm=True).abi == "vllm-v1-0.32"
         vllm_shim.install()  # the kernel is imported in a worker; the stand-ins are checked here
         from vllm.v1.utils import CpuGpuBuffer
@@ -217,7 +218,7 @@ def test_callable_that_does_not_ask_for_its_cp_rank_is_judged_and_fails(tmp_path
     from cpsim.plugin.testing import load_kernel, run_one
     from cpsim.scenario import preset
     k = load_kernel(_callable_without(tmp_path, "cp_rank"), "v1")
-    s, verdicts = run_one(k, "v1", preset("mtp"))
+    s, verdicts = run_one(k, "v1", preset("mtp"), runner=RUNNER)
     assert any(v.status == "fail" and v.invariant == "exactly-one-owner" for v in verdicts)
     assert not any("not checked: ask for cp_rank" in n for n in k.notes)
 
@@ -228,6 +229,6 @@ def test_callable_that_does_not_ask_is_not_checked_and_told_what_to_ask(tmp_path
     from cpsim.scenario import preset
     k = load_kernel(_callable_without(tmp_path, name), "v1")
     assert name not in k.params
-    s, verdicts = run_one(k, "v1", preset(scenario))
+    s, verdicts = run_one(k, "v1", preset(scenario), runner=RUNNER)
     assert all(v.status != "fail" for v in verdicts)
     assert any(f"not checked: ask for {name}" in n for n in k.notes)

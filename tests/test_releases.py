@@ -19,6 +19,7 @@ import pytest
 
 from cpsim import releases
 from cpsim.releases import contract
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = (Path(__file__).parent / "kernels" / "vllm_mrv2_032_abi.py").read_text()
@@ -163,7 +164,7 @@ def _run_kernel(top: Path, out: Path, capsys) -> tuple[int, str, dict]:
     kernels.use_interpreter()
     spec = f"{top / V2}:_compute_slot_mappings_kernel"
     code = cli.main(["run", "--scenario", "default", "--dcp", "2", "--paths", "v2", "--kernel-v2", spec,
-                     "--json", str(out)])
+                     "--json", str(out)], runner=RUNNER)
     return code, capsys.readouterr().out, json.loads(out.read_text())
 
 
@@ -181,7 +182,7 @@ def test_run_kernel_v2_from_an_unlisted_release_says_same_files_or_unread_change
 def _cli(argv: list[str], capsys) -> tuple[int, str]:
     from cpsim import cli, kernels
     kernels.use_interpreter()
-    code = cli.main(argv)
+    code = cli.main(argv, runner=RUNNER)
     return code, capsys.readouterr().out
 
 
@@ -319,7 +320,7 @@ def test_stack_run_on_a_bumped_copy_of_0_34_0_and_its_twin(tmp_path, capsys):
             (top / f).write_text(text)
         out = tmp_path / f"{version}.json"
         code = cli.main(["run", "--stack", "vllm", "--dcp", "2", "--stack-python",
-                         str(venvs / "base" / "bin" / "python"), "--stack-source", str(top), "--json", str(out)])
+                         str(venvs / "base" / "bin" / "python"), "--stack-source", str(top), "--json", str(out)], runner=RUNNER)
         text = capsys.readouterr().out
         assert code == want, text
         assert "v1: not in this release (n/a)" in text

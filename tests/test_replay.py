@@ -24,6 +24,7 @@ from kernel_load import from_record, load  # noqa: E402
 from cpsim.plugin.testing import check_kernel  # noqa: E402
 from cpsim.run.world import run_virtual  # noqa: E402
 from mutants import mutant  # noqa: E402
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 HERE = Path(__file__).parent / "kernels"
 USER = f"{HERE}/vllm_replay_pad_abi.py:_pad_replayed_slots_kernel"
@@ -84,7 +85,7 @@ def test_bad_replay_json_is_exit_2(tmp_path, capsys, patch, needle):
     d["batch"]["requests"][0].update(patch)
     f = tmp_path / "s.json"
     f.write_text(json.dumps(d))
-    assert cli.main(["run", "--scenario", str(f), "--paths", "v1"]) == 2
+    assert cli.main(["run", "--scenario", str(f), "--paths", "v1"], runner=RUNNER) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3
 
@@ -143,7 +144,7 @@ def test_every_path_matches_the_reference_on_every_rank(name):
 
 def test_replayed_tokens_keep_slots_in_the_groups_that_left_prefix_caching():
     s = sc.validate(sc.preset("prefix-replay"))
-    gathered = run_virtual(s, ["v2"])
+    gathered = run_virtual(s, ["v2"], runner=RUNNER)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     assert coordinator.passed(verdicts)
     x = gathered["v2"].slots[:, :, : s.batch.num_tokens]
@@ -170,7 +171,7 @@ def test_replay_kernel_cannot_stand_in_for_a_path_and_vice_versa():
 
 @pytest.mark.parametrize("spec", [USER, BITS], ids=["user", "bits"])
 def test_user_replay_kernels_pass_every_invariant(spec):
-    results = check_kernel(spec)
+    results = check_kernel(spec, runner=RUNNER)
     assert any(v.invariant == "replayed-is-pad" and v.status == "pass" for vs in results.values() for v in vs)
 
 
@@ -181,23 +182,23 @@ def test_user_replay_kernels_pass_every_invariant(spec):
 ], ids=["start-exclusive", "every-group", "end-inclusive"])
 def test_one_line_replay_bug_fails_with_the_expected_invariant(tmp_path, spec, old, new, invariant):
     with pytest.raises(AssertionError) as e:
-        check_kernel(mutant(tmp_path, spec, old, new), scenarios=["prefix-replay"], path="v2")
+        check_kernel(mutant(tmp_path, spec, old, new), scenarios=["prefix-replay"], path="v2", runner=RUNNER)
     assert f"✗ {invariant} [v2]" in str(e.value)
 
 
 def test_cli_run_with_a_user_replay_kernel(tmp_path, capsys):
-    assert cli.main(["run", "--scenario", "prefix-replay", "--paths", "v1,v2", "--kernel-replay", USER]) == 0
+    assert cli.main(["run", "--scenario", "prefix-replay", "--paths", "v1,v2", "--kernel-replay", USER], runner=RUNNER) == 0
     out = capsys.readouterr().out
     assert "all invariants hold" in out and f"replay padding {USER} (vllm-replay-pad)" in out
     bad = mutant(tmp_path, USER, "(pos >= start)", "(pos > start)")
-    assert cli.main(["run", "--scenario", "prefix-replay", "--paths", "v1,v2", "--kernel-replay", bad]) == 1
+    assert cli.main(["run", "--scenario", "prefix-replay", "--paths", "v1,v2", "--kernel-replay", bad], runner=RUNNER) == 1
     assert "replayed-is-pad" in capsys.readouterr().out
 
 
 def test_cli_replay_kernel_with_a_user_path_kernel(capsys):
     v1 = f"{HERE}/ascend_v1_abi.py:_compute_slot_mapping_kernel"
     assert cli.main(["run", "--scenario", "prefix-replay", "--paths", "v1", "--kernel-v1", v1,
-                     "--kernel-replay", BITS]) == 0
+                     "--kernel-replay", BITS], runner=RUNNER) == 0
     out = capsys.readouterr().out
     assert f"{v1} (ascend-v1) + replay padding {BITS}" in out
 
@@ -209,7 +210,7 @@ def test_cli_replay_kernel_with_a_user_path_kernel(capsys):
     (["--scenario", "prefix-replay", "--paths", "v1", "--kernel-v1", USER], "cannot stand in for the v1 path"),
 ], ids=["no-replay", "path-kernel-as-replay", "replay-kernel-as-path"])
 def test_cli_replay_kernel_misuse_is_exit_2(capsys, argv, needle):
-    assert cli.main(["run", *argv]) == 2
+    assert cli.main(["run", *argv], runner=RUNNER) == 2
     assert needle in capsys.readouterr().err
 
 

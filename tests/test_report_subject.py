@@ -24,6 +24,7 @@ from cpsim import cli
 from cpsim.check.coordinator import Example, Verdict, Violation
 from cpsim.report import report
 from cpsim.scenario import Batch, CPConfig, KVGroup, Limits, Request, Scenario, validate
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "tests" / "kernels"
@@ -114,17 +115,17 @@ def test_the_hash_follows_the_file(tmp_path):
 
 def test_draw_uses_the_users_kernel_and_a_repros_record(scenario_file, tmp_path):
     out = tmp_path / "pic.png"
-    assert cli.main(["draw", "--scenario", str(scenario_file), "--paths", "v1", "--out", str(out), "--quiet"]) == 0
+    assert cli.main(["draw", "--scenario", str(scenario_file), "--paths", "v1", "--out", str(out), "--quiet"], runner=RUNNER) == 0
     assert cli.main(["draw", "--scenario", str(scenario_file), "--paths", "v1", "--kernel-v1", BUGGY,
-                     "--out", str(out), "--quiet"]) == 1
+                     "--out", str(out), "--quiet"], runner=RUNNER) == 1
     repro = tmp_path / "repro.json"
     repro.write_text(json.dumps({"scenario": newcomer().to_dict(),
                                  "kernels": {"v1": {"spec": BUGGY, "abi": "ascend-v1"}}}))
-    assert cli.main(["draw", "--repro", str(repro), "--paths", "v1", "--out", str(out), "--quiet"]) == 1
+    assert cli.main(["draw", "--repro", str(repro), "--paths", "v1", "--out", str(out), "--quiet"], runner=RUNNER) == 1
     gone = tmp_path / "gone.json"
     gone.write_text(json.dumps({"scenario": newcomer().to_dict(),
                                 "kernels": {"v1": {"spec": str(tmp_path / "missing.py") + ":k"}}}))
-    assert cli.main(["draw", "--repro", str(gone), "--paths", "v1", "--out", str(out), "--quiet"]) == 2
+    assert cli.main(["draw", "--repro", str(gone), "--paths", "v1", "--out", str(out), "--quiet"], runner=RUNNER) == 2
 
 
 # ---- output that fits where it lands -------------------------------------------------
@@ -188,7 +189,7 @@ def test_failures_lead_with_a_summary_then_few_examples_once_per_agreeing_paths(
     c = Console(record=True, width=300, color_system=None)
     report.print_report(c, preset("mtp"), _verdicts(), examples=0)
     assert not [line for line in c.export_text().splitlines() if line.startswith("    rank")]
-    assert cli.main(["run", "--examples", "-1"]) == 2
+    assert cli.main(["run", "--examples", "-1"], runner=RUNNER) == 2
 
 
 def test_torchrun_prints_one_report_per_distinct_group_outcome():
@@ -214,7 +215,7 @@ def test_torchrun_prints_one_report_per_distinct_group_outcome():
 def test_bugs_matrix_marks_faults_that_cannot_reach_a_users_kernel_na(tmp_path, capsys):
     out = tmp_path / "m.json"
     code = cli.main(["bugs", "matrix", "--kernel-v1", CORRECT, "--faults", "short-request-rank,stale-tail",
-                     "--presets", "none", "--jobs", "1", "--json", str(out)])
+                     "--presets", "none", "--jobs", "1", "--json", str(out)], runner=RUNNER)
     text = capsys.readouterr().out
     assert code == 0, text
     data = json.loads(out.read_text())
@@ -244,7 +245,7 @@ def test_an_int32_abi_cannot_represent_a_trigger_past_2_31():
 
 def test_inject_where_the_fault_cannot_show_is_bad_input(capsys, tmp_path):
     # the default preset has no group where the virtual block differs from B x N: the same slots
-    assert cli.main(["run", "--paths", "v1-torch", "--inject", "virtual-block-uses-kernel-block", "--quiet"]) == 2
+    assert cli.main(["run", "--paths", "v1-torch", "--inject", "virtual-block-uses-kernel-block", "--quiet"], runner=RUNNER) == 2
     err = capsys.readouterr().err
     assert "--inject" in err and "same slot mappings" in err and "bugs reproduce" in err
     # a switch compiled into cpsim's kernels cannot reach the user's
@@ -252,8 +253,8 @@ def test_inject_where_the_fault_cannot_show_is_bad_input(capsys, tmp_path):
     from cpsim import faults
     faults.get("short-request-rank").trigger().dump(trigger)
     assert cli.main(["run", "--scenario", str(trigger), "--paths", "v1", "--kernel-v1", CORRECT,
-                     "--inject", "short-request-rank", "--quiet"]) == 2
+                     "--inject", "short-request-rank", "--quiet"], runner=RUNNER) == 2
     assert "cannot reach" in capsys.readouterr().err
     # where it shows, it is still a violation
     assert cli.main(["run", "--scenario", str(trigger), "--paths", "v1", "--inject", "short-request-rank",
-                     "--quiet"]) == 1
+                     "--quiet"], runner=RUNNER) == 1

@@ -25,13 +25,14 @@ from cpsim.report.html import picture_for, render_html, write_html
 from cpsim.report.junit import write_junit
 from cpsim.report.progress import progress
 from cpsim.run.world import run_virtual
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 GROUP_LEVEL = set(coordinator.INVARIANTS) - {"capacity", "same-scenario", "kernel-completes"}
 
 
 def checked(knobs=None):
     s = small()
-    gathered = run_virtual(s, ["v1", "v2"], *([knobs] if knobs else []))
+    gathered = run_virtual(s, ["v1", "v2"], *([knobs] if knobs else []), runner=RUNNER)
     allocs = allocate_world(s)
     return s, gathered, allocs, coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
 
@@ -105,7 +106,7 @@ def test_cli_run_writes_all_reports(tmp_path):
     small().dump(f)
     j, x, h = tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "r.html"
     rc = cli.main(["run", "--scenario", str(f), "--paths", "v2", "--quiet",
-                   "--json", str(j), "--junit", str(x), "--html", str(h)])
+                   "--json", str(j), "--junit", str(x), "--html", str(h)], runner=RUNNER)
     assert rc == 0
     jsonschema.validate(json.loads(j.read_text()), report.json_schema())
     assert int(ET.parse(x).getroot().get("failures")) == 0

@@ -18,6 +18,7 @@ import pytest
 from cpsim import cli
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 K = Path(__file__).parent / "kernels"
 MRV2_OK = f"{K}/vllm_mrv2_032_abi.py:_compute_slot_mappings_kernel"
@@ -27,7 +28,7 @@ MRV2_NO_ROW_BOUND = f"{K}/vllm_mrv2_032_no_row_bound.py:_compute_slot_mappings_k
 
 def _run(tmp_path, *args) -> tuple[int, dict]:
     out = tmp_path / "r.json"
-    rc = cli.main(["run", "--quiet", "--json", str(out), *args])
+    rc = cli.main(["run", "--quiet", "--json", str(out), *args], runner=RUNNER)
     return rc, json.loads(out.read_text())
 
 
@@ -62,7 +63,7 @@ def test_kernel_blind_to_dummy_rows_fails_graph_padding(tmp_path):
 def test_default_fuzz_finds_the_dummy_blind_kernel(tmp_path):
     """Within 300 examples of the default space (seed 0: after 9)."""
     rc = cli.main(["fuzz", "--paths", "v2", "--kernel-v2", MRV2_DUMMY_BLIND, "--max-examples", "300", "--seed", "0",
-                   "--stop-after-first", "--out", str(tmp_path), "--quiet"])
+                   "--stop-after-first", "--out", str(tmp_path), "--quiet"], runner=RUNNER)
     assert rc == 1
     (repro,) = tmp_path.glob("repro-*.json")
     data = json.loads(repro.read_text())
@@ -98,7 +99,7 @@ def test_default_fuzz_finds_the_kernel_without_a_row_bound(tmp_path):
     DCP only), each a signature of its own, so the row-bound finding is looked up among them."""
     rc = cli.main(["fuzz", "--paths", "v2", "--kernel-v2", MRV2_NO_ROW_BOUND, "--profile", "cpsim",
                    "--max-examples", "100", "--seed", "0", "--shrink-seconds", "10", "--no-db",
-                   "--out", str(tmp_path), "--quiet"])
+                   "--out", str(tmp_path), "--quiet"], runner=RUNNER)
     assert rc == 1
     summary = json.loads((tmp_path / "fuzz-summary.json").read_text())
     found = [f for f in summary["signatures"] if "row-bounds" in f["signature"]]
@@ -114,7 +115,7 @@ def test_builtin_kernels_pass_tail_group(tmp_path):
 
 def test_a_tail_group_is_not_expressible_under_a_release_profile(capsys):
     """vLLM 0.33's MRV2 kernel is judged by vllm-0.33, whose runner builds no tail group: exit 2, one line."""
-    rc = cli.main(["run", "--quiet", "--scenario", "tail-group", "--paths", "v2", "--kernel-v2", MRV2_OK])
+    rc = cli.main(["run", "--quiet", "--scenario", "tail-group", "--paths", "v2", "--kernel-v2", MRV2_OK], runner=RUNNER)
     err = capsys.readouterr().err
     assert rc == 2 and "row_blocks" in err and "Traceback" not in err
 
@@ -161,7 +162,7 @@ RELEASED = {  # ABI -> (path, kernel file, attribute)
 
 def _replay(tmp_path, batch: str, path: str, spec: str) -> tuple[int, dict]:
     out = tmp_path / "replay.json"
-    rc = cli.main(["replay", batch, f"--kernel-{path}", spec, "--json", str(out), "--quiet"])
+    rc = cli.main(["replay", batch, f"--kernel-{path}", spec, "--json", str(out), "--quiet"], runner=RUNNER)
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 

@@ -12,6 +12,7 @@ import pytest
 from cpsim import cli, sizing
 from cpsim import scenario as sc
 from cpsim.run import sizing as run_sizing
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 HERE = Path(__file__).parent / "sizing"
 
@@ -23,7 +24,7 @@ def _spec(name: str) -> str:
 def _run(tmp_path, preset: str, spec: str, *extra: str) -> tuple[int, dict]:
     out = tmp_path / f"{preset}.json"
     rc = cli.main(["run", "--scenario", preset, "--paths", "v1-torch", "--sizing", spec, "--quiet",
-                   "--json", str(out), *extra])
+                   "--json", str(out), *extra], runner=RUNNER)
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 
@@ -117,7 +118,7 @@ def test_hanging_sizing_function_is_killed_and_named():
     ("tests/sizing/missing.py:sizing", "does not exist"), ("no_such_module_xyz:fn", "no module named"),
     (f"{HERE / 'raising.py'}:absent", "has no attribute"), ("bad name:fn", "is not a module name")])
 def test_malformed_spec_is_exit_2_naming_sizing(capsys, spec, rule):
-    assert cli.main(["run", "--scenario", "mtp", "--paths", "v1-torch", "--sizing", spec, "--quiet"]) == 2
+    assert cli.main(["run", "--scenario", "mtp", "--paths", "v1-torch", "--sizing", spec, "--quiet"], runner=RUNNER) == 2
     err = capsys.readouterr().err
     assert "--sizing" in err and rule in err and "Traceback" not in err
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 HERE = Path(__file__).parent / "sizing"
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +32,7 @@ def _failed(verdicts) -> set[str]:
 def _sweep(tmp_path, spec: str, *extra: str) -> tuple[int, dict]:
     out = tmp_path / "sweep.json"
     rc = cli.main(["sweep", "--presets", "hybrid-mamba,mtp", "--paths", "v1-torch", "--sizing", spec, "--quiet",
-                   "--json", str(out), *extra])
+                   "--json", str(out), *extra], runner=RUNNER)
     return rc, json.loads(out.read_text()) if out.exists() else {}
 
 
@@ -71,7 +72,7 @@ def test_sweep_with_a_module_patching_cpsim_still_fails(tmp_path):
 def _fuzz(tmp_path, spec: str, seed: int, examples: int, *extra: str) -> tuple[int, dict, list[Path]]:
     out = tmp_path / f"fuzz-{seed}"
     rc = cli.main(["fuzz", "--paths", "v1-torch", "--sizing", spec, "--seed", str(seed), "--max-examples",
-                   str(examples), "--no-db", "--quiet", "--out", str(out), "--shrink-seconds", "5", *extra])
+                   str(examples), "--no-db", "--quiet", "--out", str(out), "--shrink-seconds", "5", *extra], runner=RUNNER)
     summary = out / "fuzz-summary.json"
     return rc, json.loads(summary.read_text()) if summary.exists() else {}, sorted(out.glob("repro-*.json"))
 
@@ -112,7 +113,7 @@ def test_fuzz_asks_one_child_for_every_scenario_never_its_own_process(tmp_path, 
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
 def test_a_bad_sizing_timeout_is_exit_2_naming_it(tmp_path, capsys, value):
     assert cli.main(["fuzz", "--sizing", GOOD, "--sizing-timeout", value, "--max-examples", "1", "--no-db",
-                     "--out", str(tmp_path)]) == 2
+                     "--out", str(tmp_path)], runner=RUNNER) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--sizing-timeout" in err[0] and "> 0" in err[0]
 
@@ -131,7 +132,7 @@ def test_fuzz_with_a_hostile_sizing_function_fails(tmp_path, how):
 
 def test_fuzz_with_a_sizing_module_that_cannot_load_is_exit_2(tmp_path, capsys):
     assert cli.main(["fuzz", "--sizing", f"{HERE}/raising.py:absent", "--max-examples", "1", "--no-db",
-                     "--out", str(tmp_path)]) == 2
+                     "--out", str(tmp_path)], runner=RUNNER) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--sizing" in err[0] and "has no attribute 'absent'" in err[0]
 
@@ -146,16 +147,16 @@ def mamba_repro(tmp_path_factory) -> Path:
 
 def test_replay_uses_the_recorded_sizing_unless_the_flag_replaces_it(mamba_repro, tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert cli.main(["replay", str(mamba_repro), "--quiet", "--json", str(out)]) == 1
+    assert cli.main(["replay", str(mamba_repro), "--quiet", "--json", str(out)], runner=RUNNER) == 1
     rep = json.loads(out.read_text())
     assert rep["sizing"] == MAMBA and _failed(rep["verdicts"]) == {"block-sizing"}
-    assert cli.main(["replay", str(mamba_repro), "--quiet", "--sizing", GOOD]) == 0
-    assert cli.main(["replay", str(mamba_repro), "--quiet", "--sizing", "cpsim"]) == 0
+    assert cli.main(["replay", str(mamba_repro), "--quiet", "--sizing", GOOD], runner=RUNNER) == 0
+    assert cli.main(["replay", str(mamba_repro), "--quiet", "--sizing", "cpsim"], runner=RUNNER) == 0
     assert "violation no longer shows" in capsys.readouterr().out
 
 
 def test_replay_with_a_failing_sizing_function_is_exit_1(mamba_repro, capsys):
-    assert cli.main(["replay", str(mamba_repro), "--sizing", HOSTILE["exits"]]) == 1
+    assert cli.main(["replay", str(mamba_repro), "--sizing", HOSTILE["exits"]], runner=RUNNER) == 1
     assert "SizingFailure" in capsys.readouterr().out
 
 
@@ -175,9 +176,9 @@ def _drawable(repro: Path, tmp_path: Path) -> Path:
 
 def test_draw_uses_the_recorded_sizing_unless_the_flag_replaces_it(mamba_repro, tmp_path):
     repro = _drawable(mamba_repro, tmp_path)
-    assert cli.main(["draw", "--repro", str(repro), "--out", str(tmp_path / "a.png"), "--quiet"]) == 1
+    assert cli.main(["draw", "--repro", str(repro), "--out", str(tmp_path / "a.png"), "--quiet"], runner=RUNNER) == 1
     assert cli.main(["draw", "--repro", str(repro), "--out", str(tmp_path / "b.png"), "--quiet",
-                     "--sizing", GOOD]) == 0
+                     "--sizing", GOOD], runner=RUNNER) == 0
 
 
 def _moved(repro: Path, tmp_path: Path) -> Path:
@@ -191,16 +192,16 @@ def _moved(repro: Path, tmp_path: Path) -> Path:
 @pytest.mark.parametrize("argv", [["replay", "{}"], ["draw", "--repro", "{}", "--out", "x.png"]])
 def test_a_repro_whose_sizing_file_is_gone_is_exit_2_naming_the_field(mamba_repro, tmp_path, capsys, argv):
     moved = _moved(mamba_repro, tmp_path)
-    assert cli.main([a.format(moved) for a in argv]) == 2
+    assert cli.main([a.format(moved) for a in argv], runner=RUNNER) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "repro.sizing" in err[0] and "does not exist" in err[0] and "Traceback" not in err[0]
 
 
 def test_draw_with_a_scenario_and_sizing(tmp_path, capsys):
     assert cli.main(["draw", "--scenario", "hybrid-mamba", "--paths", "v1-torch", "--sizing", MAMBA,
-                     "--out", str(tmp_path / "a.svg"), "--quiet"]) == 1
+                     "--out", str(tmp_path / "a.svg"), "--quiet"], runner=RUNNER) == 1
     assert cli.main(["draw", "--scenario", "hybrid-mamba", "--paths", "v1-torch", "--sizing", HOSTILE["raises"],
-                     "--out", str(tmp_path / "b.svg")]) == 1
+                     "--out", str(tmp_path / "b.svg")], runner=RUNNER) == 1
     assert "FAIL (--sizing)" in capsys.readouterr().out and not (tmp_path / "b.svg").exists()
 
 
@@ -211,15 +212,15 @@ def test_draw_with_a_scenario_and_sizing(tmp_path, capsys):
 def test_bugs_reproduce_fixed_form_with_the_buggy_twin_fails(tmp_path, fault, spec, invariant):
     out = tmp_path / "b.json"
     assert cli.main(["bugs", "reproduce", fault, "--fixed", "--paths", "v1-torch", "--sizing", spec,
-                     "--json", str(out)]) == 1
+                     "--json", str(out)], runner=RUNNER) == 1
     rep = json.loads(out.read_text())
     assert _failed(rep["verdicts"]) == {invariant} and rep["knobs"]["host_sizing"][0]["source"] == spec
-    assert cli.main(["bugs", "reproduce", fault, "--fixed", "--paths", "v1-torch", "--sizing", GOOD]) == 0
+    assert cli.main(["bugs", "reproduce", fault, "--fixed", "--paths", "v1-torch", "--sizing", GOOD], runner=RUNNER) == 0
 
 
 def test_bugs_reproduce_with_a_failing_sizing_function_is_exit_1(capsys):
     assert cli.main(["bugs", "reproduce", "mtp-draft-capacity", "--fixed", "--paths", "v1-torch",
-                     "--sizing", HOSTILE["hangs"], *BOUND]) == 1
+                     "--sizing", HOSTILE["hangs"], *BOUND], runner=RUNNER) == 1
     assert "ran past 3 s" in capsys.readouterr().out
 
 
@@ -228,11 +229,11 @@ def test_bugs_reproduce_with_a_failing_sizing_function_is_exit_1(capsys):
 def test_check_kernel_takes_a_sizing_spec():
     from cpsim.plugin.testing import check_kernel
     kernel = f"{ROOT}/tests/kernels/callable_abi.py:slot_mapping"
-    assert check_kernel(kernel, scenarios=["hybrid-mamba"], sizing=GOOD)
+    assert check_kernel(kernel, scenarios=["hybrid-mamba"], sizing=GOOD, runner=RUNNER)
     with pytest.raises(AssertionError, match="block-sizing"):
-        check_kernel(kernel, scenarios=["hybrid-mamba"], sizing=MAMBA)
+        check_kernel(kernel, scenarios=["hybrid-mamba"], sizing=MAMBA, runner=RUNNER)
     with pytest.raises(AssertionError, match="host sizing on scenario .*raised RuntimeError"):
-        check_kernel(kernel, scenarios=["hybrid-mamba"], sizing=HOSTILE["raises"])
+        check_kernel(kernel, scenarios=["hybrid-mamba"], sizing=HOSTILE["raises"], runner=RUNNER)
 
 
 # ---- torchrun ----------------------------------------------------------------------------------------
@@ -263,7 +264,7 @@ def test_a_tail_group_keeps_its_row_width_under_a_plugged_in_sizing(tmp_path):
     first thing fuzz found for the draft-reserve twin's seed 1.)"""
     out = tmp_path / "r.json"
     rc = cli.main(["run", "--scenario", "tail-group", "--paths", "v1,v1-torch", "--sizing", GOOD, "--quiet",
-                   "--json", str(out)])
+                   "--json", str(out)], runner=RUNNER)
     rep = json.loads(out.read_text())
     assert rc == 0, _failed(rep["verdicts"])
     assert any(v["invariant"] == "dense-local" and v["status"] == "pass" for v in rep["verdicts"])

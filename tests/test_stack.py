@@ -24,6 +24,7 @@ import pytest
 
 from cpsim import cli
 from cpsim.stack import host
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 HOSTS = Path(__file__).parent / "stack_hosts"
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ def vllm_args() -> list[str]:
 
 def run(tmp_path, *argv) -> tuple[int, dict]:
     out = tmp_path / "r.json"
-    code = cli.main(["run", "--quiet", "--json", str(out), *argv])
+    code = cli.main(["run", "--quiet", "--json", str(out), *argv], runner=RUNNER)
     return code, (json.loads(out.read_text()) if out.exists() else {})
 
 
@@ -380,7 +381,7 @@ def test_one_path_the_adapter_refuses_is_named_and_the_other_still_judged(tmp_pa
 
 def _replay(path, tmp_path) -> tuple[int, dict]:
     out = tmp_path / "replay.json"
-    code = cli.main(["replay", str(path), "--quiet", "--json", str(out)])
+    code = cli.main(["replay", str(path), "--quiet", "--json", str(out)], runner=RUNNER)
     return code, (json.loads(out.read_text()) if out.exists() else {})
 
 

@@ -19,6 +19,7 @@ from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.paths import Knobs
 from cpsim.run.world import run_virtual
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 kernels.use_interpreter()
 
@@ -27,7 +28,7 @@ KERNEL_PATHS = ["v1", "v1-fused", "v2"]
 
 
 def _check(s: sc.Scenario, paths, knobs: Knobs = TILE, inject_rank=None):
-    g = run_virtual(s, paths, knobs, inject_rank)
+    g = run_virtual(s, paths, knobs, inject_rank, runner=RUNNER)
     return g, coordinator.check(s, allocate_world(s), g, [s.fingerprint()] * s.cp.world)
 
 
@@ -48,7 +49,7 @@ def test_random_scenarios_equal_per_request_and_reference(seed):
     tile, verdicts = _check(s, KERNEL_PATHS)
     assert coordinator.passed(verdicts), _failed(verdicts)
     assert any(v.invariant == "matches-reference" and v.status == "pass" for v in verdicts)
-    _same(run_virtual(s, KERNEL_PATHS), tile)
+    _same(run_virtual(s, KERNEL_PATHS, runner=RUNNER), tile)
 
 
 @pytest.mark.parametrize("name", ["default", "hybrid-mamba", "mtp"])
@@ -56,7 +57,7 @@ def test_presets_equal_per_request(name):
     s = sc.preset(name)
     tile, verdicts = _check(s, KERNEL_PATHS + ["v1-torch"])
     assert coordinator.passed(verdicts), _failed(verdicts)
-    _same(run_virtual(s, KERNEL_PATHS), {p: tile[p] for p in KERNEL_PATHS if p in tile})
+    _same(run_virtual(s, KERNEL_PATHS, runner=RUNNER), {p: tile[p] for p in KERNEL_PATHS if p in tile})
 
 
 @pytest.mark.parametrize("name", ["decode-heavy"])
@@ -89,7 +90,7 @@ def test_dummies_and_empty_requests():
     s = sc.validate(base.replace(batch=sc.Batch(reqs, rows, base.batch.num_tokens_padded)))
     tile, verdicts = _check(s, ["v2"])
     assert coordinator.passed(verdicts), _failed(verdicts)
-    _same(run_virtual(s, ["v2"]), tile)
+    _same(run_virtual(s, ["v2"], runner=RUNNER), tile)
 
 
 def test_no_requests_pads_everything():
@@ -108,7 +109,7 @@ def test_more_tiles_than_one(monkeypatch):
                    requests=((0, 37), (500, 1), (0, 0), (64, 16), (1000, 5), (7, 19)))
     tile, verdicts = _check(s, KERNEL_PATHS)
     assert coordinator.passed(verdicts), _failed(verdicts)
-    _same(run_virtual(s, KERNEL_PATHS), tile)
+    _same(run_virtual(s, KERNEL_PATHS, runner=RUNNER), tile)
 
 
 # ---- the bug catalogue's FAULT bits behave as in the per-request kernels ------
@@ -134,14 +135,14 @@ def test_fault_bits_reproduce_the_per_request_bug(bit):
     faulty = Knobs(kernel_fault=bit)
     tile, verdicts = _check(s, paths, dataclasses.replace(faulty, kernel_design="tile"))
     assert invariant in _failed(verdicts)
-    _same(run_virtual(s, paths, faulty), tile)
+    _same(run_virtual(s, paths, faulty, runner=RUNNER), tile)
 
 
 def test_fault_on_one_rank_keeps_design_on_the_others():
     s = _one_group(16, cp=2, interleave=4, padded=60)
     knobs = Knobs(kernel_fault=kernels.FAULT_STALE_TAIL, kernel_design="tile")
     tile, _ = _check(s, ["v2"], knobs, inject_rank=1)
-    ref = run_virtual(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_STALE_TAIL), inject_rank=1)
+    ref = run_virtual(s, ["v2"], Knobs(kernel_fault=kernels.FAULT_STALE_TAIL), inject_rank=1, runner=RUNNER)
     _same(ref, tile)
 
 
@@ -168,4 +169,4 @@ def test_fused_and_v2_with_and_without_shift_path(B):
     s = sc.validate(s)
     tile, verdicts = _check(s, KERNEL_PATHS)
     assert coordinator.passed(verdicts), _failed(verdicts)
-    _same(run_virtual(s, KERNEL_PATHS), tile)
+    _same(run_virtual(s, KERNEL_PATHS, runner=RUNNER), tile)

@@ -26,6 +26,7 @@ import triton  # noqa: E402  (after TRITON_INTERPRET=1)
 import triton.language as tl  # noqa: E402
 
 from cpsim.kernels._common import gather_i32  # noqa: E402
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 TILE = Knobs(kernel_design="tile")
 PATHS = ["v1", "v1-fused", "v2"]
@@ -46,7 +47,7 @@ def npu_design(monkeypatch):
 
 
 def _check(s, paths, knobs=TILE):
-    g = run_virtual(s, paths, knobs)
+    g = run_virtual(s, paths, knobs, runner=RUNNER)
     return g, coordinator.check(s, allocate_world(s), g, [s.fingerprint()] * s.cp.world)
 
 
@@ -61,7 +62,7 @@ def test_random_scenarios_equal_per_request(seed, npu_design):
     s = sc.random_scenario(seed)
     tile, verdicts = _check(s, PATHS)
     assert coordinator.passed(verdicts), {v.invariant for v in verdicts if v.status == "fail"}
-    _same(run_virtual(s, PATHS), tile)
+    _same(run_virtual(s, PATHS, runner=RUNNER), tile)
 
 
 @pytest.mark.parametrize("name", ["default", "hybrid-mamba"])
@@ -69,7 +70,7 @@ def test_presets_equal_per_request(name, npu_design):
     s = sc.preset(name)
     tile, verdicts = _check(s, PATHS)
     assert coordinator.passed(verdicts)
-    _same(run_virtual(s, PATHS), tile)
+    _same(run_virtual(s, PATHS, runner=RUNNER), tile)
 
 
 def test_large_block_ids_stay_exact_and_fp32_fault_still_breaks_them(npu_design):

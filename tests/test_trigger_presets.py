@@ -8,6 +8,7 @@ from cpsim import scenario as sc
 from cpsim.faults import detect
 from cpsim.allocator import allocate_world
 from cpsim.paths import Knobs
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 # preset -> (fault, path it is judged on, an invariant that must fail). The torch path where the fault
 # reaches it (no interpreter), else the fewest interpreter programs.
@@ -31,7 +32,7 @@ def _failed(r: detect.Run) -> set[str]:
 @pytest.mark.parametrize("name", NEW)
 def test_trigger_preset_passes_with_builtin_kernels(name):
     s = sc.validate(sc.preset(name))
-    r = detect.run(s, Knobs(), ("v1", "v1-torch", "v2"))
+    r = detect.run(s, Knobs(), ("v1", "v1-torch", "v2"), runner=RUNNER)
     assert not r.failed, _failed(r)
 
 
@@ -39,7 +40,7 @@ def test_trigger_preset_passes_with_builtin_kernels(name):
 def test_trigger_preset_catches_its_fault(name, fault, path, invariant):
     s = sc.validate(sc.preset(name))
     f = faults.get(fault)
-    r = detect.run(s, f.knobs_for(s), (path,))
+    r = detect.run(s, f.knobs_for(s), (path,), runner=RUNNER)
     assert invariant in _failed(r), (fault, _failed(r))
 
 

@@ -19,6 +19,7 @@ import pytest
 from cpsim.capture import batch as xb
 from cpsim.check import explicit
 from cpsim.errors import ConfigError
+from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 ROOT = Path(__file__).resolve().parents[1]
 P = -1
@@ -332,14 +333,14 @@ def test_example_replays_clean_given_and_through_the_builtin_rerun(tmp_path):
     from cpsim import cli, kernels
     kernels.use_interpreter()
     example = ROOT / "examples" / "explicit-replay-dummy.json"
-    assert cli.main(["replay", str(example), "--quiet"]) == 0
+    assert cli.main(["replay", str(example), "--quiet"], runner=RUNNER) == 0
     doc = json.loads(example.read_text())
     doc["arrays"].pop("r0/slots")
     (tmp_path / "inputs.json").write_text(json.dumps(doc))
-    assert cli.main(["replay", str(tmp_path / "inputs.json"), "--quiet"]) == 0
+    assert cli.main(["replay", str(tmp_path / "inputs.json"), "--quiet"], runner=RUNNER) == 0
     doc["arrays"]["r0/slots"] = [[P, P, P, P, 12, 13, 0, 1], [24, 25, 26, 27, 28, 29, P, P]]
     (tmp_path / "bad.json").write_text(json.dumps(doc))  # the dummy's tokens given slots of block 0
-    assert cli.main(["replay", str(tmp_path / "bad.json"), "--quiet"]) == 1
+    assert cli.main(["replay", str(tmp_path / "bad.json"), "--quiet"], runner=RUNNER) == 1
 
 
 def _capture_cpsim_mrv2(tmp_path):

@@ -28,8 +28,15 @@ from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import load
 
 
-def main(args, console: Console | None = None) -> int:
-    """The ``cpsim replay`` branch for captures and explicit batches; exit 0 clean, 1 a violation."""
+def main(args, console: Console | None = None, runner=None) -> int:
+    """The ``cpsim replay`` branch for captures and explicit batches; exit 0 clean, 1 a violation.
+    ``runner``: the ``KernelRunner`` that reads and reruns a user's kernels (the command's; none: one of its own)."""
+    from cpsim.run.runner import given
+    with given(runner) as r:
+        return _main(args, console, r)
+
+
+def _main(args, console: Console | None, runner) -> int:
     import os
 
     from cpsim.report import report
@@ -41,7 +48,7 @@ def main(args, console: Console | None = None) -> int:
         torch.set_num_threads(1)
     quiet_rank = os.environ.get("RANK", "0") not in ("", "0")  # under torchrun only rank 0 speaks
     console = console or terminal.console(quiet=quiet_rank)
-    kernels = _kernels(args)
+    kernels = _kernels(args, runner)
     name = getattr(args, "profile", None)
     prof = profiles.get(name) if name else profiles.for_abis([getattr(k, "abi", "builtin") for k in kernels.values()])
     if not args.quiet:
@@ -49,7 +56,7 @@ def main(args, console: Console | None = None) -> int:
     checked = 0
     notes: list[str] = []
     for step in iter_steps(args.file, notes):
-        out = check_step(step, kernels, profile=prof)
+        out = check_step(step, kernels, profile=prof, runner=runner)
         checked += 1
         if out.differs:
             console.print(f"{escape(str(step.label.get('name', 'step')))}: the {step.path} kernel's outputs differ "
@@ -70,7 +77,7 @@ def main(args, console: Console | None = None) -> int:
         if args.shrink and finding.invariant == "kernel-completes":
             console.print("not shrunk: the kernel did not complete, so there are no outputs to shrink", highlight=False)
         elif args.shrink:
-            small, small_out = shrink.shrink(step, kernels, target=finding.invariant)
+            small, small_out = shrink.shrink(step, kernels, target=finding.invariant, runner=runner)
             dest = Path(args.shrink)
             xb.save(small, dest)
             r = small_out.step.ranks[0]
@@ -100,11 +107,10 @@ def _label(step: ExplicitStep) -> dict[str, Any]:
     return {k: v for k, v in step.label.items() if k != "name"}
 
 
-def _kernels(args) -> dict:
-    """The kernels a capture or explicit batch is rerun with. A user's is imported only in a kernel
-    worker (this process learns its signature as plain data), and every rerun of it runs there too
+def _kernels(args, runner) -> dict:
+    """The kernels a capture or explicit batch is rerun with. A user's is imported only in a worker of
+    ``runner`` (this process learns its signature as plain data), and every rerun of it runs there too
     (``cpsim.capture.rerun``)."""
-    from cpsim.run import isolation  # its probe: a SPEC is imported by a kernel worker
     if getattr(args, "kernel_v1_fused", None):
         raise ConfigError("--kernel-v1-fused", "captures and explicit batches rerun v1 and v2 kernels only")
     out = {}
@@ -115,6 +121,6 @@ def _kernels(args) -> dict:
         if spec == "builtin":
             out[path] = "builtin"
             continue
-        out[path] = load(spec, path, getattr(args, "kernel_abi", "auto") or "auto", inspect=isolation.probe,
+        out[path] = load(spec, path, getattr(args, "kernel_abi", "auto") or "auto", inspect=runner.probe,
                          shim_vllm=bool(getattr(args, "shim_vllm", False)))
     return out

@@ -117,10 +117,11 @@ class Rerun:
     written: list[np.ndarray] | None    # per rank: int64 [groups, inputs] (``cpsim.paths._intact.INPUTS``)
 
 
-def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> Rerun:
+def run(step: ExplicitStep, kernel=None, device: str = "cpu", runner=None) -> Rerun:
     """Per-rank ``[groups, entries]`` slots of ``kernel`` (None: cpsim's built-in kernel of the step's path).
 
-    A user's kernel runs in a kernel worker, one rank at a time (``cpsim.run.isolation.call``): it is
+    A user's kernel runs in a worker of ``runner`` (the caller's; none: one of its own), one rank at a
+    time (``KernelRunner.call``): it is
     imported and called there only, and each rank's slots and written-input counts come back as plain
     arrays. Raises ``KernelFailed`` naming the rank on which it raised, exited, crashed or hung."""
     own = [gi for rb in step.ranks for gi in range(len(step.groups)) if rb.own_tokens(gi) is not None]
@@ -137,9 +138,10 @@ def run(step: ExplicitStep, kernel=None, device: str = "cpu") -> Rerun:
                                                    f"{', '.join(rerunnable)} ABIs, not {kernel.abi}")
     if kernel.load_failure is None and kernel.abi in rerun_released.RELEASED:
         rerun_released.check_tables(kernel, step)
-    from cpsim.run import isolation
-    outs = [isolation.call(rank_slots, step.path, kernel, step, r, device, rank=r, device=device)
-            for r in range(len(step.ranks))]
+    from cpsim.run.runner import given
+    with given(runner) as kr:
+        outs = [kr.call(rank_slots, step.path, kernel, step, r, device, rank=r, device=device)
+                for r in range(len(step.ranks))]
     return Rerun([slots for slots, _ in outs], [written for _, written in outs])
 
 

@@ -69,8 +69,10 @@ def _chunks(items: list, size: int):
         yield items[i: i + size]
 
 
-def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None = None, max_checks: int = 2000):
-    """(smallest failing step, its outcome). ``target``: the invariant that must keep failing."""
+def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None = None, max_checks: int = 2000,
+           runner=None):
+    """(smallest failing step, its outcome). ``target``: the invariant that must keep failing; ``runner``:
+    the reruns' (``cpsim.capture.rerun.run``)."""
     rb0 = step.ranks[0]
     if any(rb.own_tokens(gi) is not None for rb in step.ranks for gi in range(len(step.groups))):
         raise ConfigError("--shrink", "a step whose groups have their own positions (g<G>/positions) cannot be "
@@ -86,7 +88,7 @@ def shrink(step: ExplicitStep, kernels: dict | None = None, target: str | None =
         cand = compact_tables(subset(step, keep, groups, tail))
         if rerun:  # fresh outputs of the kernel on the smaller inputs
             from cpsim.capture import rerun as rr
-            slots = rr.run(cand, None if k == "builtin" else k)
+            slots = rr.run(cand, None if k == "builtin" else k, runner=runner)
             cand = dataclasses.replace(cand, ranks=[dataclasses.replace(rb, slots=s)
                                                     for rb, s in zip(cand.ranks, slots)])
         return cand

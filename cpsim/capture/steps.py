@@ -100,9 +100,11 @@ class Outcome:
         return sorted({v.invariant for v in self.verdicts if v.status == "fail"})
 
 
-def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "cpu", profile=None) -> Outcome:
+def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "cpu", profile=None,
+               runner=None) -> Outcome:
     """Check the given outputs; with a kernel for the step's path, rerun it and check its outputs too.
-    ``profile``: the release profile judging (``cpsim.check.profiles``; None: cpsim's model)."""
+    ``profile``: the release profile judging (``cpsim.check.profiles``; None: cpsim's model); ``runner``:
+    the rerun's (``cpsim.capture.rerun.run``)."""
     k = (kernels or {}).get(step.path)
     if k is None and step.has_outputs:
         s, gath, verdicts = explicit.check(step, profile=profile)
@@ -110,7 +112,7 @@ def check_step(step: ExplicitStep, kernels: dict | None = None, device: str = "c
     from cpsim.capture import rerun
     from cpsim.run.isolation import KernelFailed
     try:
-        out = rerun.run(step, None if k in (None, "builtin") else k, device)
+        out = rerun.run(step, None if k in (None, "builtin") else k, device, runner)
     except KernelFailed as e:  # the kernel's import or a rank's rerun did not complete: that is its verdict
         s, gath, verdicts = explicit.check(step) if step.has_outputs else (explicit.scenario(step), {}, [])
         return Outcome(step, s, gath, verdicts + coordinator.kernel_failed(f"rerun-{step.path}", e.failure,

@@ -14,8 +14,8 @@ from rich.table import Table
 
 from cpsim import faults, kernels
 from cpsim.report import report
-from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernels_from_args, parse_paths, subjects_for,
-                              knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
+from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernel_runner, kernels_from_args, parse_paths,
+                              subjects_for, knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
 from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.check import profiles
 from cpsim.run.dist import launched_by_torchrun, select_device
@@ -172,7 +172,7 @@ def main_reproduce(args) -> int:
         knobs = knobs_with_sizing(args, detect.knobs(f, raw, args.fixed), s, paths)
     except SizingFailure as e:
         return sizing_failed(c, e)
-    r = detect.run(raw, knobs, paths, args.inject_on_rank, dev.device, kernels, prof)
+    r = detect.run(raw, knobs, paths, args.inject_on_rank, dev.device, kernels, prof, kernel_runner(args))
     subjects = subjects_for(kernels, paths, prof.name)
     report.print_report(c, s, r.verdicts, title=f"{s.name} [{s.fingerprint()}]", examples=args.examples,
                         subjects=subjects, gathered=r.gathered)
@@ -280,7 +280,7 @@ def main_matrix(args) -> int:
     with progress("detection matrix", total=detect.num_tasks(names, presets, record, args.seed),
                   console=terminal.console(stderr=True)) as bar:
         m = detect.matrix(names, presets, args.seed, jobs, on_done=lambda label: bar.advance(label=label),
-                          kernel_record=record)
+                          kernel_record=record, runner=kernel_runner(args))
     caught, total = m.rate
     if args.markdown:
         c.print(matrix_markdown(m, scenarios), highlight=False, markup=False, soft_wrap=True)

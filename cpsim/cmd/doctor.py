@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from cpsim import environment_checks
+from cpsim.cmd.inputs import kernel_runner
 from cpsim.run.dist import launched_by_torchrun
 
 STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "fail": "bold red"}
@@ -32,7 +33,7 @@ STYLE = {"ok": "green", "info": "dim", "warn": "yellow", "fail": "bold red"}
 def main(args) -> int:
     if launched_by_torchrun():
         return main_torchrun(args)
-    rows, dev = environment_checks.collect(args.device, kernels=not args.skip_kernels)
+    rows, dev = environment_checks.collect(args.device, kernels=not args.skip_kernels, runner=kernel_runner(args))
     rows.append(environment_checks.Row("torchrun", "info", "not under torchrun: `launch/local.sh N doctor` also checks "
                                                 "one all-gather across N ranks"))
     ranks = [{"rank": 0, "host": socket.gethostname(), "device": dev.describe() if dev else "none"}]
@@ -90,14 +91,15 @@ def _torchrun(args) -> int:
     """Every rank: its own checks; one bounded all-gather; rank 0 prints everyone's rows."""
     import torch
 
-    from cpsim.run.dist import Comm, Env, select_device
+    from cpsim.run.comm import Comm
+    from cpsim.run.dist import Env, select_device
     from cpsim.run.distrun import Hooks
 
     env = Env.from_environ()
     hooks = Hooks.from_environ()
     # The device as `cpsim run` picks it under torchrun; a bad --device is exit 2 on every rank, as for run.
     dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
-    comm = Comm.init(env, dev, args.timeout)
+    comm = Comm.init(env, dev, args.timeout, on_leave=kernel_runner(args).end)
     try:
         comm.state("doctor: all-gather")
         start = time.perf_counter()
@@ -114,7 +116,7 @@ def _torchrun(args) -> int:
         comm.state("doctor: checks")
         rows, _ = environment_checks.collect(args.device, env.local_rank, env.local_world, args.oversubscribe,
                                  kernels=not args.skip_kernels,
-                                 fault=hooks.fault if hooks.fault_rank == comm.rank else 0)
+                                 fault=hooks.fault if hooks.fault_rank == comm.rank else 0, runner=kernel_runner(args))
         rows.append(gather)
         mine = {"rank": comm.rank, "host": socket.gethostname(), "pid": os.getpid(), "device": dev.describe()}
         everyone = comm.all_gather_objects((mine, rows), "doctor rows", (environment_checks.Row,))

@@ -15,7 +15,7 @@ from cpsim.allocator import allocate_world
 from cpsim.check import coordinator, profiles
 from cpsim import scenario as sc
 from cpsim.cmd.options import KERNEL_FLAGS
-from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernels_from_args, kernels_with_record,
+from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernel_runner, kernels_from_args, kernels_with_record,
                               knobs_with_sizing, parse_paths, profile_from_args, scenario_from_args, sizer_from_args,
                               sizing_failed, subjects_for)
 from cpsim.errors import ConfigError
@@ -110,7 +110,7 @@ def main(args) -> int:
                 knobs = knobs_with_sizing(args, knobs, profiles.scenario_for(s, prof), paths, sizer)
         except SizingFailure as e:
             return sizing_failed(terminal.console(), e)
-    pic = simulate(s, paths, knobs, rank, kernels, prof)
+    pic = simulate(s, paths, knobs, rank, kernels, prof, kernel_runner(args))
     fig = draw.render(pic, args.title, subjects=subjects_for(kernels, paths, prof.name))
     draw.save(fig, out)
     ok = coordinator.passed(pic.verdicts)
@@ -123,14 +123,14 @@ def main(args) -> int:
 
 
 def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
-             inject_rank: int | None = None, kernels: dict | None = None, profile=None) -> draw.Picture:
-    """Run the virtual world (with the user's ``kernels``, if any), check it by ``profile`` (None: cpsim's
-    model; it lays the scenario out too), and lay out the picture's data."""
+             inject_rank: int | None = None, kernels: dict | None = None, profile=None, runner=None) -> draw.Picture:
+    """Run the virtual world (with the user's ``kernels``, if any, on ``runner``: ``run_virtual``'s), check it
+    by ``profile`` (None: cpsim's model; it lays the scenario out too), and lay out the picture's data."""
     if profile is not None:
         s = profiles.scenario_for(s, profile)
     draw.check_size(s)
     allocs = allocate_world(s)
-    gathered = run_virtual(s, list(paths), knobs, inject_rank, kernels=kernels, allocs=allocs)
+    gathered = run_virtual(s, list(paths), knobs, inject_rank, kernels=kernels, allocs=allocs, runner=runner)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world, profile)
     pic = draw.build(s, gathered, allocs, verdicts, list(paths))
     pic.skipped = [p for p in paths if p not in gathered]
@@ -138,6 +138,6 @@ def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_P
 
 
 def figure_for(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
-               inject_rank: int | None = None, title: str = "") -> tuple["Figure", draw.Picture]:
-    pic = simulate(s, paths, knobs, inject_rank)
+               inject_rank: int | None = None, title: str = "", runner=None) -> tuple["Figure", draw.Picture]:
+    pic = simulate(s, paths, knobs, inject_rank, runner=runner)
     return draw.render(pic, title), pic

@@ -21,8 +21,8 @@ from rich.text import Text
 from cpsim import fuzz as fz
 from cpsim.errors import Interrupted
 from cpsim.cmd.contracts import kernel_standings, print_contracts, status
-from cpsim.cmd.inputs import (describe_kernels, kernels_from_args, parse_paths, profile_from_args, show_profile,
-                              sizer_from_args, sizing_failed)
+from cpsim.cmd.inputs import (describe_kernels, kernel_runner, kernels_from_args, parse_paths, profile_from_args,
+                              show_profile, sizer_from_args, sizing_failed)
 from cpsim.report.progress import eta
 from cpsim.run.sizing import SizingFailure
 
@@ -122,7 +122,7 @@ def main(args) -> int:
     started = time.monotonic()
     early: set[Path] = set()  # repros written as their signature was first seen
     try:
-        result = _search(cfg, live, console, started, early)
+        result = _search(cfg, live, console, started, early, kernel_runner(args))
     except (KeyboardInterrupt, Interrupted) as e:
         e.wrote = _keep_partial(cfg, e, early, started)
         raise
@@ -135,7 +135,7 @@ def main(args) -> int:
     return _report(args, cfg, console, kernels, result, problems, where)
 
 
-def _search(cfg: fz.FuzzConfig, live: bool, console, started: float, early: set[Path]) -> fz.FuzzResult:
+def _search(cfg: fz.FuzzConfig, live: bool, console, started: float, early: set[Path], runner) -> fz.FuzzResult:
     """The search, with the live status line on a terminal. One job writes each new signature's repro as
     soon as it is first seen (shrunk later, and replaced then), so an interrupt or a kill loses none; with
     ``--jobs N`` each job sends its new signatures here as it finds them, and this process writes them."""
@@ -155,9 +155,9 @@ def _search(cfg: fz.FuzzConfig, live: bool, console, started: float, early: set[
                     last[0] = now
                     view.update(_status(prog, cfg.max_examples))
 
-            return (fz.search(cfg, show, found) if cfg.jobs == 1 else
+            return (fz.search(cfg, show, found, runner) if cfg.jobs == 1 else
                     fz.search_jobs(cfg, lambda st: view.update(_jobs_status(started, st, cfg.max_examples)), found))
-    return fz.search(cfg, on_found=found) if cfg.jobs == 1 else fz.search_jobs(cfg, on_found=found)
+    return fz.search(cfg, on_found=found, runner=runner) if cfg.jobs == 1 else fz.search_jobs(cfg, on_found=found)
 
 
 INTERNAL_ERROR = 3  # docs/RUNNING.md's exit-code table: cpsim itself failed

@@ -23,11 +23,21 @@ from cpsim.validate import check_world, load_scenario
 
 
 
-def worker_probe():
-    """What reads a user's kernel SPEC: a kernel worker (``cpsim.run.isolation.probe``), never this
-    process. Imported when a kernel is loaded: it brings torch."""
-    from cpsim.run import isolation
-    return isolation.probe
+def kernel_runner(args):
+    """The command's ``KernelRunner`` (``cpsim.run.runner``): ``cpsim.cli.main`` builds it from the options
+    and hands it down on ``args``; ``args`` built by another caller (a test) get one here, kept on them for
+    the rest of the command. Imported when kernels run: it brings torch."""
+    if getattr(args, "kernel_runner", None) is None:
+        from cpsim.run.runner import KernelRunner
+        args.kernel_runner = KernelRunner()
+    return args.kernel_runner
+
+
+def worker_probe(args):
+    """What reads a user's kernel SPEC: a worker of the command's kernel runner (``KernelRunner.probe``),
+    never this process."""
+    return kernel_runner(args).probe
+
 
 def parse_paths(text: str) -> list[str]:
     paths = [x.strip() for x in text.split(",")]
@@ -173,7 +183,7 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None,
         if spec:
             k = load(spec, path, getattr(args, "kernel_abi", "auto"), shim_vllm=getattr(args, "shim_vllm", False),
                      device=device, v2_launch=getattr(args, "kernel_v2_launch", "split"),
-                     where="--" + attr.replace("_", "-"), inspect=worker_probe())
+                     where="--" + attr.replace("_", "-"), inspect=worker_probe(args))
             out[path] = with_replay(k, getattr(out.get(path), "replay", None))
     return _with_replay_kernel(args, device, paths, out)
 
@@ -188,7 +198,7 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
         abi = getattr(args, "kernel_abi", "auto")
         replay = load(spec, REPLAY, abi if abi in REPLAY_ABIS else "auto",
                       shim_vllm=getattr(args, "shim_vllm", False), device=device, where="--kernel-replay",
-                      inspect=worker_probe())
+                      inspect=worker_probe(args))
     out = {}
     for path in dict.fromkeys([*(paths or PATHS), *kernels]):
         k = with_replay(kernels.get(path), replay)
@@ -276,7 +286,7 @@ def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> di
     kept = {p: (v if p not in given else {"spec": BUILTIN, "replay": v["replay"]})
             for p, v in (record or {}).items()
             if p in paths and (p not in given or (isinstance(v, dict) and v.get("replay")))}
-    out = from_record(kept, device, where="repro kernels", inspect=worker_probe())
+    out = from_record(kept, device, where="repro kernels", inspect=worker_probe(args))
     return kernels_from_args(args, device, paths, base=out)
 
 

@@ -28,8 +28,8 @@ from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.report import report
 from cpsim.check import profiles
-from cpsim.cmd.inputs import (describe_kernels, kernels_with_record, knobs_with_sizing, profile_from_args,
-                              show_profile, sizer_from_args, sizing_failed, subjects_for)
+from cpsim.cmd.inputs import (describe_kernels, kernel_runner, kernels_with_record, knobs_with_sizing,
+                              profile_from_args, show_profile, sizer_from_args, sizing_failed, subjects_for)
 from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
@@ -57,7 +57,7 @@ def main(args) -> int:
         if getattr(args, "kernel_replay", None):
             raise ConfigError("--kernel-replay", "captures and explicit batches hold no replay starts: the "
                                                  "replay-padding kernel would never run")
-        return capture_replay.main(args)
+        return capture_replay.main(args, runner=kernel_runner(args))
     if args.shrink:
         raise ConfigError("--shrink", "applies to captures and explicit batches; a fuzz repro is already shrunk")
     r = load_repro(args.file, accept_edited=args.accept_edited)
@@ -75,7 +75,7 @@ def main(args) -> int:
             sizer.check()  # a module or function that is not there: exit 2 before the run
         except SizingFailure as e:
             return sizing_failed(console, e)
-    out = fz.replay(r, dev.device, kernels, sizer)
+    out = fz.replay(r, dev.device, kernels, sizer, kernel_runner(args))
     if sizer is not None:
         sizer.close()
     recorded = r.violation.get("invariants", [])

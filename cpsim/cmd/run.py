@@ -20,8 +20,8 @@ from cpsim.check import coordinator
 from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
-from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernels_from_args, knobs_with_sizing, parse_paths,
-                              profile_from_args, scenario_from_args, show_profile, subjects_for)
+from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernel_runner, kernels_from_args, knobs_with_sizing,
+                              parse_paths, profile_from_args, scenario_from_args, show_profile, subjects_for)
 from cpsim.cmd.contracts import kernel_standings, print_contracts, run_status
 from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.check import profiles
@@ -69,7 +69,8 @@ def main(args) -> int:
         gathered = run_virtual(s, paths, device=dev.device, knobs=knobs,
                                inject_rank=inject_rank,
                                kernels=kernels,
-                               on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"))
+                               on_rank=lambda path, r: bar.advance(label=f"{path} rank {r}"),
+                               runner=kernel_runner(args))
     skipped = [p for p in paths if p not in gathered]
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, prof)
     if args.inject and coordinator.passed(verdicts):
@@ -183,7 +184,7 @@ def _fault_must_show(args, s, paths: list[str], device: str, kernels: dict, gath
         raise ConfigError("--inject", f"{fault.name} cannot reach the kernels under test: "
                                       f"{reaches(fault, affected[0], record)}; {hint}")
     clean = run_virtual(s, paths, device=device, knobs=Knobs(kernel_design=args.kernel_design, host_sizing=host_sizing),
-                        kernels=kernels)
+                        kernels=kernels, runner=kernel_runner(args))
     if _same(gathered, clean):
         raise ConfigError("--inject", f"{fault.name} cannot show on scenario {s.name}: the injected run wrote the "
                                       f"same slot mappings as the fault-free run on every path and rank"

@@ -11,7 +11,7 @@ from rich.console import Console
 from cpsim import releases
 from cpsim.check import coordinator
 from cpsim.cmd.options import DefaultPaths
-from cpsim.cmd.inputs import parse_paths, scenario_from_args
+from cpsim.cmd.inputs import kernel_runner, parse_paths, scenario_from_args
 from cpsim.errors import ConfigError
 from cpsim.report import report
 from cpsim.report.html import write_html_many
@@ -136,7 +136,8 @@ def main_stack_torchrun(args) -> int:
     Every wait is bounded: the groups' setup and each gather by --timeout, the host code by half of it
     (:func:`cpsim.stack.host.drive_rank`); a rank whose driver died or hung fails every path on that
     rank, named; a rank that never reaches the gather is named by the gather."""
-    from cpsim.run.dist import Comm, Env, select_device
+    from cpsim.run.comm import Comm
+    from cpsim.run.dist import Env, select_device
     from cpsim.stack import host
 
     s = scenario_from_args(args)
@@ -146,7 +147,7 @@ def main_stack_torchrun(args) -> int:
     host.stack_python(args.stack_python)
     host.stack_source(args.stack_source)
     dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
-    comm = Comm.init(env, dev, args.timeout)
+    comm = Comm.init(env, dev, args.timeout, on_leave=kernel_runner(args).end)
     code = 1
     try:
         init_method = comm.all_gather_objects(_rendezvous() if comm.rank == 0 else None, "runtime rendezvous")[0]

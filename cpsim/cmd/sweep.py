@@ -41,7 +41,7 @@ from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.validate import load_scenario, load_sweep_config, write_outputs
 from cpsim.run.sizing import SizingFailure
-from cpsim.cmd.inputs import subjects_for, show_profile
+from cpsim.cmd.inputs import kernel_runner, subjects_for, show_profile
 from cpsim.cmd.torchrun_job import stop_writer
 from cpsim.report.progress import columns
 
@@ -210,7 +210,8 @@ def main(args) -> int:
 
     stopped = stop_writer(args, f"sweep on {world} ranks", subjects_for(kernels or {}, matrix["paths"]), len(entries),
                           {"mode": "sweep-torchrun", "skipped": skipped})
-    return execute(args, entries, report_, progress=progress.advance if progress else None, stopped=stopped)
+    return execute(args, entries, report_, progress=progress.advance if progress else None, stopped=stopped,
+                   runner=kernel_runner(args))
 
 
 class _Bar:
@@ -245,7 +246,7 @@ def run_virtual_sweep(args, entries, progress):
     results = []
     for i, e in enumerate(entries):
         s = e.build(0)
-        gathered = run_virtual(s, e.paths, e.knobs, device=dev.device, kernels=e.kernels)
+        gathered = run_virtual(s, e.paths, e.knobs, device=dev.device, kernels=e.kernels, runner=kernel_runner(args))
         verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, e.profile)
         verdicts += [v for p in e.paths if p not in gathered
                      for v in coordinator.not_run(p, f"not applicable at CP world size {s.cp.world}")]

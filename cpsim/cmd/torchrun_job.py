@@ -7,7 +7,7 @@ import os
 from typing import Callable
 
 from cpsim.cmd.contracts import kernel_standings, print_contracts, status
-from cpsim.cmd.inputs import describe_kernels, show_profile, subjects_for
+from cpsim.cmd.inputs import describe_kernels, kernel_runner, show_profile, subjects_for
 from cpsim.errors import ConfigError
 from cpsim.validate import write_outputs
 from cpsim.report import terminal
@@ -86,7 +86,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
         return status(ok, held)
 
     return execute(args, [entry], report_, stopped=stop_writer(args, f"{entry.label} on torchrun world {world}",
-                                                                subjects, 1, extra))
+                                                                subjects, 1, extra), runner=kernel_runner(args))
 
 
 def stop_writer(args, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:

@@ -8,8 +8,8 @@ catch is always attributable to the injected fault.
 from __future__ import annotations
 
 import os
+import queue
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Callable
@@ -25,6 +25,7 @@ from cpsim.check.ownership import ownership as _ownership
 from cpsim.kernels.under_test import ABIS, from_record
 from cpsim.paths import PATHS, Knobs
 from cpsim.scenario import PRESETS, Scenario, preset, INT32_MAX
+from cpsim.run.runner import KernelRunner, given
 from cpsim.run.world import run_virtual
 from cpsim.kernels import use_interpreter
 
@@ -53,14 +54,15 @@ class Run:
 
 
 def run(s: Scenario, knobs: Knobs = Knobs(), paths: tuple[str, ...] | list[str] = PATHS,
-        inject_rank: int | None = None, device: str = "cpu", kernels: dict | None = None, profile=None) -> Run:
+        inject_rank: int | None = None, device: str = "cpu", kernels: dict | None = None, profile=None,
+        runner=None) -> Run:
     """``kernels``: path -> the user's kernel replacing the built-in one (fault bits do not reach it);
     ``profile``: the release profile judging (``cpsim.check.profiles``; None: cpsim's model), which also
-    lays the scenario out as that release does."""
+    lays the scenario out as that release does; ``runner``: ``run_virtual``'s."""
     t0 = time.perf_counter()
     if profile is not None:
         s = profiles.scenario_for(s, profile)
-    gathered = run_virtual(s, list(paths), knobs, inject_rank, device, kernels)
+    gathered = run_virtual(s, list(paths), knobs, inject_rank, device, kernels, runner=runner)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, profile)
     return Run(s, verdicts, gathered, time.perf_counter() - t0)
 
@@ -71,9 +73,9 @@ def knobs(fault: faults.Fault, s: Scenario, fixed: bool = False) -> Knobs:
 
 
 def reproduce(fault: faults.Fault, fixed: bool = False, paths=PATHS, inject_rank: int | None = None,
-              device: str = "cpu", kernels: dict | None = None, profile=None) -> Run:
+              device: str = "cpu", kernels: dict | None = None, profile=None, runner=None) -> Run:
     s = fault.trigger()
-    return run(s, knobs(fault, s, fixed), paths, inject_rank, device, kernels, profile)
+    return run(s, knobs(fault, s, fixed), paths, inject_rank, device, kernels, profile, runner)
 
 
 # ---- ownership: who holds which positions (cpsim.check.ownership) -------------
@@ -196,34 +198,76 @@ TRIGGER = "trigger"
 
 
 def _task(fault_name: str | None, where: str, faulty: bool, seed: int, paths: tuple[str, ...],
-          kernel_record: dict | None = None) -> tuple:
-    """Worker: one run, summarised as (failed, applicable, seconds); picklable both ways.
+          kernel_record: dict | None = None, runner=None) -> tuple:
+    """One run, summarised as (failed, applicable, seconds); picklable both ways.
 
-    Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded in the worker."""
-    from cpsim.run import isolation  # kernel SPECs are imported by its workers only
+    Kernels under test travel as ``kernel_under_test.to_record`` dicts and are loaded by ``runner`` (the
+    caller's, or its pool process's, ``_serve``), whose workers import kernel SPECs."""
     use_interpreter()
     f = faults.get(fault_name) if fault_name else None
     s = f.trigger() if where == TRIGGER else preset(where, seed=seed)
-    r = run(s, f.knobs_for(s) if (f and faulty) else Knobs(), paths,
-            kernels={p: k for p, k in from_record(kernel_record or {}, inspect=isolation.probe).items()
-                     if p in paths})
-    return r.failed, bool(r.gathered), r.seconds
+    with given(runner) as r:
+        out = run(s, f.knobs_for(s) if (f and faulty) else Knobs(), paths,
+                  kernels={p: k for p, k in from_record(kernel_record or {}, inspect=r.probe).items() if p in paths},
+                  runner=r)
+    return out.failed, bool(out.gathered), out.seconds
 
 
-def _ignore_sigint() -> None:
-    """Pool processes leave Ctrl-C to the parent, which stops the pool (and prints one line)."""
+def _serve(todo, done) -> None:
+    """A pool process: one kernel runner for every task it takes from ``todo`` (its workers stay warm
+    from task to task) until a None; each task's ``(key, result)`` goes to ``done``, or ``(key, error)``
+    when it raised. Ctrl-C is the parent's, which stops the pool (and prints one line)."""
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with KernelRunner() as runner:
+        while (item := todo.get()) is not None:
+            key, args = item
+            try:
+                done.put((key, _task(*args, runner=runner)))
+            except Exception as e:  # noqa: BLE001  (raised again in the parent, as a pool's future would)
+                done.put((key, e))
+
+
+def _pool(tasks: dict[tuple, tuple], jobs: int):
+    """``(key, result)`` of every task as it completes, run by ``jobs`` processes (``_serve``)."""
+    ctx = get_context("spawn")  # a fresh interpreter: no forked torch / Triton state
+    todo, done = ctx.Queue(), ctx.Queue()
+    for item in tasks.items():
+        todo.put(item)
+    procs = [ctx.Process(target=_serve, args=(todo, done), name=f"cpsim-matrix-{j}") for j in range(jobs)]
+    for p in procs:
+        todo.put(None)
+        p.start()
+    try:
+        left = len(tasks)
+        while left:
+            try:
+                key, got = done.get(timeout=1.0)
+            except queue.Empty:
+                if all(not p.is_alive() for p in procs):
+                    raise RuntimeError(f"the detection matrix's processes ended with {left} task(s) left "
+                                       f"(exit codes {[p.exitcode for p in procs]})") from None
+                continue
+            if isinstance(got, BaseException):
+                raise got
+            left -= 1
+            yield key, got
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join(10)
 
 
 def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, seed: int = 0, jobs: int = 1,
-           on_done: Callable[[str], None] | None = None, kernel_record: dict | None = None) -> Matrix:
+           on_done: Callable[[str], None] | None = None, kernel_record: dict | None = None, runner=None) -> Matrix:
     """Every fault on its trigger and on each preset, on the paths it affects.
 
     Each trigger also runs fault-free on the same paths, and each preset runs
     fault-free once on all paths, so that a catch is attributable to the fault.
     With ``kernel_record`` (user kernels) a fault-free run that fails is the
     kernel's own bug: the cell shows "baseline fails" and the fault is not caught.
+    ``runner`` runs the kernels where ``jobs`` is 1 (``run_virtual``'s); ``jobs`` processes keep one each.
     """
     names = names or faults.names()
     cat = {n: faults.get(n) for n in names}
@@ -247,17 +291,16 @@ def matrix(names: list[str] | None = None, presets: tuple[str, ...] = PRESETS, s
         tasks[(None, p, False)] = (None, p, False, seed, PATHS, kernel_record)
     results: dict[tuple, tuple] = {}
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_ignore_sigint) as ex:
-            futs = {ex.submit(_task, *a): k for k, a in tasks.items()}
-            for fut in as_completed(futs):
-                results[futs[fut]] = fut.result()
-                if on_done:
-                    on_done(_label(futs[fut]))
-    else:
-        for k, a in tasks.items():
-            results[k] = _task(*a)
+        for k, got in _pool(tasks, jobs):
+            results[k] = got
             if on_done:
                 on_done(_label(k))
+    else:
+        with given(runner) as r:
+            for k, a in tasks.items():
+                results[k] = _task(*a, runner=r)
+                if on_done:
+                    on_done(_label(k))
 
     m = Matrix()
     for n, f in cat.items():

@@ -16,7 +16,7 @@ from cpsim.errors import ConfigError, Interrupted
 from cpsim.fuzz.repro import Repro, knobs_for_scenario, resolve_fault, size_key, write_repro
 from cpsim.fuzz.searcher import SPACES, FuzzConfig, FuzzResult, Progress, search
 from cpsim.fuzz.signature import Finding, merge_nested
-from cpsim.fuzz.stop import end_job
+from cpsim.fuzz.stop import JobStop
 from cpsim.kernels.under_test import to_record, from_record
 from cpsim.kernels import use_interpreter
 
@@ -41,15 +41,17 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
     kernel workers; once the search has ended, SIGTERM is ignored (the process is already leaving)."""
     import signal
     import traceback
+    stop = JobStop()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, end_job)  # the kernel workers end before the job unwinds
+    signal.signal(signal.SIGTERM, stop)  # the kernel workers end before the job unwinds
     os.environ["CPSIM_KERNEL_WORKERS"] = workers
     job = cfg_state["seed_stream"]
     try:
-        from cpsim.run import isolation  # kernel SPECs are imported by its workers only
+        from cpsim.run.runner import KernelRunner
 
+        stop.runner = runner = KernelRunner()  # the job's: kernel SPECs are imported by its workers only
         use_interpreter()
-        cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu", inspect=isolation.probe))
+        cfg = FuzzConfig(**cfg_state, kernels=from_record(kernels_record, "cpu", inspect=runner.probe))
         last = [0.0]
 
         def tell(p: Progress) -> None:
@@ -61,7 +63,7 @@ def _job(cfg_state: dict, kernels_record: dict, queue, workers: str) -> None:
         def found(f: Finding, examples: int) -> None:
             queue.put(("found", job, (_finding_record(f), examples)))
 
-        r = search(cfg, tell, found)
+        r = search(cfg, tell, found, runner)
         queue.put(("progress", job, (r.examples, len(r.reported), "done")))
         queue.put(("done", job, {"examples": r.examples, "shrink_runs": r.shrink_runs, "classify_runs": r.classify_runs,
                                  "not_expressible": r.not_expressible,
@@ -121,7 +123,7 @@ class JobEnded(RuntimeError):
 
 def _ending_signal(exitcode: int | None) -> str | None:
     """The signal that ended a job process, by its exit code: killed by it (negative), or its SIGTERM
-    handler's exit (:func:`cpsim.fuzz.stop.end_job`, 128 + SIGTERM); None for any other exit."""
+    handler's exit (:class:`cpsim.fuzz.stop.JobStop`, 128 + SIGTERM); None for any other exit."""
     import signal
     if exitcode is not None and exitcode < 0:
         return signal.Signals(-exitcode).name
@@ -299,10 +301,11 @@ def write_findings(cfg: FuzzConfig, result: FuzzResult, interrupted: str | None 
     return problems
 
 
-def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None) -> FuzzResult:
-    """Search (one job in this process, or ``cfg.jobs`` workers), then write one repro per signature."""
+def fuzz(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None, runner=None) -> FuzzResult:
+    """Search (one job in this process, on ``runner``: ``search``'s; or ``cfg.jobs`` workers), then write one
+    repro per signature."""
     if cfg.space not in SPACES:
         raise ConfigError("--space", f"must be one of {', '.join(SPACES)}, got {cfg.space!r}")
-    result = search(cfg, on_progress) if cfg.jobs <= 1 else search_jobs(cfg)
+    result = search(cfg, on_progress, runner=runner) if cfg.jobs <= 1 else search_jobs(cfg)
     write_findings(cfg, result)
     return result

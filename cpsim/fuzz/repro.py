@@ -107,14 +107,15 @@ def profiled(s: sc.Scenario, profile) -> tuple[sc.Scenario | None, str]:
 
 def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: str = "cpu",
              kernels: dict | None = None, allocs: list | None = None,
-             meanwhile: Callable[[], None] | None = None, profile=None) -> Outcome:
+             meanwhile: Callable[[], None] | None = None, profile=None, runner=None) -> Outcome:
     """Run the virtual world and the coordinator; an exception is an outcome too.
 
     ``kernels`` maps a path to the user's kernel (``cpsim.kernels.under_test``) replacing the
     built-in one; ``allocs`` is ``allocate_world(s)`` when the caller has it; ``meanwhile`` is called
     once, before the kernels' results are awaited (fuzz draws the next scenario there and queues its
     kernels behind these). ``profile``: the release profile judging (``cpsim.check.profiles``); a
-    scenario its release cannot express is an outcome of its own, neither pass nor failure."""
+    scenario its release cannot express is an outcome of its own, neither pass nor failure. ``runner``:
+    ``run_virtual``'s."""
     from cpsim.allocator import allocate_world
     from cpsim.run.world import run_virtual
 
@@ -136,7 +137,7 @@ def evaluate(s: sc.Scenario, paths: list[str], knobs: Knobs = Knobs(), device: s
     if meanwhile is not None:  # outside the try: nothing it does is this scenario's outcome
         meanwhile()
     try:
-        gathered = run_virtual(s, paths, knobs, device=device, kernels=kernels, allocs=allocs)
+        gathered = run_virtual(s, paths, knobs, device=device, kernels=kernels, allocs=allocs, runner=runner)
     except ConfigError:
         raise
     except Exception as e:  # a crash in a path is a finding, shrunk like any other
@@ -216,12 +217,13 @@ def load_repro(path: str | Path) -> Repro:
 
 
 
-def replay(r: Repro, device: str = "cpu", kernels: dict | None = None, sizer=None) -> Outcome:
+def replay(r: Repro, device: str = "cpu", kernels: dict | None = None, sizer=None, runner=None) -> Outcome:
     """Rerun a repro in the virtual world with the knobs it recorded.
 
     ``kernels``: the loaded kernels under test (``cpsim replay`` loads the recorded ones,
     ``kernel_under_test.from_record(r.kernels)``, with command-line overrides); ``sizer``: the host
     sizing under test (``cpsim.run.sizing.Sizer``; ``cpsim replay`` builds it from ``r.sizing`` or
-    ``--sizing``), asked for the scenario as the profile lays it out."""
+    ``--sizing``), asked for the scenario as the profile lays it out; ``runner``: ``run_virtual``'s."""
     prof = profiles.get(r.profile) if r.profile else profiles.for_abis([k.abi for k in (kernels or {}).values()])
-    return evaluate(r.scenario, r.paths, sized(r.knobs, sizer, r.paths), device, kernels, profile=prof)
+    return evaluate(r.scenario, r.paths, sized(r.knobs, sizer, r.paths), device, kernels, profile=prof,
+                    runner=runner)

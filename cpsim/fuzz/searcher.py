@@ -171,8 +171,9 @@ class _Searcher:
     """One job's search: evaluates, classifies and remembers every failing scenario."""
 
     def __init__(self, cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None,
-                 on_found: Callable[["Finding", int], None] | None = None):
+                 on_found: Callable[["Finding", int], None] | None = None, runner=None):
         self.cfg = cfg
+        self.runner = runner  # the KernelRunner every scenario's kernels run on (``search``'s)
         self.on_found = on_found  # (finding, examples so far) at a signature's first sighting
         self.knobs = cfg.knobs if cfg.knobs is not None else resolve_fault(cfg.inject)
         self.sizer = None
@@ -194,10 +195,10 @@ class _Searcher:
             self.ahead(s)  # its own kernels first: what ``meanwhile`` starts queues behind them
         allocs = self._ahead.pop(id(s))[1] if id(s) in self._ahead else None
         return evaluate(s, self.cfg.paths, self.sized, self.cfg.device, self.cfg.kernels, allocs, meanwhile,
-                        self.cfg.judged_by())
+                        self.cfg.judged_by(), self.runner)
 
     def ahead(self, s: sc.Scenario) -> None:
-        """Start ``s``'s kernels in the kernel workers now; its ``visit`` collects them (``isolation.ahead``)."""
+        """Start ``s``'s kernels in the kernel workers now; its ``visit`` collects them (``KernelRunner.ahead``)."""
         from cpsim.allocator import allocate_world
         from cpsim.run import isolation
         from cpsim.run.world import rank_knobs
@@ -211,7 +212,7 @@ class _Searcher:
         self._ahead[id(s)] = (s, allocs)
         for old in list(self._ahead)[:-isolation.DEPTH]:  # drawn, never visited (a duplicate): forgotten
             del self._ahead[old]
-        isolation.ahead(s, self.cfg.paths, allocs, self.cfg.device, rank_knobs(s, knobs), self.cfg.kernels or {})
+        self.runner.ahead(s, self.cfg.paths, allocs, self.cfg.device, rank_knobs(s, knobs), self.cfg.kernels or {})
 
     def classify(self, s: sc.Scenario, out: Outcome) -> dict[str, str]:
         """{signature: dimension} of a failing outcome. The dimensions present are removed one at
@@ -362,11 +363,12 @@ def finish(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
 
 
 def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = None,
-           on_found: Callable[[Finding, int], None] | None = None) -> FuzzResult:
+           on_found: Callable[[Finding, int], None] | None = None, runner=None) -> FuzzResult:
     """One job: rounds of Hypothesis (generate, then shrink every new signature it raised)
     until the example budget or the time is spent; with ``explore="random"`` the plain-random
     explorer instead (``cpsim.fuzz.explore``). Writes nothing; ``on_found(finding, examples)`` is
-    told of each new signature as it is first seen.
+    told of each new signature as it is first seen. ``runner``: the ``KernelRunner`` of every scenario's
+    kernels (the caller's; none: one of the search's own).
 
     Interrupted (Ctrl-C, or SIGTERM through ``cpsim.errors.Interrupted``), it re-raises with what was
     found so far as the exception's ``partial`` (a ``FuzzResult``, shrunk as far as it got), for the
@@ -375,25 +377,26 @@ def search(cfg: FuzzConfig, on_progress: Callable[[Progress], None] | None = Non
     import torch
 
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only add contention
-    me = _Searcher(cfg, on_progress, on_found)
-    try:
-        return _search(cfg, me)
-    except (KeyboardInterrupt, Interrupted) as e:
-        e.partial = finish(cfg, me)
-        raise
-    finally:
-        if me.sizer is not None:
-            me.sizer.close()
+    from cpsim.run.runner import given
+    with given(runner) as r:
+        me = _Searcher(cfg, on_progress, on_found, r)
+        try:
+            return _search(cfg, me)
+        except (KeyboardInterrupt, Interrupted) as e:
+            e.partial = finish(cfg, me)
+            raise
+        finally:
+            if me.sizer is not None:
+                me.sizer.close()
 
 
 def _search(cfg: FuzzConfig, me: _Searcher) -> FuzzResult:
     from hypothesis import Phase
     if cfg.explorer() == "random":
-        from cpsim.run import isolation
         try:
             _explore.explore(me)
         finally:
-            isolation.forget_ahead()  # a scenario drawn ahead and never visited: its results go
+            me.runner.forget_ahead()  # a scenario drawn ahead and never visited: its results go
         shrink_caches(me)
         return finish(cfg, me)
     strategy, db = strategy_of(cfg), database_of(cfg)

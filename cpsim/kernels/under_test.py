@@ -442,12 +442,12 @@ def check_spec(spec: str, path: str, where: str) -> None:
 
 def _inspect(spec: str, path: str, shim_vllm: bool, device: str, where: str,
              inspect: Callable | None) -> "Signature | LoadFailure":
-    """How a SPEC becomes a signature is the caller's to say, every time: ``cpsim.run.isolation.probe``
+    """How a SPEC becomes a signature is the caller's to say, every time: ``KernelRunner.probe``
     (a kernel worker imports it; the judge never does) or ``inspect_here`` (this process: the kernel
     worker itself, or isolation switched off). No default: a caller that forgot would import the
     kernel into the judge."""
     if inspect is None:
-        raise RuntimeError(f"{where}: no inspector given for {spec!r} (cpsim.run.isolation.probe or inspect_here)")
+        raise RuntimeError(f"{where}: no inspector given for {spec!r} (KernelRunner.probe or inspect_here)")
     if inspect is inspect_here:
         try:
             return inspect_here(spec, path, shim_vllm, device, where)
@@ -460,7 +460,7 @@ def load(spec: Any, path: str | None, abi: str = "auto", *, shim_vllm: bool = Fa
          v2_launch: str = "split", where: str | None = None, inspect: Callable | None = None) -> KernelUnderTest:
     """Load a kernel for cpsim ``path``; ``spec`` may also be the kernel object itself.
 
-    A SPEC string is imported by ``inspect`` (``cpsim.run.isolation.probe``: a kernel worker; this
+    A SPEC string is imported by ``inspect`` (``KernelRunner.probe``: a kernel worker; this
     process gets the kernel's signature only). An import that raises, exits,
     hangs or crashes gives a kernel whose ``failed`` says so; its runs are ``kernel-completes``
     failures."""

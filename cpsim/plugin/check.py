@@ -65,15 +65,16 @@ def report_text(s, verdicts, kernel=None, profile=None) -> str:
     return buf.getvalue()
 
 
-def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None):
+def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None, runner=None):
     """Verdicts of one scenario for a loaded kernel on one path, judged by ``profile`` (a
     ``cpsim.check.profiles.Profile``; default: the kernel's release), which lays the scenario out too.
     ``sizer``: the host sizing under test (``cpsim.run.sizing.Sizer``; its function runs in a child
-    process); a function that fails is an AssertionError naming it."""
+    process); a function that fails is an AssertionError naming it. ``runner``: the ``KernelRunner``
+    the kernel runs on (keep one across calls: its workers stay warm; none: one of this call's own)."""
     from cpsim.check import coordinator
     from cpsim.allocator import allocate_world
     from cpsim.paths import Knobs
-    from cpsim.run import isolation
+    from cpsim.run.runner import given
     from cpsim.run.world import run_virtual
     prof = profile or judged_by(kernel)
     s = profiles.scenario_for(_for_path(s, path), prof)
@@ -83,10 +84,11 @@ def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None)
             knobs = Knobs(host_sizing=sizer.answer(s, [path]))
         except SizingFailure as e:
             raise AssertionError(f"host sizing on scenario {s.name}: {e}") from None
-    try:
-        gathered = run_virtual(s, [path], knobs, device=device, kernels={path: kernel})
-    finally:  # what a worker the kernel killed left behind ends with the check (cpsim.run.reaper)
-        isolation.sweep_escaped()
+    with given(runner) as r:
+        try:
+            gathered = run_virtual(s, [path], knobs, device=device, kernels={path: kernel}, runner=r)
+        finally:  # what a worker the kernel killed left behind ends with the check (cpsim.run.reaper)
+            r.sweep_escaped()
     return s, coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world, prof)
 
 
@@ -96,17 +98,18 @@ def exercised(verdicts) -> bool:
 
 
 def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim_vllm: bool = False,
-                device: str = "cpu", v2_launch: str = "split"):
+                device: str = "cpu", v2_launch: str = "split", runner=None):
     """A KernelUnderTest from a SPEC string, a kernel object or an already loaded one.
 
-    A SPEC is imported in a kernel worker (``cpsim.run.isolation.probe``), never in the test's own
-    process; ``path`` None: the first path its ABI stands in for. An import that raises, exits,
-    hangs or crashes fails the test, naming the file."""
-    from cpsim.run import isolation
+    A SPEC is imported in a worker of ``runner`` (``KernelRunner.probe``; none: one of this call's own),
+    never in the test's own process; ``path`` None: the first path its ABI stands in for. An import
+    that raises, exits, hangs or crashes fails the test, naming the file."""
+    from cpsim.run.runner import given
     if isinstance(kernel, KernelUnderTest):
         return kernel
-    k = load(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, where="kernel",
-             inspect=isolation.probe)
+    with given(runner) as r:
+        k = load(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, where="kernel",
+                 inspect=r.probe)
     if k.failed is not None:
         raise AssertionError(f"{k.spec}: kernel {k.failed.message}")
     return k
@@ -114,28 +117,37 @@ def load_kernel(kernel: Any, path: str | None = None, abi: str = "auto", *, shim
 
 def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
                  scenarios: Iterable[Any] | None = None, *, shim_vllm: bool = False, device: str = "cpu",
-                 v2_launch: str = "split", profile: str | None = None, sizing: str | None = None) -> dict:
+                 v2_launch: str = "split", profile: str | None = None, sizing: str | None = None,
+                 runner=None) -> dict:
     """Run every invariant on ``kernel``; AssertionError with the report if any fails.
 
     ``path`` defaults to the path the ABI stands in for (v1 for a callable; a replay-padding kernel
     runs after cpsim's slot mapping on v1 and v2, or on ``path``);
     ``scenarios`` are presets, .json/.toml files, ``random:SEED`` or Scenario
     objects; ``profile`` names the release profile judging (default: the kernel's release);
-    ``sizing`` a host sizing SPEC (as ``--sizing``) whose widths and buffer the tables get.
+    ``sizing`` a host sizing SPEC (as ``--sizing``) whose widths and buffer the tables get;
+    ``runner`` the ``KernelRunner`` the kernel is read and run by (keep one across checks: its workers
+    stay warm; none: one of this check's own, ended when it returns).
     Returns {scenario name: verdicts} when everything holds.
     """
+    from cpsim.run.runner import given
+    with given(runner) as r:
+        return _check_kernel(kernel, abi, path, scenarios, shim_vllm, device, v2_launch, profile, sizing, r)
+
+
+def _check_kernel(kernel, abi, path, scenarios, shim_vllm, device, v2_launch, profile, sizing, runner) -> dict:
     from cpsim.check import coordinator
-    k = load_kernel(kernel, None, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
+    k = load_kernel(kernel, None, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, runner=runner)
     if "replay" in _paths_of(k.abi):  # a replay-padding kernel runs after the slot mappings of a path
-        return _check_replay(k, path, scenarios, device)
+        return _check_replay(k, path, scenarios, device, runner)
     if path is not None:
-        k = load_kernel(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch)
+        k = load_kernel(kernel, path, abi, shim_vllm=shim_vllm, device=device, v2_launch=v2_launch, runner=runner)
     path = path or next(p for p in ("v1", "v1-fused", "v2") if p in _paths_of(k.abi))
     prof = judged_by(k, profile)
     results, failures = {}, []
     with (Sizer(sizing) if sizing else contextlib.nullcontext()) as sizer:
         for spec in (DEFAULT_SCENARIOS if scenarios is None else scenarios):
-            s, verdicts = run_one(k, path, scenario(spec), device, prof, sizer)
+            s, verdicts = run_one(k, path, scenario(spec), device, prof, sizer, runner)
             results[s.name] = verdicts
             if not coordinator.passed(verdicts):
                 failures.append(report_text(s, verdicts, k, prof))
@@ -152,7 +164,7 @@ def check_kernel(kernel: Any, abi: str = "auto", path: str | None = None,
 REPLAY_SCENARIOS = ("prefix-replay", "random:53", "random:162", "random:188")
 
 
-def _check_replay(k, path: str | None, scenarios, device: str) -> dict:
+def _check_replay(k, path: str | None, scenarios, device: str, kernel_runner) -> dict:
     """A replay-padding kernel (``--kernel-replay``): run after cpsim's slot mapping on v1 and v2 (or on
     ``path``); at least one scenario must replay, or nothing was checked."""
     from cpsim.check import coordinator
@@ -160,7 +172,7 @@ def _check_replay(k, path: str | None, scenarios, device: str) -> dict:
     results, failures = {}, []
     for spec in (REPLAY_SCENARIOS if scenarios is None else scenarios):
         for p in ([path] if path and path != "replay" else ["v1", "v2"]):
-            s, verdicts = run_one(runner, p, scenario(spec), device)
+            s, verdicts = run_one(runner, p, scenario(spec), device, runner=kernel_runner)
             results[f"{s.name}/{p}"] = verdicts
             if not coordinator.passed(verdicts):
                 failures.append(report_text(s, verdicts, runner))

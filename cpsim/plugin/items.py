@@ -19,13 +19,21 @@ class CpsimKernelItem(pytest.Item):
         super().__init__(**kw)
         self.kernel_path, self.spec, self.scenario_spec = path, spec, scenario_spec
 
+    def _runner(self):
+        """One ``KernelRunner`` for every generated item, kept for the session: its workers stay warm."""
+        cache = self.config.stash.setdefault(KERNELS, {})
+        if "runner" not in cache:
+            from cpsim.run.runner import KernelRunner
+            cache["runner"] = KernelRunner()
+        return cache["runner"]
+
     def _kernel(self):
-        cache = self.config.stash.setdefault(_KERNELS, {})
+        cache = self.config.stash.setdefault(KERNELS, {})
         if self.kernel_path not in cache:
             opt = self.config.getoption
             cache[self.kernel_path] = load_kernel(
                 self.spec, self.kernel_path, opt("cpsim_kernel_abi"), shim_vllm=opt("cpsim_shim_vllm"),
-                device=opt("cpsim_device"), v2_launch=opt("cpsim_v2_launch"))
+                device=opt("cpsim_device"), v2_launch=opt("cpsim_v2_launch"), runner=self._runner())
         return cache[self.kernel_path]
 
     def _sizer(self):
@@ -33,7 +41,7 @@ class CpsimKernelItem(pytest.Item):
         spec = self.config.getoption("cpsim_sizing")
         if not spec:
             return None
-        cache = self.config.stash.setdefault(_KERNELS, {})
+        cache = self.config.stash.setdefault(KERNELS, {})
         if ("sizing", spec) not in cache:
             cache[("sizing", spec)] = Sizer(spec)
         return cache[("sizing", spec)]
@@ -44,7 +52,7 @@ class CpsimKernelItem(pytest.Item):
         prof = judged_by(k, self.config.getoption("cpsim_profile"))
         self.user_properties.append(("cpsim_profile", prof.name))
         s, verdicts = run_one(k, self.kernel_path, scenario(self.scenario_spec), self.config.getoption("cpsim_device"),
-                              prof, self._sizer())
+                              prof, self._sizer(), self._runner())
         if not coordinator.passed(verdicts):
             raise AssertionError(report_text(s, verdicts, k, prof))
         if not exercised(verdicts):
@@ -60,7 +68,7 @@ class CpsimKernelItem(pytest.Item):
         return self.spec, None, f"cpsim {self.kernel_path} {self.scenario_spec}" + (f" profile {prof}" if prof else "")
 
 
-_KERNELS = pytest.StashKey[dict]()
+KERNELS = pytest.StashKey[dict]()
 
 
 class CpsimCollector(pytest.Collector):

@@ -49,11 +49,12 @@ def pytest_addoption(parser) -> None:
 def pytest_unconfigure(config) -> None:
     """The session's end: processes that dead workers' kernels left are ended (by their marker,
     ``cpsim.run.reaper``); the live workers and their subtrees end when this process exits. Nothing
-    is imported when no check ran."""
+    is imported when no check ran (no runner was built)."""
     import sys
-    isolation = sys.modules.get("cpsim.run.isolation")
-    if isolation is not None:
-        isolation.sweep_escaped()
+    items = sys.modules.get("cpsim.plugin.items")
+    runner = config.stash.get(items.KERNELS, {}).get("runner") if items is not None else None
+    if runner is not None:
+        runner.sweep_escaped()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so those apply to our items too

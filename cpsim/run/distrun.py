@@ -11,11 +11,12 @@ Test hooks (environment variables, read on every rank; used by tests/test_dist.p
 ``CPSIM_TEST_RAISE_RANK=r`` rank r raises inside its first path;
 ``CPSIM_TEST_SEED_RANK=r`` rank r builds its scenario with a different seed;
 ``CPSIM_TEST_FAULT_RANK=r`` rank r runs the kernels with ``CPSIM_TEST_FAULT`` fault bits (default 1);
-``CPSIM_TEST_WARMUP_EXIT_RANK=r`` rank r exits just before warming up its CP group (read in ``cpsim.run.dist``).
+``CPSIM_TEST_WARMUP_EXIT_RANK=r`` rank r exits just before warming up its CP group (read in ``cpsim.run.comm``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -24,7 +25,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -35,7 +36,8 @@ from cpsim.check.coordinator import Example, Verdict, Violation
 from cpsim.errors import DistError
 from cpsim.layout import POISON
 from cpsim.paths import KernelFailure, Knobs, RankOutput, first_failure
-from cpsim.run.isolation import KernelFailed, run_rank_checked
+from cpsim.run.outcome import KernelFailed
+from cpsim.run.runner import KernelRunner, given
 from cpsim import scenario as sc
 from cpsim.scenario import Scenario
 from cpsim.run.world import failed, knobs_for, stack
@@ -84,18 +86,22 @@ RESULT_CLASSES = (GroupResult, Verdict, Violation, Example, *sc.DATA_CLASSES)
 # kernels of every path, the all-gathers of their outputs, the coordinator (first
 # rank of a CP group only).
 PHASES = ("startup", "kernels", "gather", "check")
-_TIMES: dict[str, float] = {}
 
 
-class _timed:
-    def __init__(self, phase: str):
-        self.phase = phase
+class RankWork:
+    """What one rank's entries share: the runner of its kernels and its wall time by phase (``PHASES``)."""
 
-    def __enter__(self):
-        self.t0 = time.perf_counter()
+    def __init__(self, runner: KernelRunner) -> None:
+        self.runner = runner
+        self.seconds: dict[str, float] = {}
 
-    def __exit__(self, *exc):
-        _TIMES[self.phase] = _TIMES.get(self.phase, 0.0) + time.perf_counter() - self.t0
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
 
 @dataclass(frozen=True)
@@ -206,8 +212,9 @@ def _gather_path(comm, pg, N: int, s: Scenario, path: str, out: RankOutput | Non
     return outs, []
 
 
-def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device) -> list[GroupResult]:
-    """Check one entry on every CP group of the world; every rank returns every group's result."""
+def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device, work: RankWork) -> list[GroupResult]:
+    """Check one entry on every CP group of the world; every rank returns every group's result (its phases
+    timed in ``work``)."""
     N = entry.cp_size
     g, pg = comm.cp_group(N)
     replicas = comm.world // N
@@ -239,13 +246,13 @@ def run_entry(comm, entry: Entry, hooks: Hooks, device: torch.device) -> list[Gr
             # Mismatched groups skip the paths (as a whole group, so the collectives stay aligned).
             result = GroupResult(entry.label, g, ranks, s, [same]) if pos == 0 else None
         else:
-            result = _run_group(comm, pg, entry, s, g, pos, ranks, fps[g], hooks, device)
+            result = _run_group(comm, pg, entry, s, g, pos, ranks, fps[g], hooks, device, work)
     payloads = comm.all_gather_objects(result, f"{entry.label}: verdicts", RESULT_CLASSES)
     return [p for p in payloads if p is not None]
 
 
 def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: list[int], fps: list[str],
-               hooks: Hooks, device: torch.device) -> GroupResult | None:
+               hooks: Hooks, device: torch.device, work: RankWork) -> GroupResult | None:
     N = entry.cp_size
     knobs = knobs_for(pos, entry.knobs, entry.inject_rank)
     if hooks.fault_rank == comm.rank:
@@ -257,9 +264,9 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
         if hooks.raise_rank == comm.rank:
             raise RuntimeError(f"test hook CPSIM_TEST_RAISE_RANK: rank {comm.rank} raised inside path {path}")
         failure = None
-        with _timed("kernels"):
+        with work.timed("kernels"):
             try:
-                out = run_rank_checked(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
+                out = work.runner.run_rank_checked(path, s, allocs, pos, device, knobs, entry.kernels.get(path))
             except KernelFailed as e:  # the kernel's failure travels to the coordinator like its slots would
                 out, failure = None, e.failure
             if out is not None and device.type == "cuda":
@@ -267,7 +274,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
         if N == 1:
             outs, failures = (None if out is None else [out]), ([] if failure is None else [failure])
         else:
-            with _timed("gather"):
+            with work.timed("gather"):
                 outs, failures = _gather_path(comm, pg, N, s, path, out, pos, entry.label, failure)
         if failures:
             if pos == 0:
@@ -280,7 +287,7 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     if pos != 0:
         return None
     comm.state(f"{entry.label}: checking")
-    with _timed("check"):
+    with work.timed("check"):
         verdicts = coordinator.check(s, allocate_world(s), gathered, fps, entry.profile)
     for v in verdicts:  # every rank ran at once: the violation names each rank whose kernel failed
         if v.invariant == "kernel-completes" and v.path in failed_on:
@@ -289,13 +296,13 @@ def _run_group(comm, pg, entry: Entry, s: Scenario, g: int, pos: int, ranks: lis
     return GroupResult(entry.label, g, ranks, s, verdicts, skipped)
 
 
-def rank_info(comm) -> RankInfo:
+def rank_info(comm, work: RankWork) -> RankInfo:
     return RankInfo(comm.rank, socket.gethostname(), os.getpid(), comm.dev.describe(),
-                    {k: round(_TIMES.get(k, 0.0), 3) for k in PHASES})
+                    {k: round(work.seconds.get(k, 0.0), 3) for k in PHASES})
 
 
 def execute(args, entries: list[Entry], report: Callable, progress: Callable | None = None,
-            stopped: Callable | None = None) -> int:
+            stopped: Callable | None = None, runner: KernelRunner | None = None) -> int:
     """Run ``entries`` on this rank of a torchrun job; ``report(results, infos) -> code`` runs on rank 0.
 
     Never returns: every rank ends the process with the exit code the ranks agree on once rank 0
@@ -303,38 +310,42 @@ def execute(args, entries: list[Entry], report: Callable, progress: Callable | N
     cannot stop rank 0 mid-report because another rank left first. When the run stops early (a
     peer died, raised or never arrived; torchrun's SIGTERM) rank 0 calls
     ``stopped(results, infos, message, ranks)`` instead: the groups finished so far, its own rank
-    info, its stop line and the ranks that line names as the cause.
+    info, its stop line and the ranks that line names as the cause. ``runner`` runs the kernels (the
+    command's; none: one of its own), its workers ended before the rank leaves.
     """
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    return record(_execute)(args, entries, report, progress, stopped)
+    with given(runner) as r:
+        return record(_execute)(args, entries, report, progress, stopped, r)
 
 
-def _execute(args, entries, report, progress, stopped=None) -> int:
-    from cpsim.run.dist import Comm, Env, select_device
+def _execute(args, entries, report, progress, stopped, runner: KernelRunner) -> int:
+    from cpsim.run.comm import Comm
+    from cpsim.run.dist import Env, select_device
 
     env = Env.from_environ()
     dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
     hooks = Hooks.from_environ()
-    comm = Comm.init(env, dev, args.timeout)
-    _TIMES["startup"] = time.time() - cpsim.STARTED
+    comm = Comm.init(env, dev, args.timeout, on_leave=runner.end)
+    work = RankWork(runner)
+    work.seconds["startup"] = time.time() - cpsim.STARTED
     try:
         results: list[GroupResult] = []
         for i, entry in enumerate(entries):
-            results += run_entry(comm, entry, hooks, dev.device)
+            results += run_entry(comm, entry, hooks, dev.device, work)
             if progress is not None and comm.rank == 0:
                 progress(i, entry)
-        infos = comm.all_gather_objects(rank_info(comm), "rank info", (RankInfo,))
+        infos = comm.all_gather_objects(rank_info(comm, work), "rank info", (RankInfo,))
         code = report(results, infos) if comm.rank == 0 else 0
         if comm.rank == 0:
             sys.stdout.flush()
             line = headline(results) if code == 1 else ""
             if line:
-                from cpsim.run.dist import _record
+                from cpsim.run.comm import _record
                 _record(DistError(line))  # the launch script's one line quotes it
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
         comm.fail(e, None if stopped is None else
-                  lambda message, ranks: stopped(results, [rank_info(comm)], message, ranks))
+                  lambda message, ranks: stopped(results, [rank_info(comm, work)], message, ranks))
     # Rank 0 may still fail while reporting (an unwritable --json): everyone takes its code.
     try:
         comm.finish(code)

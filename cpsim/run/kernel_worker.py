@@ -215,7 +215,7 @@ def _run(kernels: dict, path: str, s, allocs, rank: int, device: str, knobs, rec
 
 
 def _call(kernels: dict, fn, path: str, record: dict, device: str, args: tuple):
-    """``fn(kernel, *args)`` with the user's kernel loaded here (``cpsim.run.isolation.call``): its
+    """``fn(kernel, *args)`` with the user's kernel loaded here (``KernelRunner.call``): its
     result, integer arrays (one, or a tuple of them) sent as plain data."""
     from cpsim.kernels.under_test import KernelImportError
     try:

@@ -19,11 +19,13 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from cpsim.releases import UNREAD_CHANGES_EXIT
 
-EXIT_MEANING = {0: "pass", 1: "a violation or a failed run, see above", 2: "bad input",
-                UNREAD_CHANGES_EXIT: "no violation, but a kernel's release has unread contract changes, see above"}
+EXIT_MEANING = MappingProxyType({
+    0: "pass", 1: "a violation or a failed run, see above", 2: "bad input",
+    UNREAD_CHANGES_EXIT: "no violation, but a kernel's release has unread contract changes, see above"})
 REPORT = "report: "  # cpsim.run.distrun.HEADLINE: the message rank 0 leaves when its report fails
 
 

@@ -11,12 +11,13 @@ ending the group is not enough. Three layers, each for the escape the one before
    all are SIGKILLed. The worker ends its own subtree before it exits; the parent ends a worker's
    tree when it stops it (timeout, crash, shutdown, exit), so a setsid() grandchild no longer
    survives a SIGKILLed worker.
-3. *A sweep by marker* (``sweep``): a worker killed before layer 2 ran (the kernel SIGKILLs its
+3. *A sweep by marker* (``Marker.sweep``): a worker killed before layer 2 ran (the kernel SIGKILLs its
    own worker after a setsid fork) orphans its subtree to init (unless the parent is a subreaper,
-   as the CLI is), out of the parent's reach by ancestry. Every worker's environment holds ``CPSIM_WORKER_SESSION=<token of the process that
-   started it>``, which what it starts inherits; the sweep ends every process of this uid whose
-   environment holds this process's token. The pytest plugin sweeps after each check and at the
-   session's end, the CLI at the end of each command; everyone at exit (``isolation``).
+   as the CLI is), out of the parent's reach by ancestry. Every worker's environment holds
+   ``CPSIM_WORKER_SESSION=<token of the pool that started it>`` (its ``Marker``), which what it starts
+   inherits; the sweep ends every process of this uid whose environment holds the token. The pytest
+   plugin sweeps after each check and at the session's end, the CLI at the end of each command; every
+   runner when it ends (``cpsim.run.runner``).
 
 What can still escape: a process that replaced its environment (``execve`` with a cleared or
 rewritten one; /proc/PID/environ is the environment a process was exec'd with) after every marked
@@ -35,11 +36,10 @@ import signal
 import time
 from typing import Iterable
 
-_SUBREAPER: list[bool] = []  # set once this process is its descendants' subreaper (``become_subreaper``)
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+PR_GET_CHILD_SUBREAPER = 37
 PR_SET_PDEATHSIG = 1
 SESSION_VAR = "CPSIM_WORKER_SESSION"
-_tokens: dict[int, str] = {}  # pid -> its token: a forked copy of this module gets a token of its own
 
 
 def become_subreaper() -> bool:
@@ -50,16 +50,14 @@ def become_subreaper() -> bool:
     is the user's, and a subreaper must reap what it inherits). Elsewhere (no prctl) a no-op: the
     process groups and the marker sweep remain the bound.
     """
-    if _SUBREAPER or not os.path.isdir("/proc"):
-        return bool(_SUBREAPER)
+    if is_subreaper() or not os.path.isdir("/proc"):
+        return is_subreaper()
     try:
         import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
-            _SUBREAPER.append(True)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):  # no prctl here
         pass
-    return bool(_SUBREAPER)
+    return is_subreaper()
 
 
 def end_with_parent(signum: int = signal.SIGTERM) -> None:
@@ -77,21 +75,42 @@ def end_with_parent(signum: int = signal.SIGTERM) -> None:
 
 
 def is_subreaper() -> bool:
-    return bool(_SUBREAPER)
+    """Whether this process is its descendants' subreaper, as the kernel says (not inherited by a child)."""
+    if not os.path.isdir("/proc"):
+        return False
+    try:
+        import ctypes
+        flag = ctypes.c_int(0)
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):  # no prctl here
+        return False
+    return bool(flag.value)
 
 
-def token() -> str:
-    """This process's marker token, put in the environment of the workers it starts."""
-    pid = os.getpid()
-    if pid not in _tokens:
-        _tokens.clear()
-        _tokens[pid] = secrets.token_hex(8)
-    return _tokens[pid]
+class Marker:
+    """The worker marker of one pool of workers: ``CPSIM_WORKER_SESSION=<token>`` in the environment of
+    every worker it starts, inherited by what they start, so ``sweep`` finds what a dead worker left.
+    The token is drawn per process: a copy of the marker in a forked child draws one of its own."""
 
+    def __init__(self) -> None:
+        self._pid = -1
+        self._token = ""
 
-def worker_env() -> dict[str, str]:
-    """The environment a kernel worker starts with: this one plus the marker."""
-    return dict(os.environ, **{SESSION_VAR: token()})
+    def token(self) -> str:
+        if self._pid != os.getpid():
+            self._pid, self._token = os.getpid(), secrets.token_hex(8)
+        return self._token
+
+    def worker_env(self) -> dict[str, str]:
+        """The environment a kernel worker starts with: this one plus the marker."""
+        return dict(os.environ, **{SESSION_VAR: self.token()})
+
+    def sweep(self, spare: Iterable[int] = ()) -> list[int]:
+        """End every process of this uid whose environment holds this marker, with whatever is
+        below it, except the processes in ``spare`` (live workers and their subtrees); returns the
+        marked pids found. The last resort for processes whose worker died before it could end them."""
+        return sweep(self.token(), spare)
 
 
 def _children(pid: int) -> set[int]:
@@ -199,13 +218,11 @@ def end_descendants(bound_s: float = 3.0) -> None:
     reap_children()
 
 
-def sweep(spare: Iterable[int] = ()) -> list[int]:
-    """End every process of this uid whose environment holds this process's marker, with whatever is
-    below it, except the processes in ``spare`` (live workers and their subtrees); returns the
-    marked pids found. The last resort for processes whose worker died before it could end them."""
+def sweep(token: str, spare: Iterable[int] = ()) -> list[int]:
+    """``Marker.sweep`` for the marker ``token``."""
     if not os.path.isdir("/proc"):
         return []
-    entry = f"{SESSION_VAR}={token()}".encode()
+    entry = f"{SESSION_VAR}={token}".encode()
     spare = set(spare) | {os.getpid()}
     uid = os.getuid()
     marked = []

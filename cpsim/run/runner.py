@@ -31,8 +31,9 @@ rank is already a process of its own with bounded collectives.
 
 All of it is held by a ``KernelRunner``: its configuration, its workers (``cpsim.run.worker``), the
 rank runs started ahead (``cpsim.run.ahead``); ``cpsim.run.chunks`` cuts a call into chunks,
-``cpsim.run.in_process`` is the unprotected way. The command configures the process's runner
-(``current``); ``use`` installs another for a block.
+``cpsim.run.in_process`` is the unprotected way. The caller builds the runner and hands it down (a
+command builds one from its options, ``cpsim.cli.main``; a long-lived caller keeps one, so its warm
+workers serve every call); a call handed none runs on one of its own (``given``).
 
 ``CPSIM_KERNEL_ISOLATION=0`` runs kernels in-process (exceptions and ``sys.exit``
 still become failures; crashes and hangs are not caught) - for debugging only.
@@ -80,7 +81,18 @@ class KernelRunner:
         self.config = from_environment() if config is None else config
         self.pool = WorkerPool()
         self.run_ahead = RunAhead()
-        atexit.register(self.end)
+        atexit.register(self.end)  # the workers end with this process at the latest
+
+    def __enter__(self) -> "KernelRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End the workers now, and forget the exit hook (a runner of one call, ``given``)."""
+        self.end()
+        atexit.unregister(self.end)
 
     def configure(self, timeout_s: float | None = None, process: bool | None = None) -> Isolation:
         if timeout_s is not None:
@@ -92,7 +104,8 @@ class KernelRunner:
         return self.config
 
     def configure_from_args(self, args) -> Isolation:
-        """``--kernel-timeout``, else ``--timeout``, else the default bound.
+        """``--kernel-timeout``, else ``--timeout``, else the default bound (a runner kept across commands
+        takes each command's bound).
 
         Under torchrun the default is ``TORCHRUN_SHARE`` of ``--timeout``: the peers wait at most
         ``--timeout`` in the gather that follows the kernel, so a hanging kernel must be stopped
@@ -103,7 +116,7 @@ class KernelRunner:
             t = getattr(args, "timeout", None)
             if t is not None and t > 0 and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
                 t = t * TORCHRUN_SHARE
-        return self.configure(t)
+        return self.configure(DEFAULT_TIMEOUT_S if t is None else t)
 
     def end(self) -> None:
         """End the workers and whatever they and their kernels left (``WorkerPool.end``)."""
@@ -252,31 +265,12 @@ class KernelRunner:
         return out
 
 
-# The one slot of this package that changes: the runner callers use when none is handed to them.
-# Set by ``use`` (the command's) or, outside any, by ``current`` on first use; never at import.
-_current: list[KernelRunner] = []
-
-
-def current() -> KernelRunner:
-    """The runner in use: the one ``use`` installed, else the process's own, built from the
-    environment on first use (a test or a library caller outside any command)."""
-    if not _current:
-        _current.append(KernelRunner())
-    return _current[-1]
-
-
-def installed() -> KernelRunner | None:
-    """The runner in use, if one was ever built (ending workers at exit must not start a runner)."""
-    return _current[-1] if _current else None
-
-
 @contextlib.contextmanager
-def use(runner: KernelRunner) -> Iterator[KernelRunner]:
-    """Make ``runner`` the one callers without one use, until the block ends; then the one before
-    it is back, and ``runner``'s workers end (what it started ahead is dropped with them)."""
-    _current.append(runner)
-    try:
+def given(runner: KernelRunner | None) -> Iterator[KernelRunner]:
+    """``runner``, the caller's (a command's, a test session's: its warm workers serve every call); where
+    the caller has none, a runner of the call's own, built from the environment and ended on return."""
+    if runner is not None:
         yield runner
-    finally:
-        _current.remove(runner)
-        runner.end()
+        return
+    with KernelRunner() as own:
+        yield own

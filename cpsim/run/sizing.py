@@ -37,7 +37,6 @@ WHERE = "--sizing"
 MEMO = 4096  # host inputs whose answers are kept
 _BOOT = "import sys; sys.path[0] = sys.argv[1]; from cpsim.run.sizing_child import main; main(*sys.argv[2:])"
 _ROOT = str(Path(__file__).resolve().parents[2])
-_live: set["Sizer"] = set()  # sizers with a child running: ended when cpsim exits
 
 
 class SizingFailure(Exception):
@@ -154,7 +153,7 @@ class Sizer:
         self._proc = subprocess.Popen([sys.executable, "-c", _BOOT, _ROOT, self.target, str(os.getpid())],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                       start_new_session=True)
-        _live.add(self)
+        atexit.register(self.close)  # a child still running ends when cpsim exits
         try:
             reply = self._reply("loaded")
         except SizingFailure as e:  # its import hung, exited or crashed
@@ -212,7 +211,7 @@ class Sizer:
     def close(self) -> None:
         """End the child and whatever it forked (its own session)."""
         proc, self._proc = self._proc, None
-        _live.discard(self)
+        atexit.unregister(self.close)
         if proc is not None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -227,12 +226,6 @@ class Sizer:
         if self._log is not None:
             self._log.close()
             self._log = None
-
-
-@atexit.register
-def _end_children() -> None:
-    for z in list(_live):
-        z.close()
 
 
 def resolve(spec: str, s: Scenario, paths: list[str], timeout: float = TIMEOUT_S,

@@ -27,6 +27,7 @@ import select
 import struct
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable
 
 import numpy as np
@@ -160,8 +161,8 @@ class Garbled:
     why: str
 
 
-MESSAGES = {c.__name__: c for c in (Ready, RankDone, Batch, Refused, Unloaded, Raised, Exited, LostOnReadback,
-                                    SignatureRead, Value)}
+MESSAGES = MappingProxyType({c.__name__: c for c in (Ready, RankDone, Batch, Refused, Unloaded, Raised, Exited,
+                                                     LostOnReadback, SignatureRead, Value)})
 LOAD_KINDS = ("raised", "exited", "timeout", "crashed")
 _HEADER = frozenset({"type", "fields"})
 _RANK_DONE = frozenset({"path", "rank", "output", "notes"})

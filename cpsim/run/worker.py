@@ -59,8 +59,9 @@ class Worker:
     process only.
     """
 
-    def __init__(self, groups: set[int] | None = None) -> None:
+    def __init__(self, groups: set[int] | None = None, marker: reaper.Marker | None = None) -> None:
         self.groups = set() if groups is None else groups  # its pool's live process groups (``WorkerPool.end``)
+        self.marker = reaper.Marker() if marker is None else marker  # its pool's (``reaper.Marker``)
         self.proc = None
         self.conn = None
         self.pidfd: int | None = None  # readable once the child has ended (``_readable``)
@@ -82,7 +83,7 @@ class Worker:
         authkey = multiprocessing.current_process().authkey.hex()  # torch's shared tensors travel under it
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
-            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=reaper.worker_env())
+            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=self.marker.worker_env())
         self.groups.add(self.proc.pid)
         self.pidfd = _pidfd(self.proc.pid)
         there.close()
@@ -269,7 +270,8 @@ class WorkerPool:
 
     def __init__(self) -> None:
         self.groups: set[int] = set()  # process groups of live workers: ended by ``end``
-        self.workers: list[Worker] = [Worker(self.groups)]
+        self.marker = reaper.Marker()  # in every worker's environment: what they leave is swept by it
+        self.workers: list[Worker] = [Worker(self.groups, self.marker)]
         self.tokens = itertools.count()  # one per run: names the scenario a worker holds
 
     def __len__(self) -> int:
@@ -287,35 +289,27 @@ class WorkerPool:
 
     def grow(self, size: int) -> None:
         while len(self.workers) < size:
-            self.workers.append(Worker(self.groups))
+            self.workers.append(Worker(self.groups, self.marker))
 
     def end(self) -> None:
-        end_groups(self.groups)
+        """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
+        tree and process group, every process still carrying the pool's worker marker
+        (``cpsim.run.reaper``), and, as a subreaper (the CLI), every process still descending from this
+        one, wherever its session."""
+        reaper.end_trees(list(self.groups))
+        for pgid in list(self.groups):
+            _end_group(pgid)
+        self.groups.clear()
+        self.marker.sweep()
+        if reaper.is_subreaper():
+            reaper.end_descendants()
 
     def sweep_escaped(self) -> list[int]:
-        return sweep_escaped(self.workers)
-
-
-def end_groups(groups: set[int]) -> None:
-    """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
-    tree and process group, every process still carrying this process's worker marker
-    (``cpsim.run.reaper``), and, as a subreaper (the CLI), every process still descending from this
-    one, wherever its session."""
-    reaper.end_trees(list(groups))
-    for pgid in list(groups):
-        _end_group(pgid)
-    groups.clear()
-    reaper.sweep()
-    if reaper.is_subreaper():
-        reaper.end_descendants()
-
-
-def sweep_escaped(workers: list[Worker]) -> list[int]:
-    """End the processes a dead worker's kernel left (found by the worker marker), sparing the live
-    ``workers`` and what is below them (their kernels' children end when the worker is stopped); the
-    marked pids found. Run when a check is over: nothing of a kernel is meant to run then."""
-    live = [w.proc.pid for w in workers if w.alive()]
-    return reaper.sweep(spare=reaper.tree(live))
+        """End the processes a dead worker's kernel left (found by the worker marker), sparing the live
+        workers and what is below them (their kernels' children end when the worker is stopped); the
+        marked pids found. Run when a check is over: nothing of a kernel is meant to run then."""
+        live = [w.proc.pid for w in self.workers if w.alive()]
+        return self.marker.sweep(spare=reaper.tree(live))
 
 
 def usable_cores() -> int:

@@ -13,7 +13,7 @@ import torch
 from cpsim.allocator import allocate_world
 from cpsim.check.gathered import Gathered
 from cpsim.paths import KernelFailure, Knobs, RankOutput
-from cpsim.run.isolation import run_paths
+from cpsim.run.runner import KernelRunner, given
 from cpsim.scenario import Scenario
 
 
@@ -53,18 +53,19 @@ def rank_knobs(s: Scenario, knobs: Knobs, inject_rank: int | None = None) -> lis
 def run_virtual(s: Scenario, paths: list[str], knobs: Knobs = Knobs(), inject_rank: int | None = None,
                 device: str = "cpu", kernels: dict | None = None,
                 on_rank: Callable[[str, int], None] | None = None,
-                allocs: list | None = None) -> dict[str, Gathered]:
+                allocs: list | None = None, runner: KernelRunner | None = None) -> dict[str, Gathered]:
     """``kernels`` maps a path name to the user's kernel that replaces its built-in one;
     ``on_rank(path, rank)`` is called after each rank's run (progress bars); ``allocs`` is
     ``allocate_world(s)`` when the caller already has it.
 
-    Rank runs go through ``cpsim.run.isolation`` (worker processes, bounded in time); a
-    path whose kernel fails on a rank stops there and is gathered as failed.
+    Rank runs go to ``runner`` (worker processes, bounded in time; ``cpsim.run.runner``; none: one of
+    this call's own); a path whose kernel fails on a rank stops there and is gathered as failed.
     """
     if allocs is None:
         allocs = allocate_world(s)
     per_rank = rank_knobs(s, knobs, inject_rank)
-    results = run_paths(s, paths, allocs, device, per_rank, kernels or {}, on_rank)
+    with given(runner) as r:
+        results = r.run_paths(s, paths, allocs, device, per_rank, kernels or {}, on_rank)
     gathered: dict[str, Gathered] = {}
     for path in paths:
         r = results[path]
