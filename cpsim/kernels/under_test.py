@@ -21,7 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from cpsim import kernels
 from cpsim.errors import ConfigError
+from cpsim.kernels import vllm_shim
 from cpsim.kernels.release_of import release_folder
 from cpsim.kernels.abis import ABIS, CALLABLE_INPUTS, REPLAY, REPLAY_ABIS, RETIRED_ABIS, Abi  # noqa: F401
 
@@ -362,7 +364,6 @@ def _hint(e: Exception) -> str:
     name = getattr(e, "name", "") or ""
     if not isinstance(e, ImportError) or name.split(".")[0] != "vllm":
         return ""
-    from cpsim.kernels import vllm_shim
     if vllm_shim.installed():
         return (f" (--shim-vllm is on but does not provide {name}: it stands in only for the vLLM names "
                 f"released slot-mapping files import; docs/KERNEL_REFERENCE.md lists them)")
@@ -414,10 +415,8 @@ def inspect_here(spec: str, path: str, shim_vllm: bool, device: str, where: str)
     """Import SPEC in *this* process and read its signature: in a kernel worker, or where the user
     turned isolation off. An import that raises or exits is a ``KernelImportError``; a SPEC that
     names nothing (no such module, file or attribute) is bad input (``ConfigError``)."""
-    from cpsim import kernels
     if str(device).startswith("cpu"):
         kernels.use_interpreter()  # before the kernel file imports triton
-    from cpsim.kernels import vllm_shim
     if shim_vllm:
         vllm_shim.install()
     else:  # a long-lived worker may hold the shim from an earlier kernel that asked for it
