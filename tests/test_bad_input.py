@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import pytest
 
+from cpsim.presets import PRESETS, preset
+from cpsim.random_scenarios import random_scenario
 from cpsim import schema
 from cpsim import scenario as sc
 from cpsim.validate import load_scenario
@@ -699,10 +701,10 @@ def test_every_example_loads(path):
         sc.validate(load_scenario(path))
 
 
-@pytest.mark.parametrize("name", sc.PRESETS)
+@pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("suffix", [".json", ".toml"])
 def test_every_preset_round_trips_through_a_file(name, suffix, tmp_path):
-    s = sc.preset(name)
+    s = preset(name)
     s.dump(tmp_path / f"s{suffix}")
     back = load_scenario(tmp_path / f"s{suffix}")
     assert back == s and back.fingerprint() == s.fingerprint()
@@ -710,7 +712,7 @@ def test_every_preset_round_trips_through_a_file(name, suffix, tmp_path):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_scenarios_round_trip(seed):
-    s = sc.random_scenario(seed)
+    s = random_scenario(seed)
     assert sc.Scenario.from_dict(json.loads(s.canonical_json())) == s
 
 

@@ -15,7 +15,7 @@ from kernel_load import load
 from cpsim.paths import v2
 from cpsim.paths.types import Knobs
 from cpsim.plugin.testing import check_kernel
-from cpsim.scenario import preset
+from cpsim.presets import preset
 from cpsim.stack import conformance, recorder
 from conformance_hosts import mrv2_host
 from mutants import mutant

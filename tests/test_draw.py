@@ -10,6 +10,7 @@ from matplotlib.text import Annotation, Text
 from report_cases import STALE_TAIL, VIRTUAL_FROM_KERNEL_BLOCK, small
 from cpsim import cli, layout
 from cpsim.cmd.draw import figure_for, simulate
+from cpsim.presets import preset
 from cpsim.report import draw
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
@@ -21,7 +22,7 @@ def texts(fig) -> list[str]:
 
 @pytest.fixture(scope="module")
 def default_fig():
-    return figure_for(sc.validate(sc.preset("default")))
+    return figure_for(sc.validate(preset("default")))
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_violation_without_token_is_listed():
 
 def test_too_big_is_refused():
     with pytest.raises(ConfigError) as e:
-        draw.check_size(sc.validate(sc.preset("long-prefill")))
+        draw.check_size(sc.validate(preset("long-prefill")))
     assert e.value.field == "draw" and "131072" in e.value.rule
 
 

@@ -14,7 +14,7 @@ from cpsim.kernels import vllm_shim
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS
 from kernel_load import load
-from cpsim.scenario import preset
+from cpsim.presets import preset
 from cpsim.plugin.testing import check_kernel
 from mutants import mutant
 

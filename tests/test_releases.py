@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cpsim.presets import preset
 from cpsim import releases
 from cpsim.releases import contract
 
@@ -336,9 +337,8 @@ def _link(src, dst):
 def test_under_torchrun_the_merged_answer_keeps_the_release_it_came_from():
     """Each rank's driver names the release it loaded; the merged answer keeps it, so a torchrun report
     says whose contract judged (a listed release here: 0.34.0 itself)."""
-    from cpsim import scenario as sc
     from cpsim.stack import host
-    s = sc.preset("default", dcp=2)
+    s = preset("default", dcp=2)
     installed = {"project": "vllm", "version": "0.34.0", "root": None}
     ranks = [{"answer": {"release": "vllm 0.34.0", "patches": [], "installed": installed,
                          "runtime_groups": {"dcp_world": 2, "dcp_rank": r},

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from cpsim import kernels
+from cpsim.presets import preset
+from cpsim.random_scenarios import random_scenario
 from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
@@ -58,7 +60,7 @@ def _same(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_random_scenarios_equal_per_request(seed, npu_design):
-    s = sc.random_scenario(seed)
+    s = random_scenario(seed)
     tile, verdicts = _check(s, PATHS)
     assert coordinator.passed(verdicts), {v.invariant for v in verdicts if v.status == "fail"}
     _same(run_virtual(s, PATHS), tile)
@@ -66,7 +68,7 @@ def test_random_scenarios_equal_per_request(seed, npu_design):
 
 @pytest.mark.parametrize("name", ["default", "hybrid-mamba"])
 def test_presets_equal_per_request(name, npu_design):
-    s = sc.preset(name)
+    s = preset(name)
     tile, verdicts = _check(s, PATHS)
     assert coordinator.passed(verdicts)
     _same(run_virtual(s, PATHS), tile)

@@ -41,7 +41,8 @@ def run(scenarios: list[Scenario], directory: str | Path, paths=("v1", "v2"), kn
 def main(argv: list[str] | None = None) -> int:
     from cpsim import faults
     from cpsim.errors import ConfigError
-    from cpsim.scenario import preset, validate
+    from cpsim.presets import preset
+    from cpsim.scenario import validate
 
     p = argparse.ArgumentParser(prog="python -m cpsim.capture.simulate", description=__doc__.splitlines()[0])
     p.add_argument("out", metavar="OUT_DIR")

@@ -9,6 +9,7 @@ import math
 import re
 from pathlib import Path
 
+from cpsim.presets import PRESETS, preset
 from cpsim import scenario as sc
 from cpsim.check import profiles
 from cpsim.cmd.options import KERNEL_FLAGS, DefaultPaths
@@ -42,14 +43,14 @@ def parse_paths(text: str) -> list[str]:
 
 def scenario_from_args(args) -> sc.Scenario:
     name = args.scenario
-    if name in sc.PRESETS:
+    if name in PRESETS:
         # The preset sizes its caches for the CP layout it is given.
-        s = sc.preset(name, **{k: getattr(args, k, None) for k in ("dcp", "pcp", "interleave")}, seed=args.seed)
+        s = preset(name, **{k: getattr(args, k, None) for k in ("dcp", "pcp", "interleave")}, seed=args.seed)
     elif Path(name).suffix in (".json", ".toml"):
         s = load_scenario(name)
     else:
-        close = difflib.get_close_matches(name, sc.PRESETS, n=1)
-        raise ConfigError("--scenario", f"{name!r} is neither a preset ({', '.join(sc.PRESETS)}) "
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        raise ConfigError("--scenario", f"{name!r} is neither a preset ({', '.join(PRESETS)}) "
                                         f"nor a .json/.toml file" + (f"; did you mean {close[0]!r}?" if close else ""))
     return apply_overrides(s, args)
 

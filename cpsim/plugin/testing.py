@@ -25,18 +25,20 @@ OPTIONS = {"v1": "cpsim_kernel_v1", "v1-fused": "cpsim_kernel_v1_fused", "v2": "
 def scenario(spec: Any):
     """A Scenario from a preset name, a .json/.toml file, ``random:SEED``, or a Scenario."""
     from cpsim import scenario as sc
+    from cpsim.presets import PRESETS, preset
+    from cpsim.random_scenarios import random_scenario
     from cpsim.errors import ConfigError
     from cpsim.validate import load_scenario
     if isinstance(spec, sc.Scenario):
         return spec
     text = str(spec)
-    if text in sc.PRESETS:
-        return sc.preset(text)
+    if text in PRESETS:
+        return preset(text)
     if text.startswith("random:") and text[7:].isdigit():
-        return sc.random_scenario(int(text[7:]), max_world=4, max_groups=3, max_reqs=4, max_model_len=4096)
+        return random_scenario(int(text[7:]), max_world=4, max_groups=3, max_reqs=4, max_model_len=4096)
     if Path(text).suffix in (".json", ".toml"):
         return sc.validate(load_scenario(text))
-    raise ConfigError("scenarios", f"{text!r} is not a preset ({', '.join(sc.PRESETS)}), random:SEED, "
+    raise ConfigError("scenarios", f"{text!r} is not a preset ({', '.join(PRESETS)}), random:SEED, "
                                    f"nor a .json/.toml file")
 
 

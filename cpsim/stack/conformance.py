@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cpsim.presets import preset
 from cpsim import scenario as sc
 from cpsim.allocator import Allocation
 from cpsim.kernels import under_test
@@ -56,13 +57,13 @@ def scenarios() -> list[tuple[str, sc.Scenario]]:
     drafts (``mtp``, its batch within the release's token budget), a replicated group with graph padding
     (``released-window``), kernel blocks of a quarter / eighth of B with a wide interleave
     (``hybrid-interleave``) and partial replicas (``partial-replica``: refused where the release has none)."""
-    mtp = sc.preset("mtp")
+    mtp = preset("mtp")
     lim = dataclasses.replace(mtp.limits, max_num_batched_tokens=max(mtp.batch.num_tokens, mtp.batch.num_tokens_padded))
-    return [("default dcp4", sc.preset("default", dcp=4)),
+    return [("default dcp4", preset("default", dcp=4)),
             ("mtp", dataclasses.replace(mtp, limits=lim)),
-            ("released-window", sc.preset("released-window")),
-            ("hybrid-interleave", sc.preset("hybrid-interleave")),
-            ("partial-replica", sc.preset("partial-replica"))]
+            ("released-window", preset("released-window")),
+            ("hybrid-interleave", preset("hybrid-interleave")),
+            ("partial-replica", preset("partial-replica"))]
 
 
 def release_abi(launches: list[dict], family: str, release: str, own_release: str = "") -> str:
