@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import pytest
 
-from cpsim.presets import PRESETS, preset
-from cpsim.random_scenarios import random_scenario
 from cpsim import schema
 from cpsim import scenario as sc
+from cpsim.presets import PRESETS, preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.validate import load_scenario
 from cpsim.cli import main
 from cpsim.errors import ConfigError

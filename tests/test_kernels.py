@@ -5,9 +5,9 @@ import torch
 
 from cpsim import kernels
 from cpsim.check import reference
+from cpsim import scenario as sc
 from cpsim.presets import preset
 from cpsim.random_scenarios import random_scenario
-from cpsim import scenario as sc
 from cpsim.allocator import allocate_rank
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import PATHS, run_path

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from cpsim import layout
+from cpsim import scenario as sc
 from cpsim.presets import preset
 from cpsim.random_scenarios import random_scenario
-from cpsim import scenario as sc
 from cpsim.validate import load_scenario
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator

@@ -8,8 +8,8 @@ import pickle
 import numpy as np
 import pytest
 
-from cpsim.presets import preset
 from cpsim.check.coordinator import Example, Verdict, Violation
+from cpsim.presets import preset
 from cpsim.run import plain
 from cpsim.run.distrun import RESULT_CLASSES, GroupResult
 

@@ -19,8 +19,8 @@ from cpsim.capture import batch as xb
 from cpsim.check import explicit, profiles
 from cpsim.check.batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
-from cpsim.scenario import CPConfig, KVGroup, Limits
 from cpsim.presets import preset
+from cpsim.scenario import CPConfig, KVGroup, Limits
 
 P = -1
 ATTN = KVGroup("attn", "attention", 4, num_blocks=64)

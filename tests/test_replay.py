@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from cpsim import cli, kernels
-from cpsim.presets import preset
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from cpsim.presets import preset
 
 kernels.use_interpreter()
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli
-from cpsim.presets import preset
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from cpsim.presets import preset
 
 K = Path(__file__).parent / "kernels"
 MRV2_OK = f"{K}/vllm_mrv2_032_abi.py:_compute_slot_mappings_kernel"

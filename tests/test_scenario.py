@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
+from cpsim import scenario as sc
 from cpsim.presets import PRESETS, preset
 from cpsim.random_scenarios import random_scenario
-from cpsim import scenario as sc
 from cpsim.validate import load_scenario
 from cpsim.errors import ConfigError
 

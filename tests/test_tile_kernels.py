@@ -15,9 +15,9 @@ import torch
 from cpsim.check import coordinator
 
 from cpsim import kernels
+from cpsim import scenario as sc
 from cpsim.presets import preset
 from cpsim.random_scenarios import random_scenario
-from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.paths import Knobs
 from cpsim.run.world import run_virtual

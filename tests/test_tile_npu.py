@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from cpsim import kernels
+from cpsim import scenario as sc
 from cpsim.presets import preset
 from cpsim.random_scenarios import random_scenario
-from cpsim import scenario as sc
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim.paths import Knobs

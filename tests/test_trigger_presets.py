@@ -4,8 +4,8 @@ kernels, and each catches the catalogue fault it is there for, through the invar
 import pytest
 
 from cpsim import faults
-from cpsim.presets import preset
 from cpsim import scenario as sc
+from cpsim.presets import preset
 from cpsim.faults import detect
 from cpsim.allocator import allocate_world
 from cpsim.paths import Knobs

@@ -9,7 +9,6 @@ import math
 import re
 from pathlib import Path
 
-from cpsim.presets import PRESETS, preset
 from cpsim import scenario as sc
 from cpsim.check import profiles
 from cpsim.cmd.options import KERNEL_FLAGS, DefaultPaths
@@ -17,6 +16,7 @@ from cpsim.errors import ConfigError
 from cpsim.kernels.subject import subjects
 from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, check_spec, from_record, load, with_replay
+from cpsim.presets import PRESETS, preset
 from cpsim.run.sizing import TIMEOUT_S, Sizer
 from cpsim.run.torchrun_env import launched_by_torchrun
 from cpsim.schema import PATH_NAMES as PATHS

@@ -23,8 +23,8 @@ import math
 import random
 from typing import Callable
 
-from cpsim.random_scenarios import random_replay
 from cpsim import scenario as sc
+from cpsim.random_scenarios import random_replay
 
 MAX_TABLE_ENTRIES = 1 << 22      # int32 entries per group table (16 MiB): bounds max_model_len
 MAX_MODEL_LEN = 1 << 24
