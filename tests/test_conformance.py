@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from cpsim.kernels.under_test import ABIS, choose_abi
+from cpsim.kernels.abi_match import choose_abi
+from cpsim.kernels.under_test import ABIS
 from kernel_load import load
 from cpsim.paths import v2
 from cpsim.paths.types import Knobs

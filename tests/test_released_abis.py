@@ -11,11 +11,12 @@ import pytest
 
 from cpsim import kernels
 from cpsim.errors import ConfigError
-from cpsim.kernels.under_test import ABIS, choose_abi
+from cpsim.kernels.abi_match import choose_abi
+from cpsim.kernels.under_test import ABIS
 from kernel_load import load
 from cpsim.plugin.testing import check_kernel
-from cpsim.scenario import Request
 from cpsim.presets import preset
+from cpsim.scenario import Request
 from mutants import mutant
 
 kernels.use_interpreter()

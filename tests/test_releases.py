@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cpsim.presets import preset
 from cpsim import releases
+from cpsim.presets import preset
 from cpsim.releases import contract
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,8 +230,8 @@ def test_a_kernel_file_is_of_the_release_whose_package_holds_it(tmp_path):
     """One reading of a kernel file's release (cpsim.kernels.release_of) serves the ABI choice and the
     contract: a vllm-ascend file installed beside vLLM is vllm-ascend's, its X.Y.Z for the ABI table."""
     from types import SimpleNamespace
+    from cpsim.kernels.abi_match import release_of
     from cpsim.kernels.release_of import release_folder
-    from cpsim.kernels.under_test import release_of
     site = tmp_path / "site-packages"
     for d in ("vllm/v1/worker/gpu", "vllm_ascend/worker/v2", "vllm-0.34.0.dist-info",
               "vllm_ascend-0.23.0.post1.dist-info"):

@@ -24,7 +24,7 @@ def _load(target: str, shim_vllm: bool, path: str = "", where: str = "kernel"):
 
 def _inspect(req: dict) -> dict:
     from cpsim.errors import ConfigError
-    from cpsim.kernels import under_test as kut
+    from cpsim.kernels import abi_match as kut
     try:
         obj = _load(req["spec"], req.get("shim_vllm", False), req["path"], req["where"])
         if not kut.is_triton_kernel(obj):

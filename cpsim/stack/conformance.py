@@ -24,13 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cpsim.presets import preset
 from cpsim import scenario as sc
 from cpsim.allocator import Allocation
 from cpsim.kernels import under_test
+from cpsim.kernels.abi_match import choose_abi
 from cpsim.paths import adapters
 from cpsim.paths.prep import PerRank
 from cpsim.paths.types import Knobs
+from cpsim.presets import preset
 from cpsim.stack import recorder
 from cpsim.stack.host import kv_manager_blocks
 
@@ -71,7 +72,7 @@ def release_abi(launches: list[dict], family: str, release: str, own_release: st
     a vllm-ascend MRV2 kernel by the vllm-ascend release (``own_release``), a vLLM kernel by the vLLM one."""
     params = [(n, False) for n in launches[0]["params"]]
     origin = ORIGIN[family] if launches[0]["kernel"] == "_compute_slot_mappings_kernel" else "vllm"
-    return under_test.choose_abi(params, True, origin, release=own_release if origin == "vllm_ascend" else release)
+    return choose_abi(params, True, origin, release=own_release if origin == "vllm_ascend" else release)
 
 
 def adapter_launches(s: sc.Scenario, path: str, rank: int, abi: str, params: list[str]) -> list[dict]:
