@@ -50,7 +50,7 @@ class LoadFailure:
 
 def signature_of(obj: Any) -> Signature:
     obj = unwrap(obj)
-    return Signature(_name(obj), is_triton_kernel(obj), callable(obj), tuple(parameters(obj)), origin(obj), obj,
+    return Signature(kernel_name(obj), is_triton_kernel(obj), callable(obj), tuple(parameters(obj)), origin(obj), obj,
                      release_of(obj))
 
 
@@ -122,7 +122,7 @@ def release_of(obj: Any) -> str:
     """The release (X.Y.Z) a kernel's file is of, where its folder says so (``release_of.release_folder``:
     a ``vllm-X.Y.Z`` or ``vllm_ascend-X.Y.Z[.postN]`` folder above its package, or a dist-info beside it).
     "" when none: names alone (or ``--kernel-abi``) decide."""
-    file = _source_file(obj)
+    file = source_file(obj)
     found = release_folder(Path(file)) if file else None
     version = re.fullmatch(r"(\d+\.\d+\.\d+)(\.post\d+)?", found[1]) if found else None
     return version.group(1) if version else ""
@@ -175,7 +175,8 @@ def _triton_off_hint(params: list[tuple[str, bool]], triton: bool) -> str:
             f"kernel file with --shim-vllm")
 
 
-def _name(obj: Any) -> str:
+def kernel_name(obj: Any) -> str:
+    """The kernel's own name (a Signature's, a function's or its type's), for messages."""
     if isinstance(obj, Signature):
         return obj.name
     return getattr(obj, "__name__", None) or type(obj).__name__
@@ -198,7 +199,8 @@ def unwrap(obj: Any) -> Any:
     return inner if inner is not None and is_triton_kernel(inner) else obj
 
 
-def _source_file(obj: Any) -> str | None:
+def source_file(obj: Any) -> str | None:
+    """The real path of the file a kernel's code is in; None for a builtin or a C callable."""
     fn = obj
     while is_triton_kernel(fn):
         fn = fn.fn

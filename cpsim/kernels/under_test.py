@@ -23,10 +23,10 @@ from typing import Any, Callable
 from cpsim import kernels
 from cpsim.errors import ConfigError
 from cpsim.kernels import vllm_shim
-from cpsim.kernels.abi_match import (LoadFailure, Signature, _name, _source_file, detect_abi, signature_of,
+from cpsim.kernels.abi_match import (LoadFailure, Signature, detect_abi, kernel_name, signature_of, source_file,
                                      unwrap)
 from cpsim.kernels.abi_match import parameters  # noqa: F401  (cpsim.run imports it from here)
-from cpsim.kernels.abis import ABIS, CALLABLE_INPUTS, REPLAY, REPLAY_ABIS, RETIRED_ABIS, Abi  # noqa: F401
+from cpsim.kernels.abis import ABIS, REPLAY, REPLAY_ABIS  # noqa: F401  (REPLAY_ABIS: cmd.inputs imports it from here)
 
 
 
@@ -292,7 +292,7 @@ def load(spec: Any, path: str | None, abi: str = "auto", *, shim_vllm: bool = Fa
         if isinstance(sig, LoadFailure):
             return KernelUnderTest(text, None, abi, (), v2_launch, shim_vllm=shim_vllm, failed=sig, path=path)
     else:
-        sig, text = signature_of(unwrap(spec)), f"{getattr(spec, '__module__', '?')}:{_name(spec)}"
+        sig, text = signature_of(unwrap(spec)), f"{getattr(spec, '__module__', '?')}:{kernel_name(spec)}"
     name = detect_abi(sig, abi, where)
     path = path or ABIS[name].paths[0]  # None: the first path the ABI stands in for
     if path not in ABIS[name].paths:
@@ -320,7 +320,7 @@ def where_raised(k: "KernelUnderTest | None", exc: BaseException) -> str:
     the exceptions ``exc`` wraps too: the Triton interpreter's InterpreterError holds the kernel's own.
     "" when no frame is the kernel's."""
     files = {f for x in (k, getattr(k, "replay", None)) if x is not None and x.obj is not None
-             for f in [_source_file(x.obj)] if f}
+             for f in [source_file(x.obj)] if f}
     if not files:
         return ""
     import traceback
