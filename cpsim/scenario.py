@@ -252,7 +252,7 @@ class Scenario:
     def from_dict(cls, d: dict[str, Any]) -> "Scenario":
         # Imported here: building the pydantic models takes a second, and processes that only
         # unpickle scenarios (kernel workers) never need them.
-        from cpsim.schema import scenario_data
+        from cpsim.parsing import scenario_data
         d = scenario_data(d)  # unknown keys, loose types and unbounded sizes are refused here
         try:
             batch = d.get("batch", {})

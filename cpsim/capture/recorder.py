@@ -103,7 +103,7 @@ def check_meta(meta: Any, root: str = "meta") -> dict[str, Any]:
     """What the kernel arguments do not carry, checked (``schema.CaptureMetaModel``): a misspelt key
     would otherwise be recorded and silently ignored by replay."""
     from cpsim import schema
-    from cpsim.schema import parse
+    from cpsim.parsing import parse
     return parse(schema.CaptureMetaModel, {} if meta is None else meta, root).model_dump(exclude_none=True)
 
 
