@@ -8,8 +8,8 @@ refuses ``true`` and ``1.0``, ``StrictBool`` refuses ``"no"``); containers stay 
 so a ``to_dict()`` with tuples validates like the JSON it is written as.
 
 When a field is added to a dataclass, add it here too: ``tests/test_bad_input.py``
-compares the two field lists so a forgotten one fails loudly. ``parse`` turns a model's
-ValidationError into one ``ConfigError`` line naming the field and the rule.
+compares the two field lists so a forgotten one fails loudly. ``cpsim.parsing.parse`` turns a
+model's ValidationError into one ``ConfigError`` line naming the field and the rule.
 """
 
 from __future__ import annotations
