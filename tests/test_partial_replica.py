@@ -275,7 +275,7 @@ def test_fuzz_strategy_draws_group_cp_sizes_and_padding():
 def test_draw_shows_replica_sets(tmp_path):
     pytest.importorskip("matplotlib")
     from cpsim.cmd.draw import simulate
-    from cpsim.report import draw
+    from cpsim.report import draw, figure
     s = sc.validate(load_scenario("docs/examples/replicas-cp4.json"))
     from cpsim.paths import Knobs
     from cpsim import kernels
@@ -283,5 +283,5 @@ def test_draw_shows_replica_sets(tmp_path):
     half = next(p for p in pic.panels.values() if p.group.name == "cp2")
     assert any(v.invariant == "replicas-agree" for v in half.violations)
     assert half.strip_bad.any()  # the tokens the second replica set lost are outlined
-    fig = draw.render(pic)
+    fig = figure.render(pic)
     assert "replica sets 0-1, 2-3" in " ".join(ax.get_title(loc="left") for ax in fig.axes)
