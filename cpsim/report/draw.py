@@ -17,7 +17,7 @@ and listed in the panel's title. Colours are the same everywhere: one per rank,
 grey for "every rank" (unsharded groups), pale red for "no rank", black for
 "several" (a collision or a token held twice).
 
-matplotlib is imported lazily (``draw`` extra) and always with the Agg backend.
+``build`` lays the picture out as plain arrays (a ``Picture``); ``cpsim.report.figure`` draws it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The matplotlib figure of a ``cpsim.report.draw.Picture``: one column per path, a token strip and a
-block grid per group, colours by rank, red outlines where a slot differs from the reference.
+block grid per group, colours by rank, red outlines where a slot differs from the reference (what
+each part shows: ``cpsim.report.draw``).
 
 matplotlib is imported lazily (``draw`` extra) and always with the Agg backend.
 """
