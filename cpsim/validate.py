@@ -18,7 +18,7 @@ from typing import Any, Callable
 from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.errors import ConfigError
-from cpsim.schema import _show, parse, scenario_data
+from cpsim.parsing import _show, parse, scenario_data
 
 MAX_FILE_BYTES = 64 << 20   # no scenario or repro file comes near this; refuse to slurp a disk image
 OUTPUT_OPTIONS = ("json", "html", "junit", "dump")

@@ -81,12 +81,12 @@ def bench_world() -> list[dict]:
 
     use_interpreter()
     from cpsim.check import coordinator
-    from cpsim import scenario as sc
+    from cpsim.presets import preset
     from cpsim.allocator import allocate_world
     from cpsim.paths import PATHS, Knobs
     from cpsim.run.world import run_virtual
 
-    s = sc.preset("long-prefill")
+    s = preset("long-prefill")
     rows = []
     for design in ("per-request", "tile"):
         t0 = time.perf_counter()

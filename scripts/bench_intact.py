@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cpsim import scenario as sc  # noqa: E402
 from cpsim.allocator import allocate_world  # noqa: E402
 from cpsim.kernels.under_test import here, inspect_here, load  # noqa: E402
 from cpsim.paths import _intact, run_path  # noqa: E402
+from cpsim.presets import preset  # noqa: E402
 
 KERNELS = {"callable": "tests/kernels/callable_abi.py:slot_mapping",
            "ascend-v1 (Triton)": "tests/kernels/ascend_v1_abi.py:_compute_slot_mapping_kernel"}
@@ -53,25 +53,25 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    for preset in ("default", "long-prefill"):
-        print(f"{preset:13s} copy-and-compare alone (every group's v1 inputs): "
-              f"{bracket_alone(preset, args.device, args.reps * 10) * 1e3:.3f} ms")
-    for preset in ("default", "long-prefill"):
-        s = sc.preset(preset)
+    for name in ("default", "long-prefill"):
+        print(f"{name:13s} copy-and-compare alone (every group's v1 inputs): "
+              f"{bracket_alone(name, args.device, args.reps * 10) * 1e3:.3f} ms")
+    for name in ("default", "long-prefill"):
+        s = preset(name)
         allocs = allocate_world(s)
         for label, spec in KERNELS.items():
             k = here(load(str(ROOT / spec), "v1", device=args.device, inspect=inspect_here), args.device)
             on, off = time_rank_runs(k, s, allocs, args.device, args.reps)
-            print(f"{preset:13s} {label:20s} checked {on * 1e3:8.2f} ms  unchecked {off * 1e3:8.2f} ms  "
+            print(f"{name:13s} {label:20s} checked {on * 1e3:8.2f} ms  unchecked {off * 1e3:8.2f} ms  "
                   f"cost {(on - off) * 1e3:+7.2f} ms ({(on / off - 1) * 100:+.1f} %)")
 
 
-def bracket_alone(preset: str, device: str, reps: int) -> float:
+def bracket_alone(name: str, device: str, reps: int) -> float:
     """Median seconds of the copy-and-compare alone, around a launch that does nothing, for the
     inputs one v1 launch of every group gets on rank 0 (positions, query_start_loc, the table)."""
     from cpsim.paths import Knobs, v1
     from cpsim.paths.prep import PerRank
-    s = sc.preset(preset)
+    s = preset(name)
     allocs = allocate_world(s)
     prep = PerRank(s, device)
     bt, _ = prep.batch()

@@ -46,17 +46,17 @@ def startup() -> float:
 
 def per_scenario(n: int) -> dict[str, float]:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from cpsim import scenario as sc
+    from cpsim.presets import preset
     from cpsim.run import isolation
     from cpsim.run.world import run_virtual
 
     out = {}
     for label, process in (("in-process", False), ("worker", True)):
         isolation.configure(process=process)
-        run_virtual(sc.preset("mtp", dcp=2, seed=99), ["v1", "v2"])  # warm-up: imports, worker start
+        run_virtual(preset("mtp", dcp=2, seed=99), ["v1", "v2"])  # warm-up: imports, worker start
         t = time.perf_counter()
         for seed in range(n):
-            run_virtual(sc.preset("mtp", dcp=2, seed=seed), ["v1", "v2"])
+            run_virtual(preset("mtp", dcp=2, seed=seed), ["v1", "v2"])
         out[label] = (time.perf_counter() - t) / n
     return out
 

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "scripts"))  # upstream_plan
 import upstream_plan as plan  # noqa: E402
 from cpsim import releases  # noqa: E402
 from cpsim import scenario as sc  # noqa: E402
+from cpsim.presets import PRESETS, preset  # noqa: E402
 
 # The releases come from the release table (cpsim/releases/*.json "matrix"; scripts/upstream_plan.py).
 VLLM = plan.matrix("vllm", "host")
@@ -181,14 +182,14 @@ def within_budget(s: sc.Scenario) -> sc.Scenario:
 
 def host_scenarios() -> list[tuple[str, sc.Scenario]]:
     out = []
-    for name in sc.PRESETS:
-        s = sc.preset(name)
+    for name in PRESETS:
+        s = preset(name)
         out.append((name, s))
         fitted = within_budget(s)
         if fitted is not s:
             out.append((fitted.name, fitted))
     for dcp, inter in ((2, 1), (8, 16)):
-        out.append((f"default dcp{dcp} I{inter}", sc.preset("default", dcp=dcp, interleave=inter, seed=dcp)))
+        out.append((f"default dcp{dcp} I{inter}", preset("default", dcp=dcp, interleave=inter, seed=dcp)))
     return out
 
 
@@ -446,7 +447,7 @@ def check_ascend_hosts(args, venvs: Path, times: list[str]) -> list[dict]:
     """vllm-ascend's host classes of each ASCEND_HOSTS release named in --ascend, the unpacked sdist first on
     the driver child's sys.path, then the folder of the vLLM release it was built for (installed above)."""
     rows = []
-    named = [(n, sc.preset(n)) for n in ASCEND_HOST_PRESETS]
+    named = [(n, preset(n)) for n in ASCEND_HOST_PRESETS]
     python = str(venvs / "base" / "bin" / "python")
     for version, vllm_version, paths in ASCEND_HOSTS:
         if version not in args.ascend.split(","):

@@ -21,6 +21,8 @@ import pytest
 
 from cpsim import schema
 from cpsim import scenario as sc
+from cpsim.presets import PRESETS, preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.validate import load_scenario
 from cpsim.cli import main
 from cpsim.errors import ConfigError
@@ -700,10 +702,10 @@ def test_every_example_loads(path):
         sc.validate(load_scenario(path))
 
 
-@pytest.mark.parametrize("name", sc.PRESETS)
+@pytest.mark.parametrize("name", PRESETS)
 @pytest.mark.parametrize("suffix", [".json", ".toml"])
 def test_every_preset_round_trips_through_a_file(name, suffix, tmp_path):
-    s = sc.preset(name)
+    s = preset(name)
     s.dump(tmp_path / f"s{suffix}")
     back = load_scenario(tmp_path / f"s{suffix}")
     assert back == s and back.fingerprint() == s.fingerprint()
@@ -711,7 +713,7 @@ def test_every_preset_round_trips_through_a_file(name, suffix, tmp_path):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_random_scenarios_round_trip(seed):
-    s = sc.random_scenario(seed)
+    s = random_scenario(seed)
     assert sc.Scenario.from_dict(json.loads(s.canonical_json())) == s
 
 

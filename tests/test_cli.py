@@ -6,6 +6,7 @@ import sys
 
 from cpsim.cli import main
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
+from cpsim.presets import preset
 
 
 def test_run_default_passes(tmp_path, capsys):
@@ -44,7 +45,6 @@ def test_unknown_preset_and_path(capsys):
 
 
 def test_scenario_file(tmp_path):
-    from cpsim import scenario as sc
     path = tmp_path / "s.toml"
-    sc.preset("default", dcp=1).dump(path)
+    preset("default", dcp=1).dump(path)
     assert main(["run", "--scenario", str(path), "--quiet"], runner=RUNNER) == 0

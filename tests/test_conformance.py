@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from cpsim.kernels.under_test import ABIS, choose_abi
+from cpsim.kernels.abi_match import choose_abi
+from cpsim.kernels.under_test import ABIS
 from kernel_load import load
 from cpsim.paths import v2
 from cpsim.paths.types import Knobs
 from cpsim.plugin.testing import check_kernel
-from cpsim.scenario import preset
+from cpsim.presets import preset
 from cpsim.stack import conformance, recording_kernel
 from conformance_hosts import mrv2_host
 from mutants import mutant

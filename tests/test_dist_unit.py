@@ -16,6 +16,7 @@ import torch
 from cpsim.cli import main
 from cpsim.cmd import sweep
 from cpsim.check.coordinator import Verdict, Violation
+from cpsim.presets import preset
 from cpsim.run.dist import select_device
 from cpsim.errors import ConfigError
 from cpsim import scenario as sc
@@ -65,7 +66,7 @@ def _free_port() -> int:
 
 def test_junit_sweep_labels_and_skipped_cells(tmp_path):
     """A sweep labels each replica's suite and lists cells that never ran as skipped."""
-    s = sc.validate(sc.preset("mtp"))
+    s = sc.validate(preset("mtp"))
     fail = Verdict("owner-rule", "v2", "fail", 10, [
         Violation("owner-rule", "v2", "attn", 3, "3 token(s) not stored on rank (p // 1) % 4", [2])])
     results = [(s, [Verdict("padding", "v1", "pass", 5), fail, Verdict("same-scenario", "*", "n/a")],
@@ -221,7 +222,7 @@ def test_launcher_summary_quotes_rank_0s_report_for_the_job():
 
 def test_headline_names_the_first_violation_of_the_failing_groups():
     from cpsim.run.distrun import GroupResult, headline
-    s = sc.validate(sc.preset("mtp", dcp=2))
+    s = sc.validate(preset("mtp", dcp=2))
     ok = GroupResult("mtp", 0, [0, 1], s, [Verdict("padding", "v1", "pass")])
     bad = GroupResult("mtp", 1, [2, 3], s, [Verdict("padding", "v1", "pass"), Verdict(
         "kernel-completes", "v2", "fail", 2, [Violation("kernel-completes", "v2", "*", 1, "kernel raised X on rank 1", [1])])])
@@ -262,7 +263,7 @@ def _run_group_threads(monkeypatch, fail: dict[int, str], guard_hit: int | None 
     from cpsim.paths import KernelFailure
     from cpsim.run import distrun, isolation
 
-    s = sc.validate(sc.preset("mtp", dcp=2))
+    s = sc.validate(preset("mtp", dcp=2))
     real, lock = RUNNER.run_rank_checked, threading.Lock()
 
     def run(path, s_, allocs, rank, device, knobs, kernel):

@@ -10,7 +10,8 @@ from matplotlib.text import Annotation, Text
 from report_cases import STALE_TAIL, VIRTUAL_FROM_KERNEL_BLOCK, small
 from cpsim import cli, layout
 from cpsim.cmd.draw import figure_for, simulate
-from cpsim.report import draw
+from cpsim.presets import preset
+from cpsim.report import draw, figure
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
@@ -22,7 +23,7 @@ def texts(fig) -> list[str]:
 
 @pytest.fixture(scope="module")
 def default_fig():
-    return figure_for(sc.validate(sc.preset("default")), runner=RUNNER)
+    return figure_for(sc.validate(preset("default")), runner=RUNNER)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,8 @@ def vkb_fig():
 
 def test_default_preset_png_and_svg(default_fig, tmp_path):
     fig, pic = default_fig
-    png = draw.save(fig, tmp_path / "default.png")
-    svg = draw.save(fig, tmp_path / "default.svg")
+    png = figure.save(fig, tmp_path / "default.png")
+    svg = figure.save(fig, tmp_path / "default.svg")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()[:2000]
     assert pic.paths == ["v1", "v2"]                     # side by side
@@ -77,7 +78,7 @@ def test_injected_fault_is_annotated(vkb_fig, tmp_path):
     assert attn.strip_bad.any() and attn.blocks_bad.any()
     assert not pic.panels[("v1", 1)].strip_bad.any()     # the unsharded ring is untouched by this bug
     for out in ("fault.png", "fault.svg"):
-        assert draw.save(fig, tmp_path / out).stat().st_size > 10_000
+        assert figure.save(fig, tmp_path / out).stat().st_size > 10_000
 
 
 def test_violation_without_token_is_listed():
@@ -88,7 +89,7 @@ def test_violation_without_token_is_listed():
 
 def test_too_big_is_refused():
     with pytest.raises(ConfigError) as e:
-        draw.check_size(sc.validate(sc.preset("long-prefill")))
+        draw.check_size(sc.validate(preset("long-prefill")))
     assert e.value.field == "draw" and "131072" in e.value.rule
 
 
@@ -168,7 +169,7 @@ def test_callouts_and_legend_stay_inside_the_canvas(name):
     pic = _fault_picture(name)
     for paths in (pic.paths, pic.paths[:1]):   # side by side, and one narrow column (the capture's shape)
         pic.paths = list(paths)
-        fig = draw.render(pic)
+        fig = figure.render(pic)
         assert not outside_canvas(fig), outside_canvas(fig)
         assert fig.legends
         marks = [m for (path, _), p in pic.panels.items() if path in paths for m in p.marks]
@@ -182,14 +183,14 @@ def test_matches_reference_callout_at_the_right_edge_stays_inside():
     for panel in pic.panels.values():   # move every mark to the far right cell
         panel.marks = [(inv, where, row, (panel.strip if where == "strip" else panel.blocks).shape[1] - 1)
                        for inv, where, row, _ in panel.marks]
-    fig = draw.render(pic)
+    fig = figure.render(pic)
     assert any(a.get_text() == "matches-reference" for a in fig.findobj(Annotation))
     assert not outside_canvas(fig), outside_canvas(fig)
 
 
 def test_every_violated_invariant_is_called_out():
     pic = _fault_picture("stale-tail", ("v2",))
-    fig = draw.render(pic)
+    fig = figure.render(pic)
     shown = {t.get_text() for t in fig.findobj(Text)}
     for panel in pic.panels.values():
         violated = {v.invariant for v in panel.violations}
@@ -202,10 +203,10 @@ def test_text_is_legible_where_the_html_shows_it():
     """>= 11 px at the 96 px-per-inch size the HTML gives the picture, which is embedded at 2x."""
     from cpsim.report import html
     pic = _checked_picture(small(), VIRTUAL_FROM_KERNEL_BLOCK)
-    fig = draw.render(pic)
+    fig = figure.render(pic)
     sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_text().strip()]
     assert min(sizes) * 96 / 72 >= 11, min(sizes)
-    png = draw.png_bytes(fig, dpi=html.PICTURE_DPI)
+    png = figure.png_bytes(fig, dpi=html.PICTURE_DPI)
     page = html.render_html(pic.scenario, pic.verdicts, png)
     w, h = html.png_size(png)
     assert w == round(fig.get_figwidth() * html.PICTURE_DPI)

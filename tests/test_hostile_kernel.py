@@ -495,7 +495,7 @@ EXITS_AT_IMPORT = "import os\nos._exit(0)\n" + TRITON_ALL_PAD
 def v1_capture(tmp_path_factory) -> Path:
     """Two steps of cpsim's own v1 kernel on both ranks of DCP 2, captured (one attention group)."""
     from cpsim.capture import simulate
-    from cpsim.scenario import preset
+    from cpsim.presets import preset
     d = tmp_path_factory.mktemp("cap") / "v1"
     simulate.run([preset("mtp", dcp=2), preset("mtp", dcp=2, seed=1)], d, paths=("v1",))
     return d

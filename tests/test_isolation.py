@@ -22,6 +22,7 @@ from cpsim import cli
 from cpsim.check import coordinator
 from cpsim.layout import GUARD, table_guard_id
 from cpsim.paths import KernelFailure
+from cpsim.presets import preset
 from cpsim.run import chunks, outcome, runner, worker
 from cpsim.run.runner import Isolation
 from kernel_load import RUNNER
@@ -212,13 +213,12 @@ def test_paths_run_side_by_side_and_a_hang_in_one_leaves_the_other_checked(capsy
 def test_run_paths_config_error_leaves_no_stale_worker(monkeypatch):
     """An error while other paths are still running kills their workers, so no stale reply
     is read as the answer to the next request."""
-    from cpsim import scenario as sc
     from cpsim.allocator import allocate_world
     from cpsim.errors import ConfigError
     from cpsim.paths import Knobs
     from cpsim.run import isolation
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "2")
-    s = sc.preset("mtp", dcp=2)
+    s = preset("mtp", dcp=2)
     allocs = allocate_world(s)
     knobs = [Knobs()] * s.cp.world
     first = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
@@ -280,9 +280,8 @@ def _same(a: dict, b: dict) -> None:
 def test_runs_started_ahead_are_collected_not_run_again():
     """``ahead`` (fuzz starts the next scenario while it checks the last) hands ``run_paths`` the
     very results a plain call gives, without running the ranks a second time."""
-    from cpsim import scenario as sc
     from cpsim.run import isolation
-    s = sc.preset("mtp", dcp=2)
+    s = preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     plain = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
     before = next(RUNNER.pool.tokens)
@@ -295,9 +294,8 @@ def test_runs_started_ahead_are_collected_not_run_again():
 def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
     """Another scenario needing the workers first (fuzz classifying a failure) collects the runs
     started ahead and keeps them for the call they were started for."""
-    from cpsim import scenario as sc
     from cpsim.run import isolation
-    s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
+    s1, s2 = preset("mtp", dcp=2), preset("mtp", dcp=4)
     (a1, k1), (a2, k2) = _world(s1), _world(s2)
     plain1 = RUNNER.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
     plain2 = RUNNER.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
@@ -312,11 +310,10 @@ def test_a_worker_crashing_with_later_paths_queued_names_the_rank_and_runs_the_r
     """Every path's chunk is sent at once: when the child dies on v1, v2's chunk (queued behind it)
     goes to a fresh child, and the failure names the rank that crashed."""
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")  # both ranks in one child: rank 1 is left unrun
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from kernel_load import load
     from cpsim.run import isolation
-    s = sc.preset("mtp", dcp=2)
+    s = preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     plain = RUNNER.run_paths(s, ["v2"], allocs, "cpu", knobs, {})
     kernels = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
@@ -331,9 +328,8 @@ def test_two_scenarios_in_flight_come_back_in_any_order_each_run_once(monkeypatc
     """``DEPTH`` scenarios may be queued in the workers at once; each call gets its own results
     (equal to a plain call's), whichever is asked for first, and nothing runs twice."""
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
-    from cpsim import scenario as sc
     from cpsim.run import isolation
-    s1, s2, s3 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4), sc.preset("mtp", dcp=1)
+    s1, s2, s3 = preset("mtp", dcp=2), preset("mtp", dcp=4), preset("mtp", dcp=1)
     (a1, k1), (a2, k2), (a3, k3) = _world(s1), _world(s2), _world(s3)
     plain1 = RUNNER.run_paths(s1, ["v1", "v2"], a1, "cpu", k1, {})
     plain2 = RUNNER.run_paths(s2, ["v1", "v2"], a2, "cpu", k2, {})
@@ -351,11 +347,10 @@ def test_a_crash_in_the_first_scenario_in_flight_resends_the_second_to_a_fresh_w
     """The child dies on the first queued scenario, taking the second one's messages with it: the
     failure names the first scenario's rank, and the second runs in a fresh child, unharmed."""
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from kernel_load import load
     from cpsim.run import isolation
-    s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
+    s1, s2 = preset("mtp", dcp=2), preset("mtp", dcp=4)
     (a1, k1), (a2, k2) = _world(s1), _world(s2)
     plain2 = RUNNER.run_paths(s2, ["v1"], a2, "cpu", k2, {})
     crash = {"v1": load(f"{K}/hostile.py:segfault", "v1")}
@@ -376,11 +371,10 @@ def test_a_crash_in_the_second_scenario_in_flight_is_its_own(monkeypatch, tmp_pa
     flaky.write_text(f"import os, signal\n\ndef segfault_once(positions):\n"
                      f"    if os.path.exists({str(tmp_path / 'crashed')!r}):\n        raise ValueError('second call')\n"
                      f"    open({str(tmp_path / 'crashed')!r}, 'w').close()\n    os.kill(os.getpid(), signal.SIGSEGV)\n")
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from kernel_load import load
     from cpsim.run import isolation
-    s1, s2 = sc.preset("mtp", dcp=2), sc.preset("mtp", dcp=4)
+    s1, s2 = preset("mtp", dcp=2), preset("mtp", dcp=4)
     (a1, k1), (a2, k2) = _world(s1), _world(s2)
     plain1 = RUNNER.run_paths(s1, ["v1"], a1, "cpu", k1, {})
     crash = {"v1": load(f"{flaky}:segfault_once", "v1")}
@@ -419,10 +413,9 @@ def test_a_lost_batched_chunk_runs_again_rank_by_rank_and_the_loss_is_reported(m
     nobody knows which rank did it: the ranks run again one reply each, and when every one completes
     the loss is still reported, on the chunk, never dropped."""
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from cpsim.run import isolation
-    s = sc.preset("mtp", dcp=2)
+    s = preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     lost = _lose_first_batch(monkeypatch)
     got = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
@@ -436,10 +429,9 @@ def test_a_lost_batched_chunk_runs_again_rank_by_rank_and_the_loss_is_reported(m
 def test_a_lost_batched_chunk_that_fails_again_names_the_rank(monkeypatch):
     """Run again rank by rank, the chunk fails on rank 1: that failure, with its rank, is the path's."""
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from cpsim.run import isolation
-    s = sc.preset("mtp", dcp=2)
+    s = preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     _lose_first_batch(monkeypatch)
     real = worker.Worker.answer
@@ -457,9 +449,8 @@ def test_a_lost_batched_chunk_that_fails_again_names_the_rank(monkeypatch):
 
 @pytest.mark.parametrize("dcp", [1, 2, 4])
 def test_batched_replies_equal_an_in_process_run(dcp, monkeypatch):
-    from cpsim import scenario as sc
     from cpsim.run import isolation
-    s = sc.preset("mtp", dcp=dcp)
+    s = preset("mtp", dcp=dcp)
     allocs, knobs = _world(s)
     batched = RUNNER.run_paths(s, ["v1", "v2", "v1-torch"], allocs, "cpu", knobs, {})
     monkeypatch.setattr(RUNNER, "config", Isolation(process=False))
@@ -471,10 +462,9 @@ def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(mo
     fault surfaces there, unattributed ("lost"). The ranks run again one by one; when every one completes,
     the fault is still reported, with its text, on the chunk."""
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from cpsim.run import isolation
-    s = sc.preset("mtp", dcp=2)
+    s = preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     from cpsim.run import wire
     _lose_first_batch(monkeypatch, wire.LostOnReadback("AcceleratorError",
@@ -510,13 +500,12 @@ def test_paths_shared_out_between_workers_equal_an_in_process_run(dcp, workers, 
     between spare workers), run here on CPU: the results are a single process's, and a crash on one
     path's worker leaves the other path's intact."""
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", str(workers))
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from kernel_load import load
     from cpsim.run import isolation
     real = chunks._shares
     monkeypatch.setattr(chunks, "_shares", lambda paths, world, size, device: real(paths, world, size, "cuda"))
-    s = sc.preset("mtp", dcp=dcp)
+    s = preset("mtp", dcp=dcp)
     allocs, knobs = _world(s)
     sent = []
     real_send = chunks._send
@@ -547,10 +536,9 @@ def test_a_worker_killed_mid_batch_runs_its_ranks_again_one_by_one(monkeypatch):
     path queued behind it is judged as usual."""
     import signal
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from cpsim.run import isolation
-    s = sc.preset("mtp", dcp=2)
+    s = preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     real, killed = chunks._send, []
 
@@ -582,11 +570,10 @@ def test_a_kernel_killing_its_worker_is_named_on_its_rank_and_the_other_ranks_ru
         if cp_rank in {deadly!r}:
             os.kill(os.getpid(), signal.SIGKILL)
         return out'''))
-    from cpsim import scenario as sc
     from cpsim.paths import KernelFailure
     from kernel_load import load
     from cpsim.run import isolation
-    s = sc.preset("mtp", dcp=4)
+    s = preset("mtp", dcp=4)
     allocs, knobs = _world(s)
     got = RUNNER.run_paths(s, ["v1"], allocs, "cpu", knobs, {"v1": load(f"{kernel}:kernel", "v1")})
     f = got["v1"]
@@ -734,9 +721,8 @@ def test_a_kernel_s_exception_is_named_alike_in_a_worker_and_in_process(fn, kind
     """One mapping (``cpsim.run.outcome.kernel_error`` / ``failed``) names what a kernel raised, whether
     the worker sent it back or the in-process fallback caught it: the failures are the same."""
     monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "1")
-    from cpsim import scenario as sc
     from kernel_load import load
-    s = sc.preset("mtp", dcp=2)
+    s = preset("mtp", dcp=2)
     allocs, knobs = _world(s)
     kernels = {"v1": load(f"{K}/hostile.py:{fn}", "v1")}
     isolated = RUNNER.run_paths(s, ["v1"], allocs, "cpu", knobs, kernels)["v1"]

@@ -14,8 +14,8 @@ from cpsim.kernels import vllm_shim
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS
 from kernel_load import load
-from cpsim.scenario import preset
 from cpsim.plugin.testing import check_kernel
+from cpsim.presets import preset
 from mutants import mutant
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 

@@ -6,6 +6,8 @@ import torch
 from cpsim import kernels
 from cpsim.check import reference
 from cpsim import scenario as sc
+from cpsim.presets import preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.allocator import allocate_rank
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import PATHS, run_path
@@ -35,13 +37,13 @@ def _check_rank(s: sc.Scenario, rank: int, device: str = "cpu", paths=PATHS) -> 
 
 @pytest.mark.parametrize("seed", range(200))
 def test_kernels_match_reference_on_random_scenarios(seed, device):
-    s = sc.random_scenario(seed, max_world=8, max_groups=4, max_reqs=8, max_model_len=65536)
+    s = random_scenario(seed, max_world=8, max_groups=4, max_reqs=8, max_model_len=65536)
     assert _check_rank(s, seed % s.cp.world, device) >= 3
 
 
 @pytest.mark.parametrize("name", ["default", "hybrid-mamba", "mtp"])
 def test_kernels_match_reference_on_presets_every_rank(name, device):
-    s = sc.validate(sc.preset(name))
+    s = sc.validate(preset(name))
     for rank in range(s.cp.world):
         _check_rank(s, rank, device)
 

@@ -12,6 +12,8 @@ import torch
 
 from cpsim import layout
 from cpsim import scenario as sc
+from cpsim.presets import preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.validate import load_scenario
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
@@ -71,7 +73,7 @@ def test_group_cp_size_and_alias():
     assert sc.KVGroup("a", cp_size=4).world(cp) == 4
     assert sc.KVGroup("a", cp_size=1).world(cp) == 1
     assert sc.KVGroup("a", cp_sharded=False).world(cp) == 1
-    d = sc.preset("default").to_dict()
+    d = preset("default").to_dict()
     d["groups"][1]["cp_size"] = 4
     d["groups"][0]["cp_sharded"] = False
     s = sc.Scenario.from_dict(d)
@@ -80,12 +82,12 @@ def test_group_cp_size_and_alias():
 
 def test_new_fields_keep_old_fingerprints():
     """Defaults are left out of the canonical JSON, so older scenarios hash as before."""
-    s = sc.preset("default")
+    s = preset("default")
     d = s.to_dict()
     assert "cp_size" not in d["groups"][0] and "is_padding" not in d["batch"]
     assert "padded_drafts" not in d["batch"]["requests"][0]
     assert sc.Scenario.from_dict(json.loads(s.canonical_json())).fingerprint() == s.fingerprint()
-    p = sc.preset("partial-replica")
+    p = preset("partial-replica")
     assert sc.Scenario.from_dict(json.loads(p.canonical_json())) == p
 
 
@@ -98,7 +100,7 @@ def test_new_fields_keep_old_fingerprints():
     (lambda d: d["batch"]["requests"][0].update(padded_drafts=10**6), "padded_drafts"),
 ])
 def test_bad_new_fields_name_field_and_rule(change, field):
-    d = sc.preset("partial-replica").to_dict()
+    d = preset("partial-replica").to_dict()
     change(d)
     with pytest.raises(ConfigError) as e:
         sc.validate(sc.Scenario.from_dict(d))
@@ -113,7 +115,7 @@ def test_padding_mask_and_allocation_stop_at_last_real_token(world):
 
 
 def test_preset_shrinks_group_cp_sizes_to_an_overridden_world():
-    s = sc.validate(sc.preset("partial-replica", dcp=2))
+    s = sc.validate(preset("partial-replica", dcp=2))
     assert [g.world(s.cp) for g in s.groups] == [2, 2, 1, 1]
 
 
@@ -222,7 +224,7 @@ def test_block_sizing_exact_width_with_g(world):
 
 @pytest.mark.parametrize("seed", [4, 5, 6, 10, 16, 24])
 def test_mrv2_and_v1_match_reference_on_random_mixed_scenarios(seed):
-    s = sc.random_scenario(seed, max_world=8, max_groups=4, max_reqs=6, max_model_len=4096)
+    s = random_scenario(seed, max_world=8, max_groups=4, max_reqs=6, max_model_len=4096)
     assert len({g.world(s.cp) for g in s.groups if g.slot_mapped}) > 1 or s.batch.has_padding
     gathered = run_virtual(s, ["v1", "v1-torch", "v2"], runner=RUNNER)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
@@ -233,13 +235,13 @@ def test_mrv2_and_v1_match_reference_on_random_mixed_scenarios(seed):
 def test_v2_uses_mrv2_only_when_needed():
     from cpsim.paths import Knobs, v2
     from cpsim import kernels
-    assert not v2.needs_mrv2(sc.preset("default"))
-    assert v2.needs_mrv2(sc.preset("partial-replica"))
-    assert v2.needs_mrv2(sc.preset("default"), Knobs(kernel_fault=kernels.FAULT_PADDING_IGNORED))
+    assert not v2.needs_mrv2(preset("default"))
+    assert v2.needs_mrv2(preset("partial-replica"))
+    assert v2.needs_mrv2(preset("default"), Knobs(kernel_fault=kernels.FAULT_PADDING_IGNORED))
 
 
 def test_partial_replica_preset_passes_at_cp8():
-    s = sc.preset("partial-replica")
+    s = preset("partial-replica")
     assert s.cp.world == 8 and sorted({g.world(s.cp) for g in s.groups}) == [1, 4, 8]
     gathered = run_virtual(s, ["v1", "v2"], runner=RUNNER)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * 8)
@@ -274,7 +276,7 @@ def test_fuzz_strategy_draws_group_cp_sizes_and_padding():
 def test_draw_shows_replica_sets(tmp_path):
     pytest.importorskip("matplotlib")
     from cpsim.cmd.draw import simulate
-    from cpsim.report import draw
+    from cpsim.report import draw, figure
     s = sc.validate(load_scenario("examples/replicas-cp4.json"))
     from cpsim.paths import Knobs
     from cpsim import kernels
@@ -282,5 +284,5 @@ def test_draw_shows_replica_sets(tmp_path):
     half = next(p for p in pic.panels.values() if p.group.name == "cp2")
     assert any(v.invariant == "replicas-agree" for v in half.violations)
     assert half.strip_bad.any()  # the tokens the second replica set lost are outlined
-    fig = draw.render(pic)
+    fig = figure.render(pic)
     assert "replica sets 0-1, 2-3" in " ".join(ax.get_title(loc="left") for ax in fig.axes)

@@ -8,15 +8,15 @@ import pickle
 import numpy as np
 import pytest
 
-from cpsim import scenario as sc
 from cpsim.check.coordinator import Example, Verdict, Violation
+from cpsim.presets import preset
 from cpsim.run import plain
 from cpsim.run.distrun import RESULT_CLASSES, GroupResult
 
 
 def _result(name: str) -> GroupResult:
     bad = Violation("dense-local", "v1", "g0", 2, "two off", [1], [Example(1, 0, 7, "block 1", "block 0")])
-    return GroupResult(name, 0, [0, 1], sc.preset(name), [Verdict("dense-local", "v1", "fail", 9, [bad]),
+    return GroupResult(name, 0, [0, 1], preset(name), [Verdict("dense-local", "v1", "fail", 9, [bad]),
                                                          Verdict("padding", "v2", "pass", 4)], ["v1-torch"])
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from cpsim import kernels
-from cpsim import scenario as sc
+from cpsim.presets import preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim.paths import v1
@@ -26,13 +27,13 @@ PATHS = ["v1", "v1-fused", "v2"]
 
 
 def test_int32_only_when_provable():
-    s = sc.preset("default")
+    s = preset("default")
     assert v1.pos_int32(s)
     assert not v1.pos_int32(s.replace(limits=dataclasses.replace(s.limits, max_model_len=2**31)))
 
 
-@pytest.mark.parametrize("make", [lambda: sc.preset("default"), lambda: sc.preset("default", dcp=1),
-                                  lambda: sc.random_scenario(3)], ids=["default", "cp1", "random3"])
+@pytest.mark.parametrize("make", [lambda: preset("default"), lambda: preset("default", dcp=1),
+                                  lambda: random_scenario(3)], ids=["default", "cp1", "random3"])
 def test_int64_positions_give_the_same_slots(make, monkeypatch):
     s = make()
     narrow = run_virtual(s, PATHS, runner=RUNNER)

@@ -19,7 +19,8 @@ from cpsim.capture import batch as xb
 from cpsim.check import explicit, profiles
 from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
-from cpsim.scenario import CPConfig, KVGroup, Limits, preset
+from cpsim.presets import preset
+from cpsim.scenario import CPConfig, KVGroup, Limits
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 P = -1
@@ -163,7 +164,7 @@ def test_a_pcp_replica_that_drops_a_token_fails_under_both():
 
 
 def test_the_dcp_layout_is_idempotent_and_noted():
-    from cpsim.scenario import preset
+    from cpsim.presets import preset
     s = preset("default", dcp=2, pcp=2)
     t = profiles.scenario_for(s, profiles.get("vllm-0.33"))
     assert [g.world(t.cp) for g in t.groups if g.kind == "attention"] == [2, 2]
@@ -310,7 +311,7 @@ def test_fuzz_records_the_profile_and_replay_and_draw_use_it(tmp_path, capsys):
     assert cli.main(["replay", str(repro), "--profile", "cpsim"], runner=RUNNER) == 1
     assert "profile: cpsim" in capsys.readouterr().out
     small = tmp_path / "small.json"  # draw needs a drawable scenario: the repro's profile on a small one
-    from cpsim.scenario import preset
+    from cpsim.presets import preset
     small.write_text(json.dumps({**json.loads(repro.read_text()), "scenario": preset("mtp", dcp=2).to_dict()}))
     assert cli.main(["draw", "--repro", str(small), "--out", str(tmp_path / "f.png")], runner=RUNNER) == 1  # the fault, injected
     assert "profile vllm-ascend-0.23" in capsys.readouterr().out

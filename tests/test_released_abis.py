@@ -11,10 +11,12 @@ import pytest
 
 from cpsim import kernels
 from cpsim.errors import ConfigError
-from cpsim.kernels.under_test import ABIS, choose_abi
+from cpsim.kernels.abi_match import choose_abi
+from cpsim.kernels.under_test import ABIS
 from kernel_load import load
 from cpsim.plugin.testing import check_kernel
-from cpsim.scenario import Request, preset
+from cpsim.presets import preset
+from cpsim.scenario import Request
 from mutants import mutant
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
@@ -216,7 +218,7 @@ def _callable_without(tmp_path, name):
 def test_callable_that_does_not_ask_for_its_cp_rank_is_judged_and_fails(tmp_path):
     """A kernel blind to CP is what the checks are for: it is judged, not excused."""
     from cpsim.plugin.testing import load_kernel, run_one
-    from cpsim.scenario import preset
+    from cpsim.presets import preset
     k = load_kernel(_callable_without(tmp_path, "cp_rank"), "v1")
     s, verdicts = run_one(k, "v1", preset("mtp"), runner=RUNNER)
     assert any(v.status == "fail" and v.invariant == "exactly-one-owner" for v in verdicts)
@@ -226,7 +228,7 @@ def test_callable_that_does_not_ask_for_its_cp_rank_is_judged_and_fails(tmp_path
 @pytest.mark.parametrize("name,scenario", [("is_circular", "hybrid-mamba")])
 def test_callable_that_does_not_ask_is_not_checked_and_told_what_to_ask(tmp_path, name, scenario):
     from cpsim.plugin.testing import load_kernel, run_one
-    from cpsim.scenario import preset
+    from cpsim.presets import preset
     k = load_kernel(_callable_without(tmp_path, name), "v1")
     assert name not in k.params
     s, verdicts = run_one(k, "v1", preset(scenario), runner=RUNNER)

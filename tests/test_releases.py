@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cpsim import releases
+from cpsim.presets import preset
 from cpsim.releases import contract
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
@@ -230,8 +231,8 @@ def test_a_kernel_file_is_of_the_release_whose_package_holds_it(tmp_path):
     """One reading of a kernel file's release (cpsim.kernels.release_of) serves the ABI choice and the
     contract: a vllm-ascend file installed beside vLLM is vllm-ascend's, its X.Y.Z for the ABI table."""
     from types import SimpleNamespace
+    from cpsim.kernels.abi_match import release_of
     from cpsim.kernels.release_of import release_folder
-    from cpsim.kernels.under_test import release_of
     site = tmp_path / "site-packages"
     for d in ("vllm/v1/worker/gpu", "vllm_ascend/worker/v2", "vllm-0.34.0.dist-info",
               "vllm_ascend-0.23.0.post1.dist-info"):
@@ -337,9 +338,8 @@ def _link(src, dst):
 def test_under_torchrun_the_merged_answer_keeps_the_release_it_came_from():
     """Each rank's driver names the release it loaded; the merged answer keeps it, so a torchrun report
     says whose contract judged (a listed release here: 0.34.0 itself)."""
-    from cpsim import scenario as sc
     from cpsim.stack import host
-    s = sc.preset("default", dcp=2)
+    s = preset("default", dcp=2)
     installed = {"project": "vllm", "version": "0.34.0", "root": None}
     ranks = [{"answer": {"release": "vllm 0.34.0", "patches": [], "installed": installed,
                          "runtime_groups": {"dcp_world": 2, "dcp_rank": r},

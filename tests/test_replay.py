@@ -12,6 +12,7 @@ import torch
 from cpsim import cli, kernels
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from cpsim.presets import preset
 
 kernels.use_interpreter()
 
@@ -91,7 +92,7 @@ def test_bad_replay_json_is_exit_2(tmp_path, capsys, patch, needle):
 
 
 def test_fields_at_their_defaults_keep_old_fingerprints():
-    s = sc.preset("default")
+    s = preset("default")
     d = s.to_dict()
     assert "replay_start" not in d["batch"]["requests"][0]
     assert "prefix_cacheable" not in d["groups"][0] and "prefix_replay_tokens" not in d["groups"][0]
@@ -100,7 +101,7 @@ def test_fields_at_their_defaults_keep_old_fingerprints():
 
 
 def test_preset_replays_in_first_later_and_inside_chunks():
-    s = sc.validate(sc.preset("prefix-replay"))
+    s = sc.validate(preset("prefix-replay"))
     starts = [(r.context_len, r.num_tokens, r.replay_start) for r in s.batch.requests if r.replay_start]
     assert starts == [(896, 300, 896), (1664, 100, 1600), (3000, 50, 3000)]
     assert int(s.replay_mask().sum()) == 128 + 64 + 50
@@ -129,7 +130,7 @@ def test_our_kernel_pads_exactly_the_replayed_tokens_of_the_listed_groups():
 
 @pytest.mark.parametrize("name", ["prefix-replay"])
 def test_every_path_matches_the_reference_on_every_rank(name):
-    s = sc.validate(sc.preset(name))
+    s = sc.validate(preset(name))
     for rank in range(s.cp.world):
         allocs = allocate_rank(s, rank)
         for path in PATHS:
@@ -143,7 +144,7 @@ def test_every_path_matches_the_reference_on_every_rank(name):
 
 
 def test_replayed_tokens_keep_slots_in_the_groups_that_left_prefix_caching():
-    s = sc.validate(sc.preset("prefix-replay"))
+    s = sc.validate(preset("prefix-replay"))
     gathered = run_virtual(s, ["v2"], runner=RUNNER)
     verdicts = coordinator.check(s, allocate_world(s), gathered, [s.fingerprint()] * s.cp.world)
     assert coordinator.passed(verdicts)

@@ -174,7 +174,7 @@ def _verdicts() -> list[Verdict]:
 
 
 def test_failures_lead_with_a_summary_then_few_examples_once_per_agreeing_paths():
-    from cpsim.scenario import preset
+    from cpsim.presets import preset
     c = Console(record=True, width=300, color_system=None)
     report.print_report(c, preset("mtp"), _verdicts(), examples=2)
     text = c.export_text()
@@ -193,9 +193,9 @@ def test_failures_lead_with_a_summary_then_few_examples_once_per_agreeing_paths(
 
 
 def test_torchrun_prints_one_report_per_distinct_group_outcome():
+    from cpsim.presets import preset
     from cpsim.report.torchrun import print_groups
     from cpsim.run.distrun import GroupResult
-    from cpsim.scenario import preset
     s = preset("mtp")
     same = [GroupResult("mtp", g, [4 * g + i for i in range(4)], s, _verdicts()) for g in range(3)]
     c = Console(record=True, width=300, color_system=None)

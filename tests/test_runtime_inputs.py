@@ -19,6 +19,7 @@ from cpsim import cli
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
+from cpsim.presets import preset
 
 K = Path(__file__).parent / "kernels"
 MRV2_OK = f"{K}/vllm_mrv2_032_abi.py:_compute_slot_mappings_kernel"
@@ -37,7 +38,7 @@ def _failed(rep: dict) -> set[str]:
 
 
 def test_graph_padding_preset_has_dummy_rows_with_tokens():
-    s = sc.preset("graph-padding")
+    s = preset("graph-padding")
     dummies = [i for i, r in enumerate(s.batch.requests) if s.batch.is_dummy(i)]
     assert len(dummies) == 2 and all(s.batch.requests[i].num_tokens for i in dummies)
     assert s.batch.num_tokens_padded > s.batch.num_tokens
@@ -74,7 +75,7 @@ def test_default_fuzz_finds_the_dummy_blind_kernel(tmp_path):
 # ---- a slot-mapped tail group narrower than the sequence (vLLM's KpoolTailSpec, #56380) ---------------
 
 def test_tail_group_preset_has_a_one_block_tail_group():
-    s = sc.preset("tail-group")
+    s = preset("tail-group")
     (tail,) = [g for g in s.groups if g.row_blocks]
     assert tail.row_blocks == 1 and tail.world(s.cp) == 1
     assert any(r.seq_len > tail.block_size for r in s.batch.requests)  # tokens past the row
@@ -121,7 +122,7 @@ def test_a_tail_group_is_not_expressible_under_a_release_profile(capsys):
 
 
 def test_a_sharded_tail_group_is_exit_2_naming_the_field():
-    s = sc.preset("tail-group")
+    s = preset("tail-group")
     groups = tuple(dataclasses.replace(g, cp_size=0) if g.row_blocks else g for g in s.groups)
     with pytest.raises(ConfigError, match="cp_size 1") as e:
         sc.validate(s.replace(groups=groups))
@@ -199,7 +200,7 @@ def test_physical_table_abi_on_kernel_block_tables_is_exit_2(tmp_path, capsys):
 def test_a_dummy_request_that_replays_is_exit_2():
     """A replay rewrites a request's own row; a dummy (idx_mapping -1) has none, so its tokens stay padding
     (the fuzz space drops a replay start its seed gives a dummy)."""
-    s = sc.preset("prefix-replay")
+    s = preset("prefix-replay")
     reqs = list(s.batch.requests)
     i = s.batch.idx_mapping.index(-1)
     reqs[i] = sc.Request(896, 4, "dummy", replay_start=896)
@@ -211,7 +212,7 @@ def test_a_dummy_request_that_replays_is_exit_2():
 def test_replayed_tokens_past_a_tail_row_are_pad_not_lost(tmp_path):
     """prefix-replay's kpool-tail group (not prefix-cacheable: replayed tokens keep their slots) as a one-block
     tail: replayed positions past its row are PAD by the tail rule, which replayed-is-pad respects."""
-    s = sc.preset("prefix-replay")
+    s = preset("prefix-replay")
     s = s.replace(groups=tuple(dataclasses.replace(g, row_blocks=1) if g.name == "kpool-tail" else g
                                for g in s.groups))
     f = tmp_path / "tail-replay.json"

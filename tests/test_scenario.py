@@ -5,18 +5,20 @@ import dataclasses
 import pytest
 
 from cpsim import scenario as sc
+from cpsim.presets import PRESETS, preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.validate import load_scenario
 from cpsim.errors import ConfigError
 
 
-@pytest.mark.parametrize("name", sc.PRESETS)
+@pytest.mark.parametrize("name", PRESETS)
 def test_presets_are_valid(name):
-    s = sc.validate(sc.preset(name))
+    s = sc.validate(preset(name))
     assert s.batch.num_tokens > 0
 
 
 def test_default_preset_shape():
-    s = sc.preset("default")
+    s = preset("default")
     assert s.cp.world == 8
     kinds = [(g.kind, g.block_size, g.b) for g in s.groups]
     assert ("attention", 128, 64) in kinds and ("attention", 16, 16) in kinds
@@ -27,7 +29,7 @@ def test_default_preset_shape():
 
 
 def test_long_prefill_is_128k():
-    assert sc.preset("long-prefill").batch.num_tokens == 128 * 1024
+    assert preset("long-prefill").batch.num_tokens == 128 * 1024
 
 
 def _err(s) -> ConfigError:
@@ -37,10 +39,10 @@ def _err(s) -> ConfigError:
 
 
 def test_interleave_must_divide_block_size():
-    e = _err(sc.preset("default", interleave=48))
+    e = _err(preset("default", interleave=48))
     assert e.field == "cp.interleave"
     assert "interleave 48 must divide physical block size 128" in str(e)
-    sc.validate(sc.preset("default", interleave=48).replace(allow_invalid=True))
+    sc.validate(preset("default", interleave=48).replace(allow_invalid=True))
 
 
 @pytest.mark.parametrize("change, field, words", [
@@ -61,14 +63,14 @@ def test_interleave_must_divide_block_size():
      "num_blocks", "int32"),
 ])
 def test_bad_input_names_field_and_rule(change, field, words):
-    e = _err(change(sc.preset("default")))
+    e = _err(change(preset("default")))
     assert field in e.field and words in e.rule
 
 
 def test_a_dummy_request_with_tokens_is_padding_and_holds_no_blocks():
     """vLLM 0.33.0's MRV2 speculator keeps the tokens of its graph-padding rows (idx_mapping -1): every
     one of them is padding, and the request holds no blocks (it has no table row)."""
-    s = sc.preset("default")
+    s = preset("default")
     reqs = list(s.batch.requests)
     dummy = s.batch.idx_mapping.index(-1)
     reqs[dummy] = sc.Request(700, 3, "dummy")
@@ -80,7 +82,7 @@ def test_a_dummy_request_with_tokens_is_padding_and_holds_no_blocks():
 
 @pytest.mark.parametrize("suffix", [".json", ".toml"])
 def test_round_trip_keeps_fingerprint(tmp_path, suffix):
-    s = sc.preset("hybrid-mamba", seed=3)
+    s = preset("hybrid-mamba", seed=3)
     path = tmp_path / f"s{suffix}"
     s.dump(path)
     back = load_scenario(path)
@@ -89,9 +91,9 @@ def test_round_trip_keeps_fingerprint(tmp_path, suffix):
 
 
 def test_fingerprint_changes_with_any_field():
-    s = sc.preset("default")
-    assert s.fingerprint() == sc.preset("default").fingerprint()
-    assert s.fingerprint() != sc.preset("default", seed=1).fingerprint()
+    s = preset("default")
+    assert s.fingerprint() == preset("default").fingerprint()
+    assert s.fingerprint() != preset("default", seed=1).fingerprint()
     assert s.fingerprint() != s.replace(cp=dataclasses.replace(s.cp, interleave=8)).fingerprint()
 
 
@@ -109,8 +111,8 @@ def test_load_reports_bad_files(tmp_path):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_scenarios_are_valid_and_seeded(seed):
-    s = sc.random_scenario(seed)
-    assert sc.random_scenario(seed) == s
+    s = random_scenario(seed)
+    assert random_scenario(seed) == s
     sc.validate(s)
 
 

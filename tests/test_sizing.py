@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli, sizing
-from cpsim import scenario as sc
+from cpsim.presets import preset
 from cpsim.run import sizing as run_sizing
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
@@ -108,7 +108,7 @@ def test_failing_sizing_function_is_exit_1_naming_it(tmp_path, capsys, spec):
 
 
 def test_hanging_sizing_function_is_killed_and_named():
-    s = sc.preset("mtp")
+    s = preset("mtp")
     with pytest.raises(run_sizing.SizingFailure, match="ran past 2 s"):
         run_sizing.resolve(_spec("hanging.py:sizing"), s, ["v1"], timeout=2)
 
@@ -125,10 +125,10 @@ def test_malformed_spec_is_exit_2_naming_sizing(capsys, spec, rule):
 
 def test_builtin_release_sizing_picks_its_profile_and_reads_the_release_arithmetic():
     """Numbers read off the releases' constructors (cpsim.sizing docstrings name the files)."""
-    h = sizing.host_input(sc.preset("hybrid-mamba"), "v1")   # DCP 4, mml 16384, no drafts
+    h = sizing.host_input(preset("hybrid-mamba"), "v1")   # DCP 4, mml 16384, no drafts
     assert sizing.vllm_0_33(h) == {"table_widths": [16, 2, 256, 64], "slot_buffer_len": 4096}
     assert sizing.vllm_ascend_0_23(h) == {"table_widths": [16, 64, 64, 64], "slot_buffer_len": 4096 + 2 * 8}
-    m = sizing.host_input(sc.preset("mtp"), "v1")            # 5 drafts, 12 requests, 80 batched
+    m = sizing.host_input(preset("mtp"), "v1")            # 5 drafts, 12 requests, 80 batched
     assert sizing.vllm_ascend_0_23(m)["slot_buffer_len"] == 80 + 2 * 12 + 4 * 12
     assert sizing.ascend_0_23_buffer(m, draft_reserve=False) == 80 + 2 * 12
     assert sizing.vllm_0_33(m)["slot_buffer_len"] == 80
@@ -139,7 +139,7 @@ def test_cpsim_builtin_is_what_the_paths_allocate_without_sizing():
     from cpsim.paths import Knobs, v1, v2
     want = {"hybrid-mamba": [16, 256, 256, 64], "partial-replica": [4, 16, 256, 32], "prefix-replay": [8, 32, 32, 256]}
     for name, widths in want.items():
-        s = sc.preset(name)
+        s = preset(name)
         for host, width in (("v1", v1.physical_width), ("v2", v2.table_width)):
             assert sizing.cpsim_sizing(sizing.host_input(s, host))["table_widths"] == widths
             assert [width(s, g, Knobs()) for g in s.groups] == widths
@@ -149,7 +149,7 @@ def test_cpsim_builtin_is_what_the_paths_allocate_without_sizing():
 def test_a_sizing_answer_is_what_the_path_allocates():
     """The plugged-in widths and buffer replace cpsim's in both hosts' tables (not only in the report)."""
     from cpsim.paths import Knobs, v1, v2
-    s = sc.preset("hybrid-mamba")
+    s = preset("hybrid-mamba")
     kn = Knobs(host_sizing=(sizing.HostSizing("v1", (1, 2, 3, 4), 99), sizing.HostSizing("v2", (5, 6, 7, 8), 77)))
     assert [v1.physical_width(s, g, kn) for g in s.groups] == [1, 2, 3, 4]
     assert [v2.table_width(s, g, kn) for g in s.groups] == [5, 6, 7, 8]

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli
+from cpsim.presets import preset
 from cpsim.stack import host
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
@@ -146,11 +147,10 @@ def test_every_requested_report_is_written_on_every_ending(tmp_path, ending, arg
 
 
 def test_a_hung_job_is_killed_and_the_next_job_still_judged(tmp_path):
-    from cpsim import scenario as sc
     mark = tmp_path / "hung-once"  # the first job to get here hangs, every later one runs
     hang = hostile(tmp_path, f"time.sleep(3600) if not os.path.exists({str(mark)!r}) and not "
                              f"open({str(mark)!r}, 'w').close() else None")
-    _, _, (j0, j1) = host.drive_many([sc.preset("default"), sc.preset("default")], "vllm-ascend", ["v1"],
+    _, _, (j0, j1) = host.drive_many([preset("default"), preset("default")], "vllm-ascend", ["v1"],
                                      sys.executable, classes=str(hang), job_timeout=5)
     assert j0.failures["v1"].kind == "timeout" and not j0.steps
     _, verdicts = host.judge_steps(j1.steps, None, j1.failures)
@@ -158,8 +158,7 @@ def test_a_hung_job_is_killed_and_the_next_job_still_judged(tmp_path):
 
 
 def test_kv_manager_blocks_are_shared_by_ranks_and_never_the_null_block():
-    from cpsim import scenario as sc
-    s = sc.preset("default", dcp=4)
+    s = preset("default", dcp=4)
     for gi, g in enumerate(s.groups):
         per_req = host.kv_manager_blocks(s, gi)
         assert all(len(b) == 0 or b.min() >= 1 for b in per_req)
@@ -226,8 +225,7 @@ def _ascend_sweep(release: str, presets=("default",), path: str = "v1") -> dict[
     """DCP 2/4/8 x interleave 1/16 of each preset through one child: {scenario: {(invariant, group)} failing}."""
     import dataclasses
 
-    from cpsim import scenario as sc
-    scen = [dataclasses.replace(sc.preset(p, dcp=d, interleave=i), name=f"{p}-dcp{d}-i{i}")
+    scen = [dataclasses.replace(preset(p, dcp=d, interleave=i), name=f"{p}-dcp{d}-i{i}")
             for p in presets for d in (2, 4, 8) for i in (1, 16)]
     got, _, jobs = host.drive_many(scen, "vllm-ascend", [path], ASCEND_PYTHON, source=ASCEND_SOURCE[release])
     assert got == f"vllm-ascend {release} (vLLM {PAIRS[release][1]})"
@@ -365,8 +363,7 @@ def test_a_missing_stack_source_is_exit_2(tmp_path, capsys):
 def test_one_path_the_adapter_refuses_is_named_and_the_other_still_judged(tmp_path, capsys):
     """Own classes are driven on v1 only: a job for v1 and v2 answers v2 as not expressible with its rule and
     judges v1; a single run asked for both is exit 2 (it judges every path it was asked for, or none)."""
-    from cpsim import scenario as sc
-    _, _, (job,) = host.drive_many([sc.preset("default")], "vllm-ascend", ["v1", "v2"], sys.executable,
+    _, _, (job,) = host.drive_many([preset("default")], "vllm-ascend", ["v1", "v2"], sys.executable,
                                    classes=str(HOSTS / "ascend_shape.py"))
     assert job.unsupported is None and set(job.steps) == {"v1"}
     assert job.unsupported_paths["v2"][0] == "--paths" and "v1 only" in job.unsupported_paths["v2"][1]
@@ -472,10 +469,9 @@ def test_vllm_ascend_018_ships_the_two_host_bugs_023_fixed(tmp_path, capsys):
 def test_vllm_adapter_refuses_a_batch_past_max_num_batched_tokens():
     """vLLM's buffers hold max_num_batched_tokens; a larger batch (cpsim's mtp preset, drafts beyond
     the budget) would be written past them, so it is not expressible, not run."""
-    from cpsim import scenario as sc
     from cpsim.stack import vllm
     from cpsim.stack.exchange import Unsupported
-    meta, _ = host.plain_input(sc.preset("mtp"), ["v1", "v2"])
+    meta, _ = host.plain_input(preset("mtp"), ["v1", "v2"])
     assert meta["num_tokens"] > meta["limits"]["max_num_batched_tokens"]
     for path in ("v1", "v2"):
         with pytest.raises(Unsupported, match="max_num_batched_tokens"):
@@ -571,12 +567,11 @@ def test_upstream_check_fails_on_a_new_finding_or_a_broken_release_and_passes_kn
 
 def test_within_budget_raises_the_token_budget_only_when_the_batch_needs_it():
     uc = upstream_check()
-    from cpsim import scenario as sc
-    s = sc.preset("mtp")
+    s = preset("mtp")
     fitted = uc.within_budget(s)
     assert fitted.limits.max_num_batched_tokens == max(s.batch.num_tokens, s.batch.num_tokens_padded)
     assert fitted.batch == s.batch and fitted.name != s.name
-    d = sc.preset("default")
+    d = preset("default")
     assert max(d.batch.num_tokens, d.batch.num_tokens_padded) <= d.limits.max_num_batched_tokens
     assert uc.within_budget(d) is d
 
@@ -588,7 +583,7 @@ def test_ascend_host_rows_pair_releases_cpsim_drives_and_a_bad_source_is_a_broke
         rel = releases.release("vllm-ascend", version)
         assert vllm_version == rel.built_for                        # each beside the vLLM it was built for
         assert ("v2" in paths) == (rel.rules["v2"] is not None)
-    named = [(n, uc.sc.preset(n)) for n in uc.ASCEND_HOST_PRESETS[:1]]
+    named = [(n, preset(n)) for n in uc.ASCEND_HOST_PRESETS[:1]]
     (got,) = uc.check_hosts("vllm-ascend 9.9", "vllm-ascend", sys.executable, named, ("v1",),
                             str(tmp_path / "no-such-sdist"))
     assert got["verdict"] == "broken" and "--stack-source" in got["detail"]

@@ -16,6 +16,8 @@ from cpsim.check import coordinator
 
 from cpsim import kernels
 from cpsim import scenario as sc
+from cpsim.presets import preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.allocator import allocate_world
 from cpsim.paths import Knobs
 from cpsim.run.world import run_virtual
@@ -45,7 +47,7 @@ def _same(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("seed", range(14))
 def test_random_scenarios_equal_per_request_and_reference(seed):
-    s = sc.random_scenario(seed)
+    s = random_scenario(seed)
     tile, verdicts = _check(s, KERNEL_PATHS)
     assert coordinator.passed(verdicts), _failed(verdicts)
     assert any(v.invariant == "matches-reference" and v.status == "pass" for v in verdicts)
@@ -54,7 +56,7 @@ def test_random_scenarios_equal_per_request_and_reference(seed):
 
 @pytest.mark.parametrize("name", ["default", "hybrid-mamba", "mtp"])
 def test_presets_equal_per_request(name):
-    s = sc.preset(name)
+    s = preset(name)
     tile, verdicts = _check(s, KERNEL_PATHS + ["v1-torch"])
     assert coordinator.passed(verdicts), _failed(verdicts)
     _same(run_virtual(s, KERNEL_PATHS, runner=RUNNER), {p: tile[p] for p in KERNEL_PATHS if p in tile})
@@ -65,7 +67,7 @@ def test_large_presets_match_reference(name):
     # The per-request kernels are slow on the interpreter here; the reference and
     # the torch path (paths-agree) are the comparison. long-prefill (8 ranks x 128K
     # tokens) is left to scripts/bench_coordinator.py, which runs it with --kernel-design tile.
-    s = sc.preset(name)
+    s = preset(name)
     _, verdicts = _check(s, ["v1", "v2", "v1-torch"])
     assert coordinator.passed(verdicts), _failed(verdicts)
     assert {v.path for v in verdicts if v.invariant == "paths-agree"} == {"v1~v2", "v1~v1-torch"}
@@ -83,7 +85,7 @@ def _one_group(B: int, b: int = 0, cp: int = 1, interleave: int = 1, num_blocks:
 
 
 def test_dummies_and_empty_requests():
-    base = sc.preset("default")
+    base = preset("default")
     reqs = (sc.Request(0, 0, "dummy"),) + base.batch.requests[:-1] + (sc.Request(0, 0), sc.Request(0, 0, "dummy"))
     free = min(set(range(base.limits.max_num_reqs)) - set(base.batch.idx_mapping))
     rows = (-1,) + base.batch.idx_mapping[:-1] + (free, -1)
@@ -123,7 +125,7 @@ FAULT_CASES = {
     kernels.FAULT_FP32_GATHER: (lambda: _one_group(128, num_blocks=2**25 + 64), "matches-reference"),
     kernels.FAULT_INT32_SLOT: (lambda: _one_group(256, num_blocks=2**24, requests=((0, 300),) * 4),
                                "matches-reference"),
-    kernels.FAULT_FULL_CP: (lambda: sc.preset("hybrid-mamba"), "matches-reference"),
+    kernels.FAULT_FULL_CP: (lambda: preset("hybrid-mamba"), "matches-reference"),
 }
 
 

@@ -15,6 +15,8 @@ import torch
 
 from cpsim import kernels
 from cpsim import scenario as sc
+from cpsim.presets import preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator
 from cpsim.paths import Knobs
@@ -59,7 +61,7 @@ def _same(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_random_scenarios_equal_per_request(seed, npu_design):
-    s = sc.random_scenario(seed)
+    s = random_scenario(seed)
     tile, verdicts = _check(s, PATHS)
     assert coordinator.passed(verdicts), {v.invariant for v in verdicts if v.status == "fail"}
     _same(run_virtual(s, PATHS, runner=RUNNER), tile)
@@ -67,7 +69,7 @@ def test_random_scenarios_equal_per_request(seed, npu_design):
 
 @pytest.mark.parametrize("name", ["default", "hybrid-mamba"])
 def test_presets_equal_per_request(name, npu_design):
-    s = sc.preset(name)
+    s = preset(name)
     tile, verdicts = _check(s, PATHS)
     assert coordinator.passed(verdicts)
     _same(run_virtual(s, PATHS, runner=RUNNER), tile)

@@ -17,6 +17,7 @@ import time
 # only, with cpsim's source folder put first on PYTHONPATH by cpsim.ascend_check.fan_out.
 from cpsim.ascend_check.compiler import compile_kernel, is_triton_ascend
 from cpsim.errors import ConfigError
+from cpsim.kernels import abi_match
 from cpsim.kernels import under_test as kut
 from cpsim.kernels import vllm_shim
 
@@ -30,11 +31,11 @@ def _load(target: str, shim_vllm: bool, path: str = "", where: str = "kernel"):
 def _inspect(req: dict) -> dict:
     try:
         obj = _load(req["spec"], req.get("shim_vllm", False), req["path"], req["where"])
-        if not kut.is_triton_kernel(obj):
+        if not abi_match.is_triton_kernel(obj):
             raise ConfigError(req["where"], f"{req['spec']} is not a Triton kernel (@triton.jit); only Triton "
                                             f"kernels are compiled for Ascend")
-        abi = kut.detect_abi(obj, req.get("abi", "auto"), req["where"])
-        if req["path"] not in kut.ABIS[abi].paths:
+        abi = abi_match.detect_abi(obj, req.get("abi", "auto"), req["where"])
+        if req["path"] not in abi_match.ABIS[abi].paths:
             raise ConfigError(req["where"], f"{req['spec']} has the {abi} ABI, which cannot stand in for the "
                                             f"{req['path']} path")
     except ConfigError as e:

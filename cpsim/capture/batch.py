@@ -42,7 +42,7 @@ from cpsim.capture import reach
 from cpsim.capture.archive import ArchiveReader, ArchiveWriter
 from cpsim.check.explicit_batch import ExplicitStep, RankBatch
 from cpsim.errors import ConfigError
-from cpsim.schema import parse, parse_list
+from cpsim.parsing import parse, parse_list
 from cpsim.validate import read_data
 from cpsim.scenario import CPConfig, KVGroup, Limits
 

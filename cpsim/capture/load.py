@@ -23,7 +23,7 @@ from cpsim.capture.archive import ArchiveReader
 from cpsim.capture.batch import ExplicitStep, RankBatch, _int_array, validate
 from cpsim.capture.recorder import FORMAT, SUFFIX
 from cpsim.errors import ConfigError
-from cpsim.schema import parse
+from cpsim.parsing import parse
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.scenario import CPConfig, KVGroup, Limits
 

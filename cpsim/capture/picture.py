@@ -29,7 +29,7 @@ def _too_big(out) -> None:
 
 
 def main(args) -> int:
-    from cpsim.report import draw
+    from cpsim.report import draw, figure
 
     out_path = Path(args.out)
     if out_path.suffix.lower() not in (".png", ".svg"):
@@ -52,7 +52,7 @@ def main(args) -> int:
     where = finding and " ".join(f"{k} {v}" for k, v in (("rank", finding.rank), ("group", finding.group),
                                                          ("token", finding.token)) if v is not None)
     title = args.title or (f"{name}: {finding.invariant} at {where}" if finding else f"{name}: all invariants hold")
-    draw.save(draw.render(pic, title), out_path)
+    figure.save(figure.render(pic, title), out_path)
     if not args.quiet:
         terminal.console().print(f"wrote {out_path} ({out_path.stat().st_size // 1024} KiB): {chosen.step.label.get('name')}",
                         highlight=False)
@@ -61,11 +61,11 @@ def main(args) -> int:
 
 def write_html(path: str | Path, out, extra: dict) -> None:
     """The HTML report of one checked step, with its picture drawn from the captured tables."""
-    from cpsim.report import draw, html
+    from cpsim.report import draw, figure, html
     try:
         _too_big(out)
         pic = draw.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
-        png, note = draw.png_bytes(draw.render(pic), dpi=html.PICTURE_DPI), ""
+        png, note = figure.png_bytes(figure.render(pic), dpi=html.PICTURE_DPI), ""
     except ConfigError as e:
         png, note = None, f"no picture: {e.rule}"
     html.write_html(path, out.scenario, out.verdicts, png, extra, picture_note=note)

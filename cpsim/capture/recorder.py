@@ -32,6 +32,7 @@ from cpsim import schema
 from cpsim.capture.archive import ArchiveWriter
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import parameters
+from cpsim.parsing import parse
 
 FORMAT = "cpsim-capture"
 VERSION = 1
@@ -104,7 +105,7 @@ def policy_from_env(env=os.environ) -> Policy:
 def check_meta(meta: Any, root: str = "meta") -> dict[str, Any]:
     """What the kernel arguments do not carry, checked (``schema.CaptureMetaModel``): a misspelt key
     would otherwise be recorded and silently ignored by replay."""
-    return schema.parse(schema.CaptureMetaModel, {} if meta is None else meta, root).model_dump(exclude_none=True)
+    return parse(schema.CaptureMetaModel, {} if meta is None else meta, root).model_dump(exclude_none=True)
 
 
 def _distributed() -> bool:

@@ -18,7 +18,8 @@ from cpsim.allocator import allocate_rank
 from cpsim.paths import Knobs, run_path
 from cpsim.run.world import knobs_for
 from cpsim.errors import ConfigError
-from cpsim.scenario import Scenario, preset, validate
+from cpsim.presets import preset
+from cpsim.scenario import Scenario, validate
 from cpsim.validate import load_scenario
 
 

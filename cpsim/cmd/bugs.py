@@ -21,7 +21,8 @@ from cpsim.check import profiles
 from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
-from cpsim.scenario import PRESETS, Scenario
+from cpsim.presets import PRESETS
+from cpsim.scenario import Scenario
 from cpsim.report.outputs import write_requested
 from cpsim.run.sizing import SizingFailure
 from cpsim.kernels.under_test import to_record

@@ -15,15 +15,14 @@ import os
 from pathlib import Path
 
 from cpsim import fuzz as fz
-from cpsim import scenario as sc
 from cpsim.cmd.inputs import check_fuzz_inputs, check_run_inputs
 from cpsim.cmd.options import (HTML_REPORT, DefaultPaths, add_dist_args, add_kernel_args, add_output_args,
                                add_path_args, add_profile_arg, add_report_args, add_scenario_args, add_stack_args)
 from cpsim.kernels.under_test import ABIS
+from cpsim.presets import PRESETS
 from cpsim.schema import KERNEL_DESIGNS
 from cpsim.schema import PATH_NAMES as PATHS
 
-PRESETS = sc.PRESETS
 KEYS = ("presets", "cp", "interleaves", "paths", "seed")  # a sweep --config's keys
 
 

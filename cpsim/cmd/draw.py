@@ -20,7 +20,7 @@ from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernel_runner,
                               sizing_failed, subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
-from cpsim.report import draw
+from cpsim.report import draw, figure
 from cpsim.run.world import run_virtual
 from cpsim.validate import load_scenario
 from cpsim.run.sizing import SizingFailure
@@ -111,8 +111,8 @@ def main(args) -> int:
         except SizingFailure as e:
             return sizing_failed(terminal.console(), e)
     pic = simulate(s, paths, knobs, rank, kernels, prof, kernel_runner(args))
-    fig = draw.render(pic, args.title, subjects=subjects_for(kernels, paths, prof.name))
-    draw.save(fig, out)
+    fig = figure.render(pic, args.title, subjects=subjects_for(kernels, paths, prof.name))
+    figure.save(fig, out)
     ok = coordinator.passed(pic.verdicts)
     if not args.quiet:
         n = sum(len(v.violations) for v in pic.verdicts)
@@ -140,4 +140,4 @@ def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_P
 def figure_for(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
                inject_rank: int | None = None, title: str = "", runner=None) -> tuple["Figure", draw.Picture]:
     pic = simulate(s, paths, knobs, inject_rank, runner=runner)
-    return draw.render(pic, title), pic
+    return figure.render(pic, title), pic

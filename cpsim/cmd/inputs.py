@@ -16,6 +16,7 @@ from cpsim.errors import ConfigError
 from cpsim.kernels.subject import subjects
 from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, check_spec, from_record, load, with_replay
+from cpsim.presets import PRESETS, preset
 from cpsim.run.sizing import TIMEOUT_S, Sizer
 from cpsim.run.torchrun_env import launched_by_torchrun
 from cpsim.schema import PATH_NAMES as PATHS
@@ -52,14 +53,14 @@ def parse_paths(text: str) -> list[str]:
 
 def scenario_from_args(args) -> sc.Scenario:
     name = args.scenario
-    if name in sc.PRESETS:
+    if name in PRESETS:
         # The preset sizes its caches for the CP layout it is given.
-        s = sc.preset(name, **{k: getattr(args, k, None) for k in ("dcp", "pcp", "interleave")}, seed=args.seed)
+        s = preset(name, **{k: getattr(args, k, None) for k in ("dcp", "pcp", "interleave")}, seed=args.seed)
     elif Path(name).suffix in (".json", ".toml"):
         s = load_scenario(name)
     else:
-        close = difflib.get_close_matches(name, sc.PRESETS, n=1)
-        raise ConfigError("--scenario", f"{name!r} is neither a preset ({', '.join(sc.PRESETS)}) "
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        raise ConfigError("--scenario", f"{name!r} is neither a preset ({', '.join(PRESETS)}) "
                                         f"nor a .json/.toml file" + (f"; did you mean {close[0]!r}?" if close else ""))
     return apply_overrides(s, args)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from cpsim import scenario as sc
 from cpsim.check import profiles
 from cpsim.kernels.under_test import ABIS, V2_LAUNCHES
+from cpsim.presets import PRESETS
 from cpsim.report.terminal import DEFAULT_EXAMPLES
 from cpsim.run.sizing import TIMEOUT_S
 from cpsim.run.torchrun_env import DEFAULT_TIMEOUT_S, DEVICES
@@ -22,7 +22,7 @@ from cpsim.stack import FAMILIES
 def add_scenario_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("scenario")
     g.add_argument("--scenario", default="default", metavar="NAME|FILE",
-                   help=f"preset ({', '.join(sc.PRESETS)}) or a .json/.toml file (default: default)")
+                   help=f"preset ({', '.join(PRESETS)}) or a .json/.toml file (default: default)")
     g.add_argument("--dcp", type=int, help="decode context-parallel size (overrides the scenario)")
     g.add_argument("--pcp", type=int, help="prefill context-parallel size (overrides the scenario)")
     g.add_argument("--interleave", type=int, help="CP KV-cache interleave size (overrides the scenario)")

@@ -35,7 +35,7 @@ from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
-from cpsim.schema import parse
+from cpsim.parsing import parse
 from cpsim.validate import check_world, read_data
 from cpsim.report.outputs import write_requested
 from cpsim.run.sizing import SizingFailure

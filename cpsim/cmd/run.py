@@ -13,6 +13,7 @@ import copy
 import os
 from pathlib import Path
 
+from cpsim.presets import PRESETS
 from cpsim.report import terminal
 
 from cpsim.check import coordinator
@@ -116,7 +117,7 @@ def replica_builder(args, world: int | None):
             raise ConfigError("--pcp", f"world size {world} is not a multiple of PCP {pcp}")
         args = copy.copy(args)
         args.dcp = world // pcp
-    is_file = args.scenario not in sc.PRESETS
+    is_file = args.scenario not in PRESETS
 
     def build(replica: int) -> sc.Scenario:
         a = copy.copy(args)
@@ -136,7 +137,7 @@ def main_torchrun(args) -> int:
     build, s0 = replica_builder(args, world)
     n = s0.cp.world
     torchrun_world(n, f"the scenario (DCP {s0.cp.dcp} x PCP {s0.cp.pcp})", "--dcp/--pcp")
-    label = args.scenario if args.scenario in sc.PRESETS else Path(args.scenario).stem
+    label = args.scenario if args.scenario in PRESETS else Path(args.scenario).stem
     paths = parse_paths(args.paths)
     check_paths_apply([s0], paths, args)
     knobs, inject_rank = _injection(args, s0)

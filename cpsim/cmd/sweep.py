@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from cpsim.presets import PRESETS
 from cpsim.report import terminal
 from rich.table import Table
 
@@ -55,7 +56,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        name = self.scenario if self.scenario in sc.PRESETS else Path(self.scenario).stem
+        name = self.scenario if self.scenario in PRESETS else Path(self.scenario).stem
         cp = "" if self.dcp is None else f" cp{self.dcp}" if self.pcp in (None, 1) else f" cp{self.dcp}x{self.pcp}"
         return name + cp + ("" if self.interleave is None else f" i{self.interleave}")
 
@@ -92,14 +93,14 @@ def _cp(x) -> tuple[int, int]:
 
 def _scenario_spec(name: str) -> str:
     """A preset name, or a scenario file that loads: a sweep never skips a misspelt entry as a row."""
-    if name in sc.PRESETS:
+    if name in PRESETS:
         return name
     if Path(name).suffix in (".json", ".toml"):
         load_scenario(name)
         return name
-    close = difflib.get_close_matches(name, sc.PRESETS, n=1)
+    close = difflib.get_close_matches(name, PRESETS, n=1)
     raise ConfigError("presets", f"unknown preset {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                      + f"; presets: {', '.join(sc.PRESETS)}, 'all', or .json/.toml files")
+                      + f"; presets: {', '.join(PRESETS)}, 'all', or .json/.toml files")
 
 
 def load_matrix(args) -> dict:
@@ -111,7 +112,7 @@ def load_matrix(args) -> dict:
             conf[k] = v
     presets = _items(conf.get("presets", "default"), "presets")
     if presets == ["all"]:
-        presets = list(sc.PRESETS)
+        presets = list(PRESETS)
     paths = conf.get("paths")
     return {
         "presets": [_scenario_spec(str(p)) for p in presets],
@@ -133,7 +134,7 @@ def cells(matrix: dict) -> list[Cell]:
 def _builder(cell: Cell, seed: int, allow_large: bool = False):
     ns = Namespace(scenario=cell.scenario, dcp=cell.dcp, pcp=cell.pcp, interleave=cell.interleave,
                    seed=seed, allow_invalid=False, allow_large=allow_large)
-    is_file = cell.scenario not in sc.PRESETS
+    is_file = cell.scenario not in PRESETS
 
     def build(replica: int) -> sc.Scenario:
         s = scenario_from_args(Namespace(**{**vars(ns), "seed": seed + (0 if is_file else replica)}))

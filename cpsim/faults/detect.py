@@ -24,8 +24,9 @@ from cpsim.check.ownership import Ownership, ranges  # noqa: F401  (re-exported)
 from cpsim.check.ownership import ownership as _ownership
 from cpsim.kernels.under_test import ABIS, from_record
 from cpsim.paths import PATHS, Knobs
-from cpsim.scenario import PRESETS, Scenario, preset, INT32_MAX
+from cpsim.presets import PRESETS, preset
 from cpsim.run.runner import KernelRunner, given
+from cpsim.scenario import INT32_MAX, Scenario
 from cpsim.run.world import run_virtual
 from cpsim.kernels import use_interpreter
 

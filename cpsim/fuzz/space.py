@@ -24,6 +24,7 @@ import random
 from typing import Callable
 
 from cpsim import scenario as sc
+from cpsim.random_scenarios import random_replay
 
 MAX_TABLE_ENTRIES = 1 << 22      # int32 entries per group table (16 MiB): bounds max_model_len
 MAX_MODEL_LEN = 1 << 24
@@ -309,7 +310,7 @@ def with_replay(s: sc.Scenario) -> sc.Scenario:
     group that left prefix caching with a replay window and requests whose chunk starts in it.
     Shrinking the seed (or the groups and requests) removes the replay."""
     import numpy as np
-    groups, reqs = sc.random_replay(np.random.default_rng([s.seed, 0x5e]), list(s.groups), list(s.batch.requests),
+    groups, reqs = random_replay(np.random.default_rng([s.seed, 0x5e]), list(s.groups), list(s.batch.requests),
                                     0.5, kinds=("chunked", "decode"))
     reqs = [dataclasses.replace(r, replay_start=0) if s.batch.is_dummy(i) else r for i, r in enumerate(reqs)]
     return s.replace(groups=tuple(groups), batch=dataclasses.replace(s.batch, requests=tuple(reqs)))

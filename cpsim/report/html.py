@@ -35,7 +35,7 @@ table.kernels td,table.kernels th{font-size:13px}
 """
 
 # The picture is rendered at PICTURE_SCALE x 96 dots per inch and shown at 96 CSS px per inch, so its
-# smallest text (draw.FONT_MIN, 8.5 pt) is 11.3 px on the page and sharp on high-density screens.
+# smallest text (figure.FONT_MIN, 8.5 pt) is 11.3 px on the page and sharp on high-density screens.
 PICTURE_DPI = 192
 PICTURE_SCALE = 2
 
@@ -199,14 +199,14 @@ def write_checked(path: str | Path, s: Scenario, gathered: dict | None, verdicts
 def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdict],
                 subjects: dict[str, dict] | None = None) -> tuple[bytes | None, str]:
     """PNG of the layout for the page, or why there is none (too big, no matplotlib)."""
-    from cpsim.report import draw
+    from cpsim.report import draw, figure
 
     try:
         draw.check_size(s)
-        fig = draw.render(draw.build(s, gathered, allocs_world, verdicts, [p for p in ("v1", "v2")
+        fig = figure.render(draw.build(s, gathered, allocs_world, verdicts, [p for p in ("v1", "v2")
                                                                             if p in gathered] or None),
                           subjects=subjects)
-        return draw.png_bytes(fig, dpi=PICTURE_DPI), ""
+        return figure.png_bytes(fig, dpi=PICTURE_DPI), ""
     except ConfigError as e:
         return None, f"no picture: {e.rule}"
 

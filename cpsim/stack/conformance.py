@@ -28,9 +28,11 @@ from cpsim import scenario as sc
 from cpsim.allocator import Allocation
 from cpsim.errors import ConfigError
 from cpsim.kernels import under_test
+from cpsim.kernels.abi_match import choose_abi
 from cpsim.paths import adapters
 from cpsim.paths.prep import PerRank
 from cpsim.paths.types import Knobs
+from cpsim.presets import preset
 from cpsim.stack import recording_kernel
 from cpsim.stack.host import kv_manager_blocks
 
@@ -58,20 +60,20 @@ def scenarios() -> list[tuple[str, sc.Scenario]]:
     (``released-window``), kernel blocks of a quarter / eighth of B with a wide interleave
     (``hybrid-interleave``), partial replicas (``partial-replica``: refused where the release has none) and
     dummy requests with tokens (``dummy rows``: MRV2 of releases whose kernel skips idx_mapping -1)."""
-    mtp = sc.preset("mtp")
+    mtp = preset("mtp")
     lim = dataclasses.replace(mtp.limits, max_num_batched_tokens=max(mtp.batch.num_tokens, mtp.batch.num_tokens_padded))
-    return [("default dcp4", sc.preset("default", dcp=4)),
+    return [("default dcp4", preset("default", dcp=4)),
             ("mtp", dataclasses.replace(mtp, limits=lim)),
-            ("released-window", sc.preset("released-window")),
-            ("hybrid-interleave", sc.preset("hybrid-interleave")),
-            ("partial-replica", sc.preset("partial-replica")),
+            ("released-window", preset("released-window")),
+            ("hybrid-interleave", preset("hybrid-interleave")),
+            ("partial-replica", preset("partial-replica")),
             ("dummy rows", dummy_rows())]
 
 
 def dummy_rows() -> sc.Scenario:
     """``graph-padding``'s batch without its padded drafts: two dummy requests (idx_mapping -1) with
     tokens beside real ones, as vLLM 0.33.0's speculator hands its CUDA-graph-padded rows to the kernel."""
-    s = sc.preset("graph-padding")
+    s = preset("graph-padding")
     reqs = tuple(dataclasses.replace(r, padded_drafts=0) for r in s.batch.requests)
     return dataclasses.replace(s, batch=dataclasses.replace(s.batch, requests=reqs))
 
@@ -81,7 +83,7 @@ def release_abi(launches: list[dict], family: str, release: str, own_release: st
     a vllm-ascend MRV2 kernel by the vllm-ascend release (``own_release``), a vLLM kernel by the vLLM one."""
     params = [(n, False) for n in launches[0]["params"]]
     origin = ORIGIN[family] if launches[0]["kernel"] == "_compute_slot_mappings_kernel" else "vllm"
-    return under_test.choose_abi(params, True, origin, release=own_release if origin == "vllm_ascend" else release)
+    return choose_abi(params, True, origin, release=own_release if origin == "vllm_ascend" else release)
 
 
 def adapter_launches(s: sc.Scenario, path: str, rank: int, abi: str, params: list[str]) -> list[dict]:
