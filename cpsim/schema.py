@@ -180,7 +180,7 @@ class ReproModel(Strict):
     fuzz: dict[StrictStr, Any] = {}           # how the search ran (seed, examples, ...): informative only
     inject_rank: Annotated[StrictInt, Field(ge=0, le=MAX_CP * MAX_CP)] | None = None
     profile: StrictStr | None = None          # the release profile that judged (cpsim.check.profiles)
-    sizing: StrictStr | None = None           # the --sizing SPEC it was found with (cpsim.run.sizing)
+    sizing: StrictStr | None = None           # the --sizing SPEC it was found with (cpsim.run.host_sizer)
 
     model_config = ConfigDict(populate_by_name=True)
 

@@ -14,7 +14,7 @@ The ABI is plain data in and out (docs/KERNEL_REFERENCE.md, "Host sizing ABI"):
 ``max_num_blocks_per_req`` a constructor ends with; cpsim multiplies by B/b where its path
 holds kernel-block entries, as the constructors do. This module holds the built-in release
 functions and cpsim's own (the one its paths use when no ``--sizing`` is given); a user's
-function never runs here (``cpsim.run.sizing`` runs it in a child process).
+function never runs here (``cpsim.run.host_sizer`` runs it in a child process).
 """
 
 from __future__ import annotations

@@ -222,7 +222,7 @@ def bench_sizing_cost(spec: str, n: int) -> list[dict]:
     import random
 
     from cpsim.fuzz import space
-    from cpsim.run.sizing import Sizer
+    from cpsim.run.host_sizer import Sizer
 
     rng = random.Random(0)
     drawn = [space.build(space.RandomDraw(rng)) for _ in range(n)]

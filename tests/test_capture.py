@@ -436,9 +436,9 @@ def test_a_captured_steps_picture_draws_every_violated_invariant_inside_the_canv
 
     from cpsim.capture.steps import check_step, iter_steps
     from cpsim.check import explicit
-    from cpsim.report import draw, figure
+    from cpsim.report import layout_picture, figure
     out = next(o for o in map(check_step, iter_steps(str(faulty))) if o.failed)
-    pic = draw.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
+    pic = layout_picture.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
     fig = figure.render(pic, "step 1")
     violated = {(v.path, v.invariant) for v in out.verdicts if v.status == "fail" and "~" not in v.path}
     assert ("v1", "padding") in violated or ("v2", "padding") in violated

@@ -11,7 +11,7 @@ from report_cases import STALE_TAIL, VIRTUAL_FROM_KERNEL_BLOCK, small
 from cpsim import cli, layout
 from cpsim.cmd.draw import figure_for, simulate
 from cpsim.presets import preset
-from cpsim.report import draw, figure
+from cpsim.report import layout_picture, figure
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
@@ -50,7 +50,7 @@ def test_healthy_strip_follows_global_owner_rule():
     panel = pic.panels[("v2", 0)]
     pos = torch.from_numpy(s.batch.positions())
     req = s.batch.token_request()
-    rows = [draw._strip_row(s, int(i), int(p), w) for i, p in zip(req, pos)]
+    rows = [layout_picture._strip_row(s, int(i), int(p), w) for i, p in zip(req, pos)]
     got = panel.strip[rows, (pos % w).numpy()]
     assert (got == layout.owner_rank(pos, 4, 32).numpy()).all()
     # Every rank's block rows hold only positions that rank owns (one colour per rank).
@@ -59,7 +59,7 @@ def test_healthy_strip_follows_global_owner_rule():
         assert len(cells) and (cells == rank).all()
     # The unsharded ring is held by every rank: drawn once, in the "every rank" colour.
     ring = pic.panels[("v2", 1)]
-    every, _, _ = draw._codes(s.cp.world)
+    every, _, _ = layout_picture._codes(s.cp.world)
     assert {k[0] for k in ring.block_keys} == {0}
     assert set(np.unique(ring.strip[ring.strip >= 0])) == {every}
 
@@ -89,7 +89,7 @@ def test_violation_without_token_is_listed():
 
 def test_too_big_is_refused():
     with pytest.raises(ConfigError) as e:
-        draw.check_size(sc.validate(preset("long-prefill")))
+        layout_picture.check_size(sc.validate(preset("long-prefill")))
     assert e.value.field == "draw" and "131072" in e.value.rule
 
 
@@ -130,7 +130,7 @@ def _checked_picture(s, knobs=None, paths=("v1", "v2"), kernels=None):
     allocs = allocate_world(s)
     gathered = run_virtual(s, list(paths), knobs or Knobs(), kernels=kernels, allocs=allocs, runner=RUNNER)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world)
-    return draw.build(s, gathered, allocs, verdicts, list(paths))
+    return layout_picture.build(s, gathered, allocs, verdicts, list(paths))
 
 
 def outside_canvas(fig) -> list[str]:

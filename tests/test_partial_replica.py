@@ -276,7 +276,7 @@ def test_fuzz_strategy_draws_group_cp_sizes_and_padding():
 def test_draw_shows_replica_sets(tmp_path):
     pytest.importorskip("matplotlib")
     from cpsim.cmd.draw import simulate
-    from cpsim.report import draw, figure
+    from cpsim.report import layout_picture, figure
     s = sc.validate(load_scenario("examples/replicas-cp4.json"))
     from cpsim.paths import Knobs
     from cpsim import kernels

@@ -62,7 +62,7 @@ def test_no_module_of_cpsim_run_holds_mutable_state():
 def test_the_scan_sees_every_run_module():
     names = {m.__name__ for m in run_modules()}
     files = {f"cpsim.run.{p.stem}" for p in Path(cpsim.run.__file__).parent.glob("*.py") if p.stem != "__init__"}
-    assert files <= names and "cpsim.run.runner" in names and "cpsim.run.sizing" in names
+    assert files <= names and "cpsim.run.runner" in names and "cpsim.run.host_sizer" in names
 
 
 def test_the_scan_catches_a_module_with_a_list_dict_set_or_object():

@@ -11,7 +11,7 @@ import pytest
 
 from cpsim import cli, sizing
 from cpsim.presets import preset
-from cpsim.run import sizing as run_sizing
+from cpsim.run import host_sizer as run_sizing
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 HERE = Path(__file__).parent / "sizing"

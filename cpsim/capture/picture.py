@@ -1,6 +1,6 @@
 """``cpsim draw --capture PATH``: the layout picture of one captured step (or an explicit batch).
 
-The picture is ``cpsim.report.draw``'s, fed with the captured outputs and the
+The picture is ``cpsim.report.layout_picture``'s, fed with the captured outputs and the
 captured tables instead of a simulated run; by default the first step that
 breaks an invariant is drawn (else the first step).
 """
@@ -17,19 +17,19 @@ from cpsim.errors import ConfigError
 
 
 def _too_big(out) -> None:
-    from cpsim.report import draw
+    from cpsim.report import layout_picture
     s = out.scenario
-    for what, value, limit in (("CP world size", s.cp.world, draw.MAX_RANKS),
-                               ("requests", s.batch.num_reqs, draw.MAX_REQUESTS),
-                               ("scheduled tokens", s.batch.num_tokens, draw.MAX_TOKENS),
-                               ("physical block size", max(g.block_size for g in s.groups), draw.MAX_BLOCK_SIZE)):
+    for what, value, limit in (("CP world size", s.cp.world, layout_picture.MAX_RANKS),
+                               ("requests", s.batch.num_reqs, layout_picture.MAX_REQUESTS),
+                               ("scheduled tokens", s.batch.num_tokens, layout_picture.MAX_TOKENS),
+                               ("physical block size", max(g.block_size for g in s.groups), layout_picture.MAX_BLOCK_SIZE)):
         if value > limit:
             raise ConfigError("draw", f"{out.step.label.get('name', 'step')} is too big to draw: {what} {value} > "
                                       f"{limit}; shrink it first (cpsim replay PATH --shrink small.npz)")
 
 
 def main(args) -> int:
-    from cpsim.report import draw, figure
+    from cpsim.report import layout_picture, figure
 
     out_path = Path(args.out)
     if out_path.suffix.lower() not in (".png", ".svg"):
@@ -46,7 +46,7 @@ def main(args) -> int:
     if chosen is None:
         raise ConfigError("--step", f"{args.capture} has no step {args.step}")
     _too_big(chosen)
-    pic = draw.build(chosen.scenario, chosen.gathered, explicit.allocations(chosen.step), chosen.verdicts)
+    pic = layout_picture.build(chosen.scenario, chosen.gathered, explicit.allocations(chosen.step), chosen.verdicts)
     finding = first_finding(chosen.step, chosen.gathered, chosen.verdicts)
     name = chosen.step.label.get("name", "step")
     where = finding and " ".join(f"{k} {v}" for k, v in (("rank", finding.rank), ("group", finding.group),
@@ -61,10 +61,10 @@ def main(args) -> int:
 
 def write_html(path: str | Path, out, extra: dict) -> None:
     """The HTML report of one checked step, with its picture drawn from the captured tables."""
-    from cpsim.report import draw, figure, html
+    from cpsim.report import layout_picture, figure, html
     try:
         _too_big(out)
-        pic = draw.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
+        pic = layout_picture.build(out.scenario, out.gathered, explicit.allocations(out.step), out.verdicts)
         png, note = figure.png_bytes(figure.render(pic), dpi=html.PICTURE_DPI), ""
     except ConfigError as e:
         png, note = None, f"no picture: {e.rule}"

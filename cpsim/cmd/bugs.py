@@ -24,7 +24,7 @@ from cpsim.paths import Knobs
 from cpsim.presets import PRESETS
 from cpsim.scenario import Scenario
 from cpsim.report.outputs import write_requested
-from cpsim.run.sizing import SizingFailure
+from cpsim.run.host_sizer import SizingFailure
 from cpsim.kernels.under_test import to_record
 from cpsim.report.progress import progress
 

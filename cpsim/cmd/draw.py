@@ -20,10 +20,10 @@ from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernel_runner,
                               sizing_failed, subjects_for)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
-from cpsim.report import draw, figure
+from cpsim.report import layout_picture, figure
 from cpsim.run.world import run_virtual
 from cpsim.validate import load_scenario
-from cpsim.run.sizing import SizingFailure
+from cpsim.run.host_sizer import SizingFailure
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -122,22 +122,22 @@ def main(args) -> int:
     return 0 if ok else 1
 
 
-def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
-             inject_rank: int | None = None, kernels: dict | None = None, profile=None, runner=None) -> draw.Picture:
+def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = layout_picture.DEFAULT_PATHS, knobs: Knobs = Knobs(),
+             inject_rank: int | None = None, kernels: dict | None = None, profile=None, runner=None) -> layout_picture.Picture:
     """Run the virtual world (with the user's ``kernels``, if any, on ``runner``: ``run_virtual``'s), check it
     by ``profile`` (None: cpsim's model; it lays the scenario out too), and lay out the picture's data."""
     if profile is not None:
         s = profiles.scenario_for(s, profile)
-    draw.check_size(s)
+    layout_picture.check_size(s)
     allocs = allocate_world(s)
     gathered = run_virtual(s, list(paths), knobs, inject_rank, kernels=kernels, allocs=allocs, runner=runner)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world, profile)
-    pic = draw.build(s, gathered, allocs, verdicts, list(paths))
+    pic = layout_picture.build(s, gathered, allocs, verdicts, list(paths))
     pic.skipped = [p for p in paths if p not in gathered]
     return pic
 
 
-def figure_for(s: sc.Scenario, paths: list[str] | tuple[str, ...] = draw.DEFAULT_PATHS, knobs: Knobs = Knobs(),
-               inject_rank: int | None = None, title: str = "", runner=None) -> tuple["Figure", draw.Picture]:
+def figure_for(s: sc.Scenario, paths: list[str] | tuple[str, ...] = layout_picture.DEFAULT_PATHS, knobs: Knobs = Knobs(),
+               inject_rank: int | None = None, title: str = "", runner=None) -> tuple["Figure", layout_picture.Picture]:
     pic = simulate(s, paths, knobs, inject_rank, runner=runner)
     return figure.render(pic, title), pic

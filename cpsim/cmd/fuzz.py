@@ -24,7 +24,7 @@ from cpsim.cmd.contracts import kernel_standings, print_contracts, status
 from cpsim.cmd.inputs import (describe_kernels, kernel_runner, kernels_from_args, parse_paths, profile_from_args,
                               show_profile, sizer_from_args, sizing_failed)
 from cpsim.report.progress import eta
-from cpsim.run.sizing import SizingFailure
+from cpsim.run.host_sizer import SizingFailure
 
 
 def _status(prog: fz.Progress, budget: int = 0) -> Text:

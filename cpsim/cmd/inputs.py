@@ -17,7 +17,7 @@ from cpsim.kernels.subject import subjects
 from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, check_spec, from_record, load, with_replay
 from cpsim.presets import PRESETS, preset
-from cpsim.run.sizing import TIMEOUT_S, Sizer
+from cpsim.run.host_sizer import TIMEOUT_S, Sizer
 from cpsim.run.torchrun_env import launched_by_torchrun
 from cpsim.schema import PATH_NAMES as PATHS
 from cpsim.validate import check_world, load_scenario
@@ -209,7 +209,7 @@ def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dic
 
 
 def sizer_from_args(args, recorded: str = ""):
-    """The ``cpsim.run.sizing.Sizer`` of ``--sizing`` (else of ``recorded``, a repro's ``sizing``), or None
+    """The ``cpsim.run.host_sizer.Sizer`` of ``--sizing`` (else of ``recorded``, a repro's ``sizing``), or None
     (cpsim's own sizing). A malformed SPEC or a file that is gone is exit 2 naming the field it came from."""
     spec, where = (getattr(args, "sizing", None), "--sizing") if getattr(args, "sizing", None) else (recorded, "repro.sizing")
     if not spec:
@@ -239,7 +239,7 @@ def show_profile(console, prof, s=None, paths=()) -> None:
 
 def knobs_with_sizing(args, knobs, s, paths: list[str], sizer=None):
     """``knobs`` carrying what the sizing under test (``sizer``, else ``--sizing``'s) gives each host of
-    ``s`` (unchanged without one). The user's function runs in a child process (``cpsim.run.sizing``);
+    ``s`` (unchanged without one). The user's function runs in a child process (``cpsim.run.host_sizer``);
     its failure is a ``SizingFailure`` (exit 1)."""
     own = sizer is None
     sizer = sizer or sizer_from_args(args)

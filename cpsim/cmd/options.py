@@ -13,7 +13,7 @@ from cpsim.check import profiles
 from cpsim.kernels.under_test import ABIS, V2_LAUNCHES
 from cpsim.presets import PRESETS
 from cpsim.report.terminal import DEFAULT_EXAMPLES
-from cpsim.run.sizing import TIMEOUT_S
+from cpsim.run.host_sizer import TIMEOUT_S
 from cpsim.run.torchrun_env import DEFAULT_TIMEOUT_S, DEVICES
 from cpsim.schema import PATH_NAMES as PATHS
 from cpsim.stack import FAMILIES

@@ -38,7 +38,7 @@ from cpsim.paths import Knobs
 from cpsim.parsing import parse
 from cpsim.validate import check_world, read_data
 from cpsim.report.outputs import write_requested
-from cpsim.run.sizing import SizingFailure
+from cpsim.run.host_sizer import SizingFailure
 
 
 def _verdict(console: Console, recorded: list[str], failed: bool, now: list[str]) -> int:

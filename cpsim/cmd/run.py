@@ -27,7 +27,7 @@ from cpsim.cmd.contracts import kernel_standings, print_contracts, run_status
 from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
 from cpsim.check import profiles
 from cpsim.run.dist import launched_by_torchrun
-from cpsim.run.sizing import SizingFailure
+from cpsim.run.host_sizer import SizingFailure
 from cpsim import sizing
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs

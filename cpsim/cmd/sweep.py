@@ -41,7 +41,7 @@ from cpsim.run.dist import launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.validate import load_scenario, load_sweep_config, write_outputs
-from cpsim.run.sizing import SizingFailure
+from cpsim.run.host_sizer import SizingFailure
 from cpsim.cmd.inputs import kernel_runner, subjects_for, show_profile
 from cpsim.cmd.torchrun_job import stop_writer
 from cpsim.report.progress import columns
@@ -147,7 +147,7 @@ def plan(matrix: dict, world: int | None, kernels: dict | None = None, profile=N
     """(entries, skipped): the runnable cells and, for the others, why not. Deterministic on every rank.
     ``profile``: the release profile judging; each cell is laid out as its release does, and a cell it
     cannot express is skipped with the reason. ``sizer``: the host sizing under test
-    (``cpsim.run.sizing.Sizer``), asked for each cell's laid-out scenario; its ``SizingFailure`` names
+    (``cpsim.run.host_sizer.Sizer``), asked for each cell's laid-out scenario; its ``SizingFailure`` names
     the cell (the sweep fails)."""
     from cpsim.run.distrun import Entry
 

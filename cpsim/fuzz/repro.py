@@ -45,7 +45,7 @@ def knobs_for_scenario(knobs, s: sc.Scenario) -> Knobs:
 
 def sized(knobs, sizer, paths: list[str]):
     """``knobs`` (or a fault's ``knobs_for``) with what the sizing function under test (a
-    ``cpsim.run.sizing.Sizer``; None: cpsim's own sizing) gives each host of the scenario. Its
+    ``cpsim.run.host_sizer.Sizer``; None: cpsim's own sizing) gives each host of the scenario. Its
     failure (``SizingFailure``) is raised where the knobs are asked for: ``evaluate``'s outcome."""
     if sizer is None:
         return knobs
@@ -211,7 +211,7 @@ def load_repro(path: str | Path) -> Repro:
     profile = data.get("profile") or ""
     if profile:
         profiles.get(profile)  # a name this cpsim does not know is exit 2 here, not at the check
-    sizing = data.get("sizing") or ""  # checked where it is run (``cpsim.run.sizing.Sizer``, field repro.sizing)
+    sizing = data.get("sizing") or ""  # checked where it is run (``cpsim.run.host_sizer.Sizer``, field repro.sizing)
     return Repro(s, list(data.get("paths") or DEFAULT_PATHS), knobs, data.get("inject"),
                  data.get("violation", {}), kernels, profile=profile, sizing=sizing)
 
@@ -222,7 +222,7 @@ def replay(r: Repro, device: str = "cpu", kernels: dict | None = None, sizer=Non
 
     ``kernels``: the loaded kernels under test (``cpsim replay`` loads the recorded ones,
     ``kernel_under_test.from_record(r.kernels)``, with command-line overrides); ``sizer``: the host
-    sizing under test (``cpsim.run.sizing.Sizer``; ``cpsim replay`` builds it from ``r.sizing`` or
+    sizing under test (``cpsim.run.host_sizer.Sizer``; ``cpsim replay`` builds it from ``r.sizing`` or
     ``--sizing``), asked for the scenario as the profile lays it out; ``runner``: ``run_virtual``'s."""
     prof = profiles.get(r.profile) if r.profile else profiles.for_abis([k.abi for k in (kernels or {}).values()])
     return evaluate(r.scenario, r.paths, sized(r.knobs, sizer, r.paths), device, kernels, profile=prof,

@@ -22,7 +22,7 @@ from cpsim.fuzz.signature import (ANY_DIMENSION, Finding, _ablation_order, _trip
                                   merge_nested, signature_invariants, signature_text)
 from cpsim.kernels.under_test import ABIS, to_record
 from cpsim.paths import Knobs
-from cpsim.run.sizing import Sizer
+from cpsim.run.host_sizer import Sizer
 
 # The spaces searched (``space.cache_cap``). "default": every kernel-block id < 2^26 (num_blocks * BPK <= 2^26), so ids past 2^24 (where float32 goes wrong)
 # are reached with block sizes up to 64; slot ids < 2^31 (num_blocks * B <= 2^31) where a kernel

@@ -17,7 +17,7 @@ from cpsim import scenario as sc
 from cpsim.check import profiles
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS, KernelUnderTest, load, with_replay
-from cpsim.run.sizing import Sizer, SizingFailure
+from cpsim.run.host_sizer import Sizer, SizingFailure
 from cpsim.validate import load_scenario
 
 # Small scenarios: the Triton interpreter costs milliseconds per program.
@@ -68,7 +68,7 @@ def report_text(s, verdicts, kernel=None, profile=None) -> str:
 def run_one(kernel, path: str, s, device: str = "cpu", profile=None, sizer=None, runner=None):
     """Verdicts of one scenario for a loaded kernel on one path, judged by ``profile`` (a
     ``cpsim.check.profiles.Profile``; default: the kernel's release), which lays the scenario out too.
-    ``sizer``: the host sizing under test (``cpsim.run.sizing.Sizer``; its function runs in a child
+    ``sizer``: the host sizing under test (``cpsim.run.host_sizer.Sizer``; its function runs in a child
     process); a function that fails is an AssertionError naming it. ``runner``: the ``KernelRunner``
     the kernel runs on (keep one across calls: its workers stay warm; none: one of this call's own)."""
     from cpsim.check import coordinator

@@ -9,7 +9,7 @@ import pytest
 
 from cpsim.errors import ConfigError
 from cpsim.plugin.check import DEFAULT_SCENARIOS, judged_by, exercised, load_kernel, report_text, run_one, scenario
-from cpsim.run.sizing import Sizer
+from cpsim.run.host_sizer import Sizer
 
 
 class CpsimKernelItem(pytest.Item):

@@ -1,6 +1,6 @@
-"""The matplotlib figure of a ``cpsim.report.draw.Picture``: one column per path, a token strip and a
+"""The matplotlib figure of a ``cpsim.report.layout_picture.Picture``: one column per path, a token strip and a
 block grid per group, colours by rank, red outlines where a slot differs from the reference (what
-each part shows: ``cpsim.report.draw``).
+each part shows: ``cpsim.report.layout_picture``).
 
 matplotlib is imported lazily (``draw`` extra) and always with the Agg backend.
 """
@@ -17,7 +17,7 @@ import numpy as np
 from cpsim import layout
 from cpsim.check import coordinator
 from cpsim.errors import ConfigError
-from cpsim.report.draw import Panel, Picture
+from cpsim.report.layout_picture import Panel, Picture
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure

@@ -199,11 +199,11 @@ def write_checked(path: str | Path, s: Scenario, gathered: dict | None, verdicts
 def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdict],
                 subjects: dict[str, dict] | None = None) -> tuple[bytes | None, str]:
     """PNG of the layout for the page, or why there is none (too big, no matplotlib)."""
-    from cpsim.report import draw, figure
+    from cpsim.report import layout_picture, figure
 
     try:
-        draw.check_size(s)
-        fig = figure.render(draw.build(s, gathered, allocs_world, verdicts, [p for p in ("v1", "v2")
+        layout_picture.check_size(s)
+        fig = figure.render(layout_picture.build(s, gathered, allocs_world, verdicts, [p for p in ("v1", "v2")
                                                                             if p in gathered] or None),
                           subjects=subjects)
         return figure.png_bytes(fig, dpi=PICTURE_DPI), ""
@@ -216,7 +216,7 @@ def render_html_many(title: str, items: list[tuple[str, Scenario, list[Verdict]]
                      skipped: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
                      subjects: dict[str, dict] | None = None, stopped: str | None = None) -> str:
     """One page for many scenarios (a sweep, the CP groups of a torchrun job): a summary table, then
-    each scenario's invariant table and violations. No pictures: a sweep is too big to draw.
+    each scenario's invariant table and violations. No pictures: a sweep is too big to layout_picture.
     ``stopped``: why the run ended early (a torchrun peer died); the page is then a failure."""
     ok = stopped is None and all(passed(v) for _, _, v in items)
     verdict = ("every scenario passes" if ok else "invariants violated" if stopped is None

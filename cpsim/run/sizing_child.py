@@ -1,6 +1,6 @@
 """The child side of ``--sizing``: import the user's sizing function once, then answer scenario after scenario.
 
-Started by :mod:`cpsim.run.sizing`, which never imports the function itself. Whatever the
+Started by :mod:`cpsim.run.host_sizer`, which never imports the function itself. Whatever the
 function's module does at import (patching cpsim included) happens in this process only.
 Requests and answers are JSON lines on two private descriptors (the function's own prints go
 to stderr), so nothing but plain data crosses; reading it is the parent's. The first line says
