@@ -18,10 +18,10 @@ from cpsim.allocator import Allocation
 from cpsim.check import profiles
 from cpsim.check.context import AllPaths, GroupCase, PathCase, _Ctx  # noqa: F401 (_Ctx: tests build one)
 from cpsim.check.findings import MAX_EXAMPLES, MISSING, Example, Verdict, Violation  # noqa: F401
-from cpsim.check.invariants import Invariant, agreement, kernel, owners, block_sizing, slots
+from cpsim.check.invariants import Invariant, agreement, kernel, owners, host_sizing, slots
 from cpsim.check.invariants.agreement import same_scenario  # noqa: F401
 from cpsim.check.invariants.kernel import INPUT_NAMES, OUTPUT_FAULTS  # noqa: F401
-from cpsim.check.invariants.block_sizing import block_sizing, capacity, sizing_waste  # noqa: F401
+from cpsim.check.invariants.host_sizing import block_sizing, capacity, sizing_waste  # noqa: F401
 from cpsim.check.invariants.slots import no_collision  # noqa: F401
 from cpsim.scenario import Scenario
 
@@ -37,8 +37,8 @@ ORACLE: tuple[Invariant, ...] = (
     owners.REPLICAS_AGREE,
     owners.DENSE_LOCAL,
     slots.NO_COLLISION,
-    block_sizing.BLOCK_SIZING,
-    block_sizing.CAPACITY,
+    host_sizing.BLOCK_SIZING,
+    host_sizing.CAPACITY,
     slots.PADDING,
     slots.REPLAYED_IS_PAD,
     slots.MATCHES_REFERENCE,
