@@ -502,7 +502,7 @@ def test_dummy_rows_with_tokens_reach_mrv2_hosts_whose_kernel_skips_them(release
             vllm.check_supported(meta, "v2")
     with pytest.raises(Unsupported, match="dummy rows"):
         vllm_ascend.check_supported(dict(meta, release_version="0.23.0.post1"), "v1")
-    padded, _ = host.plain_input(conformance.sc.preset("graph-padding"), ["v2"])
+    padded, _ = host.plain_input(conformance.preset("graph-padding"), ["v2"])
     assert padded["has_padding_flags"]
 
 

@@ -17,6 +17,8 @@ from cpsim import scenario as sc
 from cpsim.check import profiles
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import ABIS, KernelUnderTest, load, with_replay
+from cpsim.presets import PRESETS, preset
+from cpsim.random_scenarios import random_scenario
 from cpsim.run.host_sizer import Sizer, SizingFailure
 from cpsim.validate import load_scenario
 
@@ -29,13 +31,13 @@ def scenario(spec: Any):
     if isinstance(spec, sc.Scenario):
         return spec
     text = str(spec)
-    if text in sc.PRESETS:
-        return sc.preset(text)
+    if text in PRESETS:
+        return preset(text)
     if text.startswith("random:") and text[7:].isdigit():
-        return sc.random_scenario(int(text[7:]), max_world=4, max_groups=3, max_reqs=4, max_model_len=4096)
+        return random_scenario(int(text[7:]), max_world=4, max_groups=3, max_reqs=4, max_model_len=4096)
     if Path(text).suffix in (".json", ".toml"):
         return sc.validate(load_scenario(text))
-    raise ConfigError("scenarios", f"{text!r} is not a preset ({', '.join(sc.PRESETS)}), random:SEED, "
+    raise ConfigError("scenarios", f"{text!r} is not a preset ({', '.join(PRESETS)}), random:SEED, "
                                    f"nor a .json/.toml file")
 
 
