@@ -105,14 +105,15 @@ def bench_issue15(examples: int, device: str = "cpu", explore: str = "random") -
               + (f", {r.examples / c:.1f}/s per CPU second" if n == 1 else ""), flush=True)
     if device == "cpu":
         from cpsim.kernels.under_test import load
-        from cpsim.run import isolation
+        from cpsim.run.runner import KernelRunner
         root = Path(__file__).resolve().parents[1]
+        runner = KernelRunner()
         k = {"v1": load(str(root / "tests/kernels/two_bugs_v1.py") + ":_compute_slot_mapping_kernel", "v1",
-                        inspect=isolation.probe)}
+                        inspect=runner.probe)}
         cfg = fz.FuzzConfig(paths=["v1"], kernels=k, max_examples=400, seed=0, database=None,
                             shrink_seconds=15, out=Path(tempfile.mkdtemp()), explore=explore)
         w = time.perf_counter()
-        r = fz.search(cfg)
+        r = fz.search(cfg, runner=runner)
         fz.write_findings(cfg, r)
         w = time.perf_counter() - w
         dims = sorted(f.dimension for f in r.reported)
@@ -185,7 +186,8 @@ def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: 
     from pathlib import Path
 
     from cpsim.kernels.under_test import load
-    from cpsim.run import isolation
+    from cpsim.run.runner import KernelRunner
+    runner = KernelRunner()
     rows = []
     for name in ([kernel] if kernel else faults):
         for s in seeds:
@@ -200,7 +202,7 @@ def bench_time_to_find(faults: list[str], seeds: list[int], jobs: int, minutes: 
                 if first[0] is None and prog.signatures:
                     first[0] = time.monotonic() - started
 
-            how = ({"paths": ["v1"], "kernels": {"v1": load(kernel, "v1", inspect=isolation.probe)}} if kernel else
+            how = ({"paths": ["v1"], "kernels": {"v1": load(kernel, "v1", inspect=runner.probe)}} if kernel else
                    {"sizing": name} if sizing else {"inject": name})
             cfg = fz.FuzzConfig(**how, minutes=minutes, max_examples=10**9, seed=s, database=None, jobs=jobs,
                                 stop_after_first=True, shrink_seconds=5, space=space, out=Path(tempfile.mkdtemp()))
@@ -328,7 +330,9 @@ def bench_device_passes(examples: int, device: str, passes: int, profile: str | 
     import tempfile
     from pathlib import Path
 
-    from cpsim.run import isolation
+    from cpsim.run.runner import KernelRunner
+    from cpsim.run.worker import pool_size
+    runner = KernelRunner()  # one for every pass: its workers stay warm, as in one long fuzz run
     out = []
     for k in range(passes):
         cfg = fz.FuzzConfig(max_examples=examples, seed=0, database=None, device=device, out=Path(tempfile.mkdtemp()),
@@ -337,14 +341,14 @@ def bench_device_passes(examples: int, device: str, passes: int, profile: str | 
         c, w = time.process_time(), time.perf_counter()
         if prof:
             prof.enable()
-        r = fz.search(cfg)
+        r = fz.search(cfg, runner=runner)
         if prof:
             prof.disable()
         c, w = time.process_time() - c, time.perf_counter() - w
-        variants = None if isolation.current().process else kernel_variants()
+        variants = None if runner.config.process else kernel_variants()
         row = {"workload": f"fuzz default space, 1 job, {device}, pass {k + 1} of {passes}", "explore": explore,
-               "isolation_worker": isolation.current().process,
-               "kernel_workers": isolation.pool_size(device) if isolation.current().process else 0,
+               "isolation_worker": runner.config.process,
+               "kernel_workers": pool_size(device) if runner.config.process else 0,
                "examples": r.examples, "wall_per_s": r.examples / w,
                "cpu_per_s_this_process": r.examples / c, "kernel_variants_in_memory": variants,
                "profiled": prof is not None}
