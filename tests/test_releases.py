@@ -24,7 +24,7 @@ from kernel_load import RUNNER  # the session's kernel runner: its workers stay 
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = (Path(__file__).parent / "kernels" / "vllm_mrv2_032_abi.py").read_text()
-RUNNER = '''class Runner:
+RUNNER_SOURCE = '''class Runner:
     def initialize(self, sizes):
         self.block_tables = BlockTables(
             block_sizes=sizes,  # one per group
@@ -51,7 +51,7 @@ def script(name: str):
     return module
 
 
-def fake_release(where: Path, version: str, kernel: str = KERNEL, runner: str = RUNNER) -> Path:
+def fake_release(where: Path, version: str, kernel: str = KERNEL, runner: str = RUNNER_SOURCE) -> Path:
     top = where / f"vllm-{version}"
     (top / "vllm" / "v1" / "worker" / "gpu").mkdir(parents=True)
     (top / f"vllm-{version}.dist-info").mkdir()
@@ -135,7 +135,7 @@ def test_versions_order_as_releases_do():
 
 
 def test_launch_lines_are_the_block_table_calls_whitespace_and_all_else_left_out():
-    got = contract.launch_source(RUNNER, ("BlockTables", "compute_slot_mappings"))
+    got = contract.launch_source(RUNNER_SOURCE, ("BlockTables", "compute_slot_mappings"))
     assert got == ("BlockTables(block_sizes=sizes,#onepergroup\ncp_size=self.dcp_size,cp_rank=self.dcp_rank,)\n"
                    "self.block_tables.compute_slot_mappings(batch.idx_mapping,batch.query_start_loc,batch.positions,"
                    "num_tokens_padded=batch.num_tokens_after_padding,)").replace("\n", "", 1)
@@ -148,9 +148,9 @@ def test_an_unlisted_release_is_judged_with_the_nearest_listed_contract(tmp_path
     st = releases.standing("vllm", "0.35.0", same)
     assert (st.listed, st.contract, st.changed, st.absent_paths) == (False, "0.34.0", (), ("v1",))
     assert st.line() == "vLLM 0.35.0: judged with 0.34.0's contract (same files)"
-    reworded = fake_release(tmp_path, "0.35.1", runner=RUNNER.replace("not a launch line", "still not one"))
+    reworded = fake_release(tmp_path, "0.35.1", runner=RUNNER_SOURCE.replace("not a launch line", "still not one"))
     assert releases.standing("vllm", "0.35.1", reworded).changed == ()
-    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER.replace("num_tokens_after_padding", "num_tokens"))
+    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER_SOURCE.replace("num_tokens_after_padding", "num_tokens"))
     st = releases.standing("vllm", "0.35.2", padded)
     assert st.changed == (RUN,) and st.unread
     assert st.line().endswith("unread changes in vllm/v1/worker/gpu/model_runner.py (launch lines)")
@@ -173,7 +173,7 @@ def test_run_kernel_v2_from_an_unlisted_release_says_same_files_or_unread_change
     code, text, rep = _run_kernel(fake_release(tmp_path, "0.35.0"), tmp_path / "a.json", capsys)
     assert code == 0 and "contract (v2): vLLM 0.35.0: judged with 0.34.0's contract (same files)" in text
     assert rep["contracts"]["v2"]["same_files"] is True and rep["profile"] == "vllm-0.33"
-    twin = fake_release(tmp_path, "0.35.2", runner=RUNNER.replace("num_tokens_after_padding", "num_tokens"))
+    twin = fake_release(tmp_path, "0.35.2", runner=RUNNER_SOURCE.replace("num_tokens_after_padding", "num_tokens"))
     code, text, rep = _run_kernel(twin, tmp_path / "b.json", capsys)
     assert code == releases.UNREAD_CHANGES_EXIT == 4
     assert "unread changes in vllm/v1/worker/gpu/model_runner.py (launch lines)" in text
@@ -203,7 +203,7 @@ def test_sweep_reports_unread_changes_as_run_does_and_a_violation_stays_exit_1(t
     code, text = sweep(fake_release(tmp_path, "0.35.0"))
     assert code == 0 and "contract (v2): vLLM 0.35.0: judged with 0.34.0's contract (same files)" in text
     js = tmp_path / "s.json"
-    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER.replace("num_tokens_after_padding", "num_tokens"))
+    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER_SOURCE.replace("num_tokens_after_padding", "num_tokens"))
     code, text = sweep(padded, "--quiet", "--json", str(js))
     assert code == releases.UNREAD_CHANGES_EXIT
     assert "unread changes in vllm/v1/worker/gpu/model_runner.py (launch lines)" in text
@@ -218,7 +218,7 @@ def test_fuzz_reports_unread_changes_as_run_does_and_a_violation_stays_exit_1(tm
         return _cli(["fuzz", "--paths", "v2", "--kernel-v2", _spec(top), "--max-examples", str(examples),
                      "--seed", "1", "--no-db", "--shrink-seconds", "1", "--stop-after-first", "--quiet", "--out",
                      str(tmp_path / out)], capsys)
-    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER.replace("num_tokens_after_padding", "num_tokens"))
+    padded = fake_release(tmp_path, "0.35.2", runner=RUNNER_SOURCE.replace("num_tokens_after_padding", "num_tokens"))
     code, text = fuzz(padded, "a", 2)
     assert code == releases.UNREAD_CHANGES_EXIT, text
     assert "contract (v2): vLLM 0.35.2: judged with 0.34.0's contract; unread changes in " \
