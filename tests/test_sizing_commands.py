@@ -162,11 +162,12 @@ def test_replay_with_a_failing_sizing_function_is_exit_1(mamba_repro, capsys):
 
 def _drawable(repro: Path, tmp_path: Path) -> Path:
     """The repro with every block of more than 512 slots made 16 (a picture's limit; the fuzz's shrink is
-    time-bound and may leave 4096). The mamba width bug still shows: cdiv(L, B x DCP) < cdiv(L, B)
+    time-bound and may leave 4096), its cache grown to hold as many tokens. The mamba width bug still shows: cdiv(L, B x DCP) < cdiv(L, B)
     whenever L > B, and the found scenario had L > its larger B."""
     data = json.loads(repro.read_text())
     for g in data["scenario"]["groups"]:
         if g["block_size"] > 512:
+            g["num_blocks"] = min(g["num_blocks"] * (g["block_size"] // 16), 2**31 - 1)  # the same tokens held
             g["block_size"] = 16
             g["kernel_block_size"] = 0 if g["kind"] == "mamba" else 16
     out = tmp_path / repro.name
