@@ -58,7 +58,7 @@ def _kernel(cache: dict, path: str, record: dict | None, device: str):
 
 
 def main(fd: int, parent_pid: int, authkey: str) -> None:
-    """The worker process's entry (``cpsim.run.isolation.Worker.spawn``): serve the parent over the
+    """The worker process's entry (``cpsim.run.worker.Worker.spawn``): serve the parent over the
     socket ``fd``. ``authkey``: the parent's, under which torch's shared tensors are handed over."""
     import multiprocessing
     import signal

@@ -1,4 +1,4 @@
-"""The parent's handle on one kernel worker process, and the pool of them (``cpsim.run.isolation``).
+"""The parent's handle on one kernel worker process, and the pool of them a ``KernelRunner`` holds.
 
 A worker is a fresh interpreter running ``cpsim.run.kernel_worker``; its replies are plain data
 (``cpsim.run.wire``), read here and turned into outputs or named failures.
