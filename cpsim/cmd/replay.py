@@ -30,7 +30,8 @@ from cpsim.report import report
 from cpsim.check import profiles
 from cpsim.cmd.inputs import (describe_kernels, kernel_runner, kernels_with_record, knobs_with_sizing,
                               profile_from_args, show_profile, sizer_from_args, sizing_failed, subjects_for)
-from cpsim.cmd.torchrun_job import execute_torchrun, torchrun_world
+from cpsim.cmd.inputs import torchrun_world
+from cpsim.cmd.torchrun_job import execute_torchrun
 from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
 from cpsim.kernels.under_test import to_record

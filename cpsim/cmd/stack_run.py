@@ -11,14 +11,14 @@ from rich.console import Console
 from cpsim import releases
 from cpsim.check import coordinator
 from cpsim.cmd.options import DefaultPaths
-from cpsim.cmd.inputs import kernel_runner, parse_paths, scenario_from_args
+from cpsim.cmd.inputs import kernel_runner, parse_paths, scenario_from_args, torchrun_world
 from cpsim.errors import ConfigError
 from cpsim.report import report
 from cpsim.report.html import write_html_many
 from cpsim.report.junit import write_junit
 from cpsim.report.outputs import write_requested
 from cpsim.validate import write_outputs
-from cpsim.cmd.torchrun_job import stop_writer, torchrun_world
+from cpsim.cmd.torchrun_job import stop_writer
 
 # v1: the release's per-group BlockTable (MultiGroupBlockTable); v2: its MRV2 BlockTables.
 STACK_PATHS = ("v1", "v2")

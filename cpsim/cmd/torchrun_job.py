@@ -15,14 +15,6 @@ from cpsim.report import terminal
 
 # ---- torchrun ------------------------------------------------------------------
 
-def torchrun_world(cp_size: int, what: str, field: str) -> int:
-    """WORLD_SIZE, which must hold whole CP groups of ``cp_size`` ranks."""
-    world = int(os.environ["WORLD_SIZE"])
-    if world % cp_size:
-        raise ConfigError(field, f"world size {world} is not a multiple of the CP size {cp_size} of {what}")
-    return world
-
-
 def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict | None = None) -> int:
     """Check one ``distrun.Entry`` on every CP group of the torchrun world.
 
