@@ -96,6 +96,17 @@ def group_slots(s: Scenario, g: KVGroup, alloc: Allocation, rank: int,
     return torch.from_numpy(out[0])
 
 
+def expected(s: Scenario, allocs_world: Sequence[Sequence[Allocation]]) -> dict[int, torch.Tensor]:
+    """{group index: [ranks, tokens] int64}: every slot-mapped group's expected slots on every rank, from
+    ``allocs_world[rank][group]``."""
+    pos, req = s.batch.positions(), s.batch.token_request()
+    pad, replayed = _mask(s.batch.padding_mask(), pos.size), _mask(s.replay_mask(), pos.size)
+    ranks = range(len(allocs_world))
+    return {gi: torch.from_numpy(world_slots(s, g, [allocs_world[r][gi] for r in ranks], ranks, pos, req, pad,
+                                             replayed))
+            for gi, g in enumerate(s.groups) if g.slot_mapped}
+
+
 def rank_slots(s: Scenario, allocs: list[Allocation], rank: int, num_entries: int) -> torch.Tensor:
     """[groups, num_entries] int64: the whole buffer as a correct kernel leaves it."""
     positions = torch.from_numpy(s.batch.positions())

@@ -128,11 +128,11 @@ def simulate(s: sc.Scenario, paths: list[str] | tuple[str, ...] = layout_picture
     by ``profile`` (None: cpsim's model; it lays the scenario out too), and lay out the picture's data."""
     if profile is not None:
         s = profiles.scenario_for(s, profile)
-    layout_picture.check_size(s)
+    refs = layout_picture.check_size(s)  # before any kernel runs: a scenario too big to draw is refused
     allocs = allocate_world(s)
     gathered = run_virtual(s, list(paths), knobs, inject_rank, kernels=kernels, allocs=allocs, runner=runner)
     verdicts = coordinator.check(s, allocs, gathered, [s.fingerprint()] * s.cp.world, profile)
-    pic = layout_picture.build(s, gathered, allocs, verdicts, list(paths))
+    pic = layout_picture.build(s, gathered, allocs, verdicts, list(paths), refs)
     pic.skipped = [p for p in paths if p not in gathered]
     return pic
 

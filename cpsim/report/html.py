@@ -202,9 +202,9 @@ def picture_for(s: Scenario, gathered: dict, allocs_world, verdicts: list[Verdic
     from cpsim.report import layout_picture, figure
 
     try:
-        layout_picture.check_size(s)
+        refs = layout_picture.check_size(s, allocs_world)
         fig = figure.render(layout_picture.build(s, gathered, allocs_world, verdicts, [p for p in ("v1", "v2")
-                                                                            if p in gathered] or None),
+                                                                            if p in gathered] or None, refs),
                           subjects=subjects)
         return figure.png_bytes(fig, dpi=PICTURE_DPI), ""
     except ConfigError as e:

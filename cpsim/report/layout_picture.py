@@ -30,7 +30,7 @@ import torch
 from cpsim.check import coordinator, reference
 
 from cpsim import layout
-from cpsim.allocator import Allocation, allocate
+from cpsim.allocator import Allocation, allocate_world
 from cpsim.errors import ConfigError
 from cpsim.layout import PAD_SLOT_ID, POISON
 from cpsim.scenario import KVGroup, Scenario
@@ -90,8 +90,10 @@ def _strip_rows(s: Scenario, w: int) -> int:
     return sum(((r.seq_len - 1) // w - r.context_len // w + 1) if r.num_tokens else 1 for r in s.batch.requests)
 
 
-def check_size(s: Scenario) -> None:
-    """Raise ConfigError when the scenario is too big to draw readably."""
+def check_size(s: Scenario, allocs_world: list[list[Allocation]] | None = None) -> dict[int, torch.Tensor]:
+    """Raise ConfigError when the scenario is too big to draw readably; else the reference slots the picture
+    is drawn against (``reference.expected`` over ``allocs_world``, default the scenario's own allocation),
+    for :func:`build`."""
     def too_big(what: str, value: int, limit: int) -> None:
         if value > limit:
             raise ConfigError("draw", f"scenario {s.name!r} is too big to draw: {what} {value} > {limit}; "
@@ -101,16 +103,13 @@ def check_size(s: Scenario) -> None:
     too_big("scheduled tokens", s.batch.num_tokens, MAX_TOKENS)
     too_big("physical block size", max(g.block_size for g in s.groups), MAX_BLOCK_SIZE)
     too_big("wrapped token rows", _strip_rows(s, strip_width(s)), MAX_STRIP_ROWS)
-    pos = torch.from_numpy(s.batch.positions())
-    req = torch.from_numpy(s.batch.token_request())
+    refs = reference.expected(s, allocs_world if allocs_world is not None else allocate_world(s))
     rows = 0
-    for gi, g in enumerate(s.groups):
-        if not g.slot_mapped:
-            continue
-        for r in range(g.world(s.cp)):  # replicas (r >= g) are drawn only where they differ
-            ref = reference.group_slots(s, g, allocate(s, r, gi), r, pos, req)
-            rows += len(torch.unique(ref[ref != PAD_SLOT_ID] // g.block_size))
+    for gi, ref in refs.items():  # replicas (r >= the group's CP size) are drawn only where they differ
+        mine = ref[:s.groups[gi].world(s.cp)]
+        rows += sum(len(torch.unique(x[x != PAD_SLOT_ID] // s.groups[gi].block_size)) for x in mine)
     too_big("touched (rank, block) rows", rows, MAX_BLOCK_ROWS)
+    return refs
 
 
 # ---- data ------------------------------------------------------------------------
@@ -245,8 +244,10 @@ def _rows_for_group(s: Scenario, gi: int, gathered: dict, paths: list[str],
 
 
 def build(s: Scenario, gathered: dict, allocs_world: list[list[Allocation]],
-          verdicts: list[coordinator.Verdict], paths: list[str] | None = None) -> Picture:
-    """Arrays for every (path, group) panel plus where each violation is marked."""
+          verdicts: list[coordinator.Verdict], paths: list[str] | None = None,
+          refs: dict[int, torch.Tensor] | None = None) -> Picture:
+    """Arrays for every (path, group) panel plus where each violation is marked; ``refs``: what
+    :func:`check_size` returned for ``allocs_world``."""
     paths = [p for p in (paths or list(gathered)) if p in gathered]
     skipped = [p for p in (paths or []) if p not in gathered]
     w = strip_width(s)
@@ -254,14 +255,11 @@ def build(s: Scenario, gathered: dict, allocs_world: list[list[Allocation]],
     req = torch.from_numpy(s.batch.token_request())
     tok = {(int(i), int(p)): t for t, (i, p) in enumerate(zip(req.tolist(), pos.tolist()))}
     panels: dict[tuple[str, int], Panel] = {}
-    for gi, g in enumerate(s.groups):
-        if not g.slot_mapped:
-            continue   # mamba / state groups have no per-token slots; their violations go in the title
-        refs = torch.stack([reference.group_slots(s, g, allocs_world[r][gi], r, pos, req)
-                            for r in range(s.cp.world)])
-        drawn = {gi: _rows_for_group(s, gi, gathered, paths, allocs_world, refs)}
+    # mamba / state groups have no per-token slots (no reference): their violations go in the title
+    for gi, ref in (refs if refs is not None else reference.expected(s, allocs_world)).items():
+        drawn = {gi: _rows_for_group(s, gi, gathered, paths, allocs_world, ref)}
         for p in paths:
-            panels[(p, gi)] = _panel(s, p, gi, gathered[p], allocs_world, refs, w, drawn)
+            panels[(p, gi)] = _panel(s, p, gi, gathered[p], allocs_world, ref, w, drawn)
     for v in verdicts:
         for vio in v.violations:
             gi = next((i for i, g in enumerate(s.groups) if g.name == vio.group), None)
