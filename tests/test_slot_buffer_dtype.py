@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ from cpsim import cli
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 from cpsim.presets import preset
+from cpsim.stack import host
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
+from test_stack import VLLM_READY, VLLM_SKIP, vllm_args
 
 K = Path(__file__).parent / "kernels"
 MRV2_OK = f"{K}/vllm_mrv2_032_abi.py:_compute_slot_mappings_kernel"       # int64 ABI
@@ -99,3 +102,36 @@ def test_the_default_is_left_out_of_the_fingerprint():
     forced = s.replace(limits=dataclasses.replace(s.limits, slot_buffer_dtype="int64"))
     assert forced.fingerprint() != s.fingerprint()
     assert sc.Scenario.from_dict(forced.to_dict()) == forced
+
+
+# ---- stack runs: the host allocates its own buffer --------------------------------------------------
+
+@pytest.mark.parametrize("family, honoured, refused", [("vllm", "int64", "int32"), ("vllm-ascend", "int32", "int64")])
+def test_a_stack_run_honours_only_its_hosts_dtype(family, honoured, refused):
+    s = preset("default")
+    for dtype in ("abi", honoured):
+        host.host_slot_dtype(s.replace(limits=dataclasses.replace(s.limits, slot_buffer_dtype=dtype)), family, None)
+    with pytest.raises(ConfigError) as e:
+        host.host_slot_dtype(s.replace(limits=dataclasses.replace(s.limits, slot_buffer_dtype=refused)), family, None)
+    assert e.value.field == "limits.slot_buffer_dtype" and honoured in e.value.rule
+
+
+def test_a_stack_run_of_own_classes_with_a_forced_dtype_is_exit_2(tmp_path, capsys):
+    hosts = Path(__file__).parent / "stack_hosts"
+    code = cli.main(["run", "--quiet", "--scenario", _file(tmp_path, "default", "int32"), "--stack", "vllm-ascend",
+                     "--paths", "v1", "--stack-python", sys.executable, "--stack-classes",
+                     str(hosts / "ascend_shape.py")], runner=RUNNER)
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "limits.slot_buffer_dtype" in err
+
+
+@pytest.mark.skipif(not VLLM_READY, reason=VLLM_SKIP)
+def test_vllm_033_host_honours_int64_and_refuses_int32(tmp_path, capsys):
+    """vLLM 0.33.0's hosts allocate int64: a scenario naming int64 is judged as it stands, int32 is exit 2."""
+    args = ["--stack", "vllm", "--paths", "v1,v2", *vllm_args()]
+    assert _run(tmp_path, "--scenario", _file(tmp_path, "default", "int64"), *args) == (0, set())
+    capsys.readouterr()
+    code = cli.main(["run", "--quiet", "--scenario", _file(tmp_path, "default", "int32"), *args], runner=RUNNER)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "limits.slot_buffer_dtype" in err
