@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from cpsim import cli
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
+from cpsim.fuzz import space
 from cpsim.presets import preset
 from cpsim.stack import host
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
@@ -135,3 +137,23 @@ def test_vllm_033_host_honours_int64_and_refuses_int32(tmp_path, capsys):
     code = cli.main(["run", "--quiet", "--scenario", _file(tmp_path, "default", "int32"), *args], runner=RUNNER)
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "limits.slot_buffer_dtype" in err
+
+
+# ---- the default fuzz space -------------------------------------------------------------------------
+
+def test_the_default_space_draws_either_buffer_and_keeps_int32_ones_below_2_31():
+    drawn = [space.build(space.RandomDraw(random.Random(i))) for i in range(400)]
+    by = {d: [s for s in drawn if s.limits.slot_buffer_dtype == d] for d in sc.SLOT_BUFFER_DTYPES}
+    assert len(by["abi"]) > 250 and len(by["int32"]) > 20 and len(by["int64"]) > 20
+    assert not any(g.num_blocks * g.block_size > 2**31 for s in by["int32"] for g in s.groups)
+
+
+def test_default_fuzz_finds_the_uint32_store(tmp_path):
+    """Within 300 examples of the default space (seed 0: after 7), put on the new dimension."""
+    rc = cli.main(["fuzz", "--paths", "v2", "--kernel-v2", UINT32_STORE, "--max-examples", "300", "--seed", "0",
+                   "--stop-after-first", "--out", str(tmp_path), "--quiet"], runner=RUNNER)
+    assert rc == 1
+    (repro,) = tmp_path.glob("repro-*.json")
+    data = json.loads(repro.read_text())
+    assert data["scenario"]["limits"]["slot_buffer_dtype"] == "int64"
+    assert data["fuzz"]["signature"].endswith(":slot-buffer-dtype")
