@@ -24,6 +24,7 @@ from cpsim.fuzz import space
 from cpsim.presets import preset
 from cpsim.stack import host
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
+from test_dist import cpu_sim
 from test_stack import VLLM_READY, VLLM_SKIP, vllm_args
 
 K = Path(__file__).parent / "kernels"
@@ -137,6 +138,19 @@ def test_vllm_033_host_honours_int64_and_refuses_int32(tmp_path, capsys):
     code = cli.main(["run", "--quiet", "--scenario", _file(tmp_path, "default", "int32"), *args], runner=RUNNER)
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "limits.slot_buffer_dtype" in err
+
+
+@pytest.mark.dist
+def test_under_torchrun_a_forced_dtype_is_exit_2_on_every_rank_in_one_line(tmp_path):
+    """Each rank's request is refused before its driver starts: every rank answers "refused" to the gather
+    (before, the refusal raised on each rank ahead of it)."""
+    proc = cpu_sim(2, "--dcp", "2", "--scenario", _file(tmp_path, "default", "int32"), "--stack", "vllm-ascend",
+                   "--paths", "v1", "--stack-python", sys.executable, "--stack-classes",
+                   str(Path(__file__).parent / "stack_hosts" / "ascend_shape.py"), "--timeout", "60", "--quiet")
+    assert proc.returncode == 2, (proc.stdout + proc.stderr)[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "limits.slot_buffer_dtype" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 # ---- the default fuzz space -------------------------------------------------------------------------
