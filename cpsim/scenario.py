@@ -21,6 +21,7 @@ from cpsim.plain_data import plain as _plain
 from cpsim.errors import ConfigError
 
 GROUP_KINDS = ("attention", "sliding_window", "mamba")
+SLOT_BUFFER_DTYPES = ("abi", "int32", "int64")  # "abi": the buffer the kernel's ABI names (its host's)
 INT32_MAX = 2**31 - 1
 
 
@@ -89,6 +90,7 @@ class Limits:
     max_num_reqs: int = 16
     max_num_batched_tokens: int = 2048
     num_speculative_tokens: int = 0
+    slot_buffer_dtype: str = "abi"  # the host's slot buffer handed a kernel under test (Triton casts its stores)
 
     @property
     def slot_buffer_size(self) -> int:
@@ -249,6 +251,8 @@ class Scenario:
                 del r["replay_start"]
         if not d["batch"]["is_padding"]:
             del d["batch"]["is_padding"]
+        if d["limits"]["slot_buffer_dtype"] == "abi":
+            del d["limits"]["slot_buffer_dtype"]
         return d
 
     @classmethod
@@ -344,6 +348,9 @@ def validate(s: Scenario) -> Scenario:
     _positive("limits.max_num_reqs", lim.max_num_reqs)
     _positive("limits.max_num_batched_tokens", lim.max_num_batched_tokens)
     _positive("limits.num_speculative_tokens", lim.num_speculative_tokens, 0)
+    if lim.slot_buffer_dtype not in SLOT_BUFFER_DTYPES:
+        raise ConfigError("limits.slot_buffer_dtype", f"must be one of {', '.join(SLOT_BUFFER_DTYPES)}, "
+                                                      f"got {lim.slot_buffer_dtype!r}")
     if not s.groups:
         raise ConfigError("groups", "at least one KV-cache group is required")
     names = [g.name for g in s.groups]

@@ -30,6 +30,7 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 REPRO_SCHEMA = "cpsim-repro/1"   # same string as cpsim.fuzz.REPRO_SCHEMA (kept here so loading needs no Hypothesis)
 
 GROUP_KINDS = ("attention", "sliding_window", "mamba")
+SLOT_BUFFER_DTYPES = ("abi", "int32", "int64")
 PATH_NAMES = ("v1", "v1-fused", "v1-torch", "v2")
 KERNEL_DESIGNS = ("per-request", "tile")
 
@@ -89,6 +90,7 @@ class LimitsModel(Strict):
     max_num_reqs: Annotated[StrictInt, Field(ge=1, le=MAX_REQS)] = 16
     max_num_batched_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS)] = 2048
     num_speculative_tokens: Annotated[StrictInt, Field(ge=0, le=MAX_SPEC)] = 0
+    slot_buffer_dtype: Literal[SLOT_BUFFER_DTYPES] = "abi"   # the slot buffer's dtype; "abi": the ABI's
 
 
 class RequestModel(Strict):

@@ -62,6 +62,9 @@ DIMENSIONS: list[Dimension] = [
               lambda s: s.batch.has_replay,
               lambda s: s.replace(batch=dataclasses.replace(s.batch, requests=tuple(
                   dataclasses.replace(r, replay_start=0) for r in s.batch.requests)))),
+    Dimension("slot-buffer-dtype", "a slot buffer of a dtype the kernel's ABI does not name (limits.slot_buffer_dtype)",
+              lambda s: s.limits.slot_buffer_dtype != "abi",
+              lambda s: s.replace(limits=dataclasses.replace(s.limits, slot_buffer_dtype="abi"))),
 ]
 ANY_DIMENSION = "any"
 

@@ -21,8 +21,8 @@ from cpsim import kernels
 from cpsim.layout import PAD_SLOT_ID
 from cpsim.paths import v1
 from cpsim.paths._inputs import prepare_triton
-from cpsim.paths.launch_args import (TILE, _check_int32, _i32, _i64, _note_dcp_only, _physical, _skip_circular,
-                                     slot_entries, v1_state_launch, v1_state_width)
+from cpsim.paths.launch_args import (TILE, _check_int32, _i32, _i64, _note_dcp_only, _out_dtype, _physical,
+                                     _skip_circular, slot_entries, v1_state_launch, v1_state_width)
 from cpsim.paths.mrv2_adapters import _mrv2, _mrv2_flags, _v2
 from cpsim.paths.prep import PerRank, TableShape
 from cpsim.paths.types import Knobs, RankOutput
@@ -128,7 +128,7 @@ def _vllm_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> 
                                                       g.block_size, g.block_size))
         else:
             table = prep.table(allocs[gi], v1.table_shape(s, g, knobs))
-        buf = prep.buffer([gi], T, torch.int64)[0]
+        buf = prep.buffer([gi], T, _out_dtype(k, s))[0]
         args = dict(num_tokens=n_tok, max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=positions,
                     block_table_ptr=table, block_table_stride=table.stride(0), slot_mapping_ptr=buf,
                     TOTAL_CP_WORLD_SIZE=n, TOTAL_CP_RANK=cp_rank, CP_KV_CACHE_INTERLEAVE_SIZE=s.cp.interleave,
@@ -169,11 +169,11 @@ def _ascend_v1(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -
                 _skip_circular(k, g)
             enabled.append(False)
             continue
-        _check_int32(k, g)
+        _check_int32(k, s, g)
         n = g.world(s.cp)
         table = prep.table(allocs[gi], v1.table_shape(s, g, knobs))
         kv_bs, bpk = v1._sizes(s, g, knobs)
-        buf = prep.buffer([gi], T, torch.int32)[0]
+        buf = prep.buffer([gi], T, _out_dtype(k, s))[0]
         args = dict(
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T, query_start_loc_ptr=qsl,
             positions_ptr=bt.positions, block_table_ptr=table, block_table_stride=table.stride(0),
@@ -211,11 +211,11 @@ def _ascend_v1_fused(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Kn
         if g.slot_mapped and g.circular and not has_circular:
             _skip_circular(k, g)
         elif g.slot_mapped:
-            _check_int32(k, g)
+            _check_int32(k, s, g)
             groups.append((gi, g))
     if groups:
         tables = [prep.table(allocs[gi], v1.table_shape(s, g, knobs)) for gi, g in groups]
-        bufs = [prep.buffer([gi], T, torch.int32)[0] for gi, _ in groups]
+        bufs = [prep.buffer([gi], T, _out_dtype(k, s))[0] for gi, _ in groups]
         smallest = min(g.b for _, g in groups)
         args = dict(
             num_tokens=min(bt.num_tokens, T), max_num_tokens=T,
@@ -311,7 +311,8 @@ def _callable(k, path: str, s: Scenario, allocs, rank: int, prep: PerRank, knobs
         if faults[gi]:  # judged by the coordinator (kernel-output); the group's row stays POISON
             continue
         m = min(res.numel(), T)
-        out[gi, :m] = res[:m].to(device=device, dtype=torch.int64)
+        # the host's buffer holds what the callable returns, cast as a store into it would cast
+        out[gi, :m] = res[:m].to(device=device, dtype=_out_dtype(k, s)).to(torch.int64)
         out[gi, max(m, n_tok):] = PAD_SLOT_ID  # the runtime pads what follows the scheduled tokens
     result = RankOutput(out, enabled, widths, entries) if path == "v2" else v1._result(out, s, knobs, enabled)
     result.output_faults = faults

@@ -29,19 +29,25 @@ def _ptr_dtype(device: torch.device) -> torch.dtype:
     return torch.uint64 if device.type in ("cpu", "cuda") else torch.int64
 
 
-def _check_int32(k, g: KVGroup) -> None:
+def _check_int32(k, s: Scenario, g: KVGroup) -> None:
     top = g.num_blocks * g.block_size - 1
-    if top > INT32_MAX:
-        k.note(f"group {g.name}: slots reach {top} but the {k.abi} ABI writes int32 slot mappings; slots past "
-               f"2^31-1 cannot be represented (they come back wrapped and are reported as violations)")
+    if top > INT32_MAX and _out_dtype(k, s) == torch.int32:
+        k.note(f"group {g.name}: slots reach {top} but the {k.abi} kernel is handed an int32 slot buffer; slots "
+               f"past 2^31-1 cannot be represented (they come back wrapped and are reported as violations)")
 
 
 def _skip_circular(k, g: KVGroup) -> None:
     k.note(f"group {g.name}: a sliding-window ring table has no flag in this {k.abi} kernel; group not checked")
 
 
-def _out_dtype(k) -> torch.dtype:
-    return torch.int32 if ABIS[k.abi].out_dtype == "int32" else torch.int64
+def _out_dtype(k, s: Scenario) -> torch.dtype:
+    """The slot buffer's dtype: the scenario's ``limits.slot_buffer_dtype``, or by default the ABI's (its
+    host's: vLLM allocates int64, vllm-ascend int32). Triton casts the kernel's stores to it, so a kernel
+    that assumes the other one is judged on what its host would read back."""
+    name = s.limits.slot_buffer_dtype
+    if name == "abi":
+        name = ABIS[k.abi].out_dtype
+    return torch.int32 if name == "int32" else torch.int64
 
 
 def _physical(s: Scenario, g: KVGroup, alloc, knobs: Knobs, prep: PerRank, k=None) -> tuple[torch.Tensor, int]:

@@ -62,10 +62,9 @@ def _v2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> RankO
                 k.note(f"group {g.name} is not CP-sharded: launched separately with CP_SIZE=1 (the {k.abi} ABI "
                        f"has no per-group CP size; the runtime's single launch applies CP_SIZE to every group - "
                        f"--kernel-v2-launch single reproduces that)")
-        if ABIS[k.abi].out_dtype == "int32":
-            _check_int32(k, g)
+        _check_int32(k, s, g)
         launches.setdefault(key, []).append(gi)
-    dtype = _out_dtype(k)
+    dtype = _out_dtype(k, s)
     rows = _i32(s.batch.rows_v2(), device)
     qsl = bt.query_start_loc.clamp(max=T)
     for (n, r), gis in launches.items():
@@ -156,7 +155,7 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) 
                        f"release's runtime does")
             gis.append(gi)
     if gis:
-        buf = prep.buffer(gis, T, torch.int64)
+        buf = prep.buffer(gis, T, _out_dtype(k, s))
         args = dict(
             **_mrv2_tables(s, bt, tables, gis, T, device),
             block_sizes=_i32((s.groups[i].b if knobs.virtual_from_kernel_block else s.groups[i].block_size
@@ -175,7 +174,7 @@ def _mrv2_flags(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) 
         with prep.bracket([(gis[0], "positions", args["pos"]), (gis[0], "query_start_loc", args["query_start_loc"]),
                            (gis[0], "idx_mapping", args["idx_mapping"])] + [(i, "block table", tables[i]) for i in gis]):
             k.obj[(len(gis), s.batch.num_reqs + 1)](**args)
-        out[gis] = buf
+        out[gis] = buf.to(torch.int64)
     done = set(gis)
     return RankOutput(out, [gi in done for gi in range(len(s.groups))], [t.shape[1] for t in tables], entry)
 
@@ -197,7 +196,7 @@ def _mrv2(k, s: Scenario, allocs, rank: int, prep: PerRank, knobs: Knobs) -> Ran
             continue
         gis.append(gi)
     if gis:
-        buf = prep.buffer(gis, T, torch.int64)
+        buf = prep.buffer(gis, T, _out_dtype(k, s))
         nb = nb_all[gis].contiguous()
         args = dict(
             **_mrv2_tables(s, bt, tables, gis, T, device),

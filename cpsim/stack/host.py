@@ -25,7 +25,7 @@ from cpsim.errors import ConfigError
 from cpsim.paths import KernelFailure
 from cpsim.run import reaper
 from cpsim.scenario import Scenario
-from cpsim.stack import FAMILIES, recording_kernel
+from cpsim.stack import FAMILIES, HOST_SLOT_DTYPES, recording_kernel
 from cpsim.stack.exchange import read, write
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,11 +170,28 @@ def request(scenarios: list[Scenario], family: str, paths: list[str], classes: s
     arrays: dict = {}
     inputs = []
     for k, s in enumerate(scenarios):
+        host_slot_dtype(s, family, classes)
         meta, arr = plain_input(s, paths)
         top["jobs"].append(meta)
         arrays.update({f"j{k}/{n}": a for n, a in arr.items()})
         inputs.append((meta, arr))
     return top, arrays, inputs
+
+
+def host_slot_dtype(s: Scenario, family: str, classes: str | None) -> None:
+    """A stack run's slot buffer is the host's own allocation: a scenario that names another dtype is not
+    expressible (ConfigError, exit 2); one that names the host's is honoured as it stands."""
+    want = s.limits.slot_buffer_dtype
+    if want == "abi":
+        return
+    if classes:
+        raise ConfigError("limits.slot_buffer_dtype", f"host classes of your own allocate their own slot buffer; "
+                                                      f"cpsim cannot make it {want} (use \"abi\")")
+    if want != HOST_SLOT_DTYPES[family]:
+        raise ConfigError("limits.slot_buffer_dtype", f"the {family} releases' hosts allocate "
+                                                      f"{HOST_SLOT_DTYPES[family]} slot buffers, not {want} "
+                                                      f"(not expressible; use \"abi\" or "
+                                                      f"\"{HOST_SLOT_DTYPES[family]}\")")
 
 
 def call_driver(top: dict, arrays: dict, family: str, python: str | None, timeout: float) -> tuple[dict, dict]:
@@ -277,8 +294,8 @@ def drive_rank(s: Scenario, family: str, paths: list[str], dist: dict, python: s
     {"error": text} (the child died, hung, or the groups could not be set up)."""
     # The host code's bound is half the groups' (and the gathers') --timeout: a rank whose host code hangs
     # answers its timeout while the peers still wait at the gather, a violation on that rank, not a stop.
-    top, arrays, _ = request([s], family, paths, classes, source, dist["timeout_s"] / 2, dist)
     try:
+        top, arrays, _ = request([s], family, paths, classes, source, dist["timeout_s"] / 2, dist)
         out, got = call_driver(top, arrays, family, python, timeout)
     except ConfigError as e:
         return {"refused": (e.field, e.rule)}
