@@ -16,7 +16,8 @@ from cpsim import faults
 from cpsim.allocator import allocate_world
 from cpsim.check import coordinator, profiles
 from cpsim.cmd.contracts import run_status
-from cpsim.cmd.inputs import RunInputs, sizing_failed, subjects_for
+from cpsim.cmd.inputs import sizing_failed, subjects_for
+from cpsim.cmd.run_inputs import RunInputs
 from cpsim.cmd.torchrun_job import execute_torchrun
 from cpsim.errors import ConfigError
 from cpsim.faults.detect import reaches
