@@ -19,20 +19,11 @@ import torch
 from cpsim.errors import ConfigError, DistError
 from cpsim.paths import Knobs, RankOutput
 from cpsim.run import reaper, requests, wire
+from cpsim.run.boot import _BOOT, _CPSIM_ROOT, _pidfd
 from cpsim.run.outcome import KernelFailed, _exit_text, _fail, failed
 
 
 STARTUP_S = 120.0  # bound for starting the worker and importing Triton there (not the kernel's time)
-
-
-# The child's first line: cpsim is imported from where this process imported it, never from the
-# current directory (``-c`` would put it first on sys.path, and a ``cpsim/`` folder there shadows
-# the package: issue 30, item 1).
-_BOOT = ("import sys; sys.path[0] = sys.argv[1]; "
-         "from cpsim.run.kernel_worker import main; main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
-
-
-_CPSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _python() -> str:
@@ -256,13 +247,6 @@ def _readable(workers: list, timeout: float) -> list:
                 poller.register(fd, select.POLLIN)
     return list(dict.fromkeys(by_fd[fd] for fd, _ in poller.poll(math.ceil(timeout * 1000))))
 
-
-def _pidfd(pid: int) -> int | None:
-    """A file descriptor that becomes readable when ``pid`` ends (Linux 5.3+), or None."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
 
 class WorkerPool:
     """A runner's kernel workers and the process groups they lead. The first worker also answers
