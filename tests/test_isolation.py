@@ -479,7 +479,7 @@ def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(mo
 
 def test_shares_cut_ranks_on_cpu_and_paths_on_an_accelerator(monkeypatch):
     from cpsim.run.chunks import _shares
-    from cpsim.run.worker import pool_size
+    from cpsim.run.boot import pool_size
     monkeypatch.delenv("CPSIM_KERNEL_WORKERS", raising=False)
     assert (pool_size("cuda"), pool_size("cuda:1"), pool_size("npu")) == (4, 4, 1)
     paths = ["v1", "v2", "v1-torch"]

@@ -294,31 +294,3 @@ class WorkerPool:
         marked pids found. Run when a check is over: nothing of a kernel is meant to run then."""
         live = [w.proc.pid for w in self.workers if w.alive()]
         return self.marker.sweep(spare=reaper.tree(live))
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def pool_size(device: str) -> int:
-    """Workers per process: two on CPU, sharing the ranks of every path (the interpreter is
-    CPU-bound); four on CUDA, two per default path, each with half of its path's ranks (``_shares``:
-    there the host's work around the microsecond kernels is the cost, and four processes do it side
-    by side; measured on an H200, docs/BENCHMARKS.md, seventh round); one on an NPU, where several
-    contexts on one device were never measured. ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide
-    the cores between them."""
-    env = os.environ.get("CPSIM_KERNEL_WORKERS")
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ConfigError("CPSIM_KERNEL_WORKERS", f"must be a positive integer, got {env!r}")
-        return n
-    kind = str(device).split(":")[0]
-    if kind == "cuda":
-        return 4
-    if kind != "cpu":
-        return 1
-    return max(1, min(2, usable_cores()))
