@@ -1,12 +1,21 @@
 """Starting a kernel worker's interpreter (``cpsim.run.kernel_worker``): the child process and its
-pipe. Imports no torch, so a command can start its workers before it imports torch itself.
+pipe. Imports no torch, so a command can start its workers before it imports torch itself
+(``HeadStart``): a worker's start is an interpreter importing torch and cpsim (seconds), and it then
+runs on the other core while this process imports the same, instead of after it.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 from cpsim.errors import ConfigError
+from cpsim.run import reaper
 
 
 # The child's first line: cpsim is imported from where this process imported it, never from the
@@ -25,6 +34,38 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
+
+
+@dataclass
+class Child:
+    """A worker's interpreter, started and not yet asked to prepare (``Worker.adopt``)."""
+
+    proc: subprocess.Popen
+    conn: Connection      # this process's end of the child's socket
+    pidfd: int | None     # readable once the child has ended
+
+
+def start_child(marker: reaper.Marker) -> Child:
+    """A fresh interpreter running ``kernel_worker.main`` in a session and process group of its own, its
+    environment carrying ``marker``; it imports cpsim from the directory this process imported it from."""
+    here, there = socket.socketpair()
+    authkey = multiprocessing.current_process().authkey.hex()  # torch's shared tensors travel under it
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
+        pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=marker.worker_env())
+    pidfd = _pidfd(proc.pid)
+    there.close()
+    return Child(proc, Connection(here.detach()), pidfd)
+
+
+class HeadStart:
+    """Worker interpreters started before this process imports torch, for the ``KernelRunner`` built next to
+    adopt (its pool takes their marker too). Each child asks for nothing until the runner sends it a
+    device (``Worker.ensure``); a child never adopted ends with this process (``kernel_worker._die_with``)."""
+
+    def __init__(self, count: int) -> None:
+        self.marker = reaper.Marker()
+        self.children = [start_child(self.marker) for _ in range(count)]
 
 
 def usable_cores() -> int:
