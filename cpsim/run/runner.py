@@ -181,7 +181,9 @@ class KernelRunner:
         (the worker answers in order)."""
         self.run_ahead.settle()
         w = self.pool.first
-        if w.ensure(device):
+        spawned = w.ensure(device)
+        self.pool.tell(device)  # the others started ahead prepare while this one answers
+        if spawned:
             w.ready()
         return w
 

@@ -286,6 +286,13 @@ class WorkerPool:
         while len(self.workers) < size:
             self.workers.append(Worker(self.groups, self.marker))
 
+    def tell(self, device: str) -> None:
+        """Tell the live workers started ahead (``HeadStart``) and not told their device yet that it is
+        ``device``, waiting for none: each prepares (imports Triton) meanwhile; ``ensure`` reads its answer."""
+        for w in self.workers:
+            if w.alive() and w.device is None:
+                w.prepare(device)
+
     def end(self) -> None:
         """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
         tree and process group, every process still carrying the pool's worker marker
