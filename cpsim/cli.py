@@ -20,7 +20,11 @@ from cpsim.errors import ConfigError, DistError, Interrupted
 from cpsim.report import terminal
 from cpsim.report.terminal import FORMATS
 from cpsim.validate import check_args
+from cpsim.cmd.options import KERNEL_FLAGS
+from cpsim.kernels.under_test import BUILTIN
 from cpsim.run import reaper
+from cpsim.run.boot import HeadStart, pool_size
+from cpsim.run.torchrun_env import launched_by_torchrun
 
 
 class Parser(argparse.ArgumentParser):
@@ -62,6 +66,18 @@ def command(spec: str):
     imported only now, after the options were read and checked, since it imports torch."""
     module, _, name = spec.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def workers_ahead(args) -> int:
+    """The kernel workers ``cpsim run`` is sure to use, started before the command imports torch (seconds),
+    so that they import torch and cpsim on the other core meanwhile (``cpsim.run.boot.HeadStart``): its pool,
+    or under torchrun the one worker a user's kernel runs in; none for the other commands, which may need none.
+    ``--device auto`` counts as CPU (the device is known only once torch is imported)."""
+    if args.command != "run" or getattr(args, "stack", None) or os.environ.get("CPSIM_KERNEL_ISOLATION") == "0":
+        return 0
+    if launched_by_torchrun():
+        return int(any(getattr(args, a, None) not in (None, BUILTIN) for a in KERNEL_FLAGS.values()))
+    return pool_size(args.device if args.device in ("cpu", "cuda", "npu") else "cpu")
 
 
 def _raise_interrupted(signum, frame) -> None:
@@ -133,8 +149,9 @@ def main(argv: list[str] | None = None, held: tuple | None = None, runner=None) 
         check_args(args)  # option bounds and output paths, before any work
         if getattr(args, "check_inputs", None):
             args.check_inputs(args)  # the command's own inputs (scenario, paths): still without torch
+        ahead = HeadStart(workers_ahead(args)) if runner is None else None
         from cpsim.run.runner import KernelRunner
-        kernels = args.kernel_runner = KernelRunner() if runner is None else runner
+        kernels = args.kernel_runner = KernelRunner(head_start=ahead) if runner is None else runner
         kernels.configure_from_args(args)
         reaper.become_subreaper()  # a kernel's setsid() child still ends with cpsim
         return int(command(args.func)(args) or 0)

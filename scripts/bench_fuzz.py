@@ -331,7 +331,7 @@ def bench_device_passes(examples: int, device: str, passes: int, profile: str | 
     from pathlib import Path
 
     from cpsim.run.runner import KernelRunner
-    from cpsim.run.worker import pool_size
+    from cpsim.run.boot import pool_size
     runner = KernelRunner()  # one for every pass: its workers stay warm, as in one long fuzz run
     out = []
     for k in range(passes):

@@ -42,6 +42,7 @@ def timed(cmd: list[str], tree: str, env_extra: dict) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH")])),
                PY=sys.executable, **env_extra)
     env.pop("TRITON_INTERPRET", None)  # fuzz-device compiles; cpu-sim.sh sets its own
+    load = os.getloadavg()[0]  # the box is shared: how busy it was when the run began
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
@@ -49,7 +50,7 @@ def timed(cmd: list[str], tree: str, env_extra: dict) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rates = [float(r) for r in re.findall(r"pass [2-9]\d*: \d+ examples, ([\d.]+)/s wall", done.stdout)]
-    return {"rc": done.returncode, "wall": round(wall, 3), "cpu": round(cpu, 3),
+    return {"rc": done.returncode, "wall": round(wall, 3), "cpu": round(cpu, 3), "load": round(load, 2),
             "steady_rate": round(statistics.mean(rates), 1) if rates else None,
             "tail": (done.stdout + done.stderr)[-400:]}
 
@@ -79,6 +80,7 @@ def main() -> int:
             rates = [x["steady_rate"] for x in r if x["steady_rate"] is not None]
             print(f"{name:13s} {which}: rc {[x['rc'] for x in r]}  wall median {statistics.median(x['wall'] for x in r):.2f} s"
                   f"  cpu median {statistics.median(x['cpu'] for x in r):.2f} s"
+                  f"  load {min(x['load'] for x in r):.1f}-{max(x['load'] for x in r):.1f}"
                   + (f"  steady {statistics.median(rates):.1f}/s" if rates else ""), flush=True)
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -291,6 +291,32 @@ def test_runs_started_ahead_are_collected_not_run_again():
     assert not RUNNER.run_ahead.inflight and not RUNNER.run_ahead.kept
 
 
+def test_workers_started_ahead_are_adopted_and_one_dead_before_use_is_replaced(monkeypatch):
+    """A ``HeadStart``'s children (``cpsim run`` starts them before it imports torch) are the runner's
+    workers: told their device by the probe (the first answers it, the others prepare meanwhile), they
+    run the paths and give what a plain call gives; one that died before it was used is replaced by a
+    fresh child; all end with the runner."""
+    from cpsim.run.boot import HeadStart
+    monkeypatch.setenv("CPSIM_KERNEL_WORKERS", "3")
+    s = preset("mtp", dcp=3)
+    allocs, knobs = _world(s)
+    plain = RUNNER.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {})
+    ahead = HeadStart(3)
+    first, second, dead = (c.proc for c in ahead.children)
+    dead.kill()
+    dead.wait()
+    with runner.KernelRunner(Isolation(), head_start=ahead) as own:
+        assert [w.device for w in own.pool] == [None, None, None] and len(own.pool.groups) == 3
+        sig = own.probe(f"{HERE.parent}/examples/my_slots.py:my_slots", "v1", False, "cpu", "--kernel-v1")
+        assert sig.name == "my_slots"
+        assert [(w.device, w.starting) for w in own.pool] == [("cpu", False), ("cpu", True), (None, False)]
+        _same(own.run_paths(s, ["v1", "v2"], allocs, "cpu", knobs, {}), plain)
+        assert [w.proc for w in own.pool[:2]] == [first, second] and not own.pool[1].starting
+        assert own.pool[2].alive() and own.pool[2].proc.pid != dead.pid and own.pool[2].generation == 2
+        procs = [w.proc for w in own.pool]
+    assert all(p.wait(10) is not None for p in procs)  # ended (a child still running: TimeoutExpired)
+
+
 def test_runs_ahead_wait_for_other_runs_and_keep_their_results():
     """Another scenario needing the workers first (fuzz classifying a failure) collects the runs
     started ahead and keeps them for the call they were started for."""
@@ -479,7 +505,7 @@ def test_a_fault_found_when_a_batched_chunk_is_read_back_runs_the_ranks_again(mo
 
 def test_shares_cut_ranks_on_cpu_and_paths_on_an_accelerator(monkeypatch):
     from cpsim.run.chunks import _shares
-    from cpsim.run.worker import pool_size
+    from cpsim.run.boot import pool_size
     monkeypatch.delenv("CPSIM_KERNEL_WORKERS", raising=False)
     assert (pool_size("cuda"), pool_size("cuda:1"), pool_size("npu")) == (4, 4, 1)
     paths = ["v1", "v2", "v1-torch"]

@@ -97,3 +97,34 @@ def test_every_command_is_run_by_a_module_function_that_exists():
     funcs = {leaf.get_default("func") for leaf in leaves(build_parser())}
     assert len(funcs) >= 11 and all(isinstance(f, str) and ":" in f for f in funcs)
     assert all(callable(command(f)) for f in funcs)
+
+
+HEAD_START = r"""
+import json, subprocess, sys
+from cpsim import cli
+started = []
+class Popen(subprocess.Popen):
+    def __init__(self, args, *rest, **kw):
+        if any("cpsim.run.kernel_worker" in str(a) for a in args):  # a kernel worker's start
+            started.append("torch" in sys.modules)
+        super().__init__(args, *rest, **kw)
+subprocess.Popen = Popen
+code = cli.main(json.loads(sys.argv[1]))
+print("STARTS " + json.dumps([code, started]))
+"""
+
+
+def test_run_starts_its_kernel_workers_before_it_imports_torch():
+    """`cpsim run` with a user's kernel: both workers of its pool start before this process imports torch
+    (each imports torch and cpsim on the other core meanwhile), and the probe and every path run in them:
+    no worker is started once torch is in."""
+    argv = ["run", "--scenario", "default", "--dcp", "4", "--paths", "v1,v2", "--kernel-v1",
+            "examples/my_slots.py:my_slots", "--quiet"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CPSIM_KERNEL_WORKERS": "2"}
+    proc = subprocess.run([sys.executable, "-c", HEAD_START, json.dumps(argv)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("STARTS ")]
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-2000:]
+    code, started = json.loads(line[-1][len("STARTS "):])
+    assert code == 0 and "pass" in proc.stdout
+    assert started == [False, False], f"worker starts (torch already imported?): {started}"

@@ -11,7 +11,8 @@ from typing import Callable
 from cpsim.paths import KernelFailure, first_failure
 from cpsim.run.outcome import KernelFailed
 from cpsim.run import requests, wire
-from cpsim.run.worker import LOST, Worker, WorkerPool, _readable, _record, pool_size
+from cpsim.run.boot import pool_size
+from cpsim.run.worker import LOST, Worker, WorkerPool, _readable, _record
 
 
 @dataclass

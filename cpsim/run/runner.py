@@ -13,7 +13,9 @@ torch's thread pools may deadlock in the child, and a fresh ``spawn`` per rank
 run costs a torch import each time (seconds on a busy CPU). The forkserver starts
 clean, preloads torch and cpsim once, and forks the worker from that warm state;
 the worker stays up for the whole command (fuzz reuses it across scenarios) and
-is only replaced after a crash or a timeout. The virtual world (``run_paths``) cuts each
+is only replaced after a crash or a timeout. ``cpsim run`` starts its pool's interpreters before it
+imports torch itself (``cpsim.run.boot.HeadStart``, adopted by the runner), so that they import torch and
+cpsim on the other core meanwhile. The virtual world (``run_paths``) cuts each
 path's ranks into one contiguous chunk per worker, one message per chunk, all sent at once
 behind the scenario itself (sent once); on CPU it keeps two workers, so both cores run kernels
 (``CPSIM_KERNEL_WORKERS``). ``ahead`` starts a scenario's rank runs before they are asked for,
@@ -54,6 +56,7 @@ from cpsim.errors import ConfigError
 from cpsim.paths import KernelFailure, Knobs, RankOutput
 from cpsim.run import chunks, requests, wire
 from cpsim.run.ahead import RunAhead
+from cpsim.run.boot import HeadStart
 from cpsim.run.in_process import _in_process, _sequential, call_here, probe_here
 from cpsim.run.outcome import KernelFailed, _exit_text, _unloaded
 from cpsim.run.worker import LOST, WorkerPool, _record
@@ -77,9 +80,10 @@ class KernelRunner:
     process groups they lead), the rank runs started ahead and their results. Everything a kernel
     run needs in the parent lives here; ``end`` ends the workers (at exit, at the latest)."""
 
-    def __init__(self, config: Isolation | None = None) -> None:
+    def __init__(self, config: Isolation | None = None, head_start: HeadStart | None = None) -> None:
+        """``head_start``: worker interpreters the caller started before it imported torch (``cpsim.run.boot``)."""
         self.config = from_environment() if config is None else config
-        self.pool = WorkerPool()
+        self.pool = WorkerPool(head_start)
         self.run_ahead = RunAhead()
         atexit.register(self.end)  # the workers end with this process at the latest
 
@@ -177,7 +181,9 @@ class KernelRunner:
         (the worker answers in order)."""
         self.run_ahead.settle()
         w = self.pool.first
-        if w.ensure(device):
+        spawned = w.ensure(device)
+        self.pool.tell(device)  # the others started ahead prepare while this one answers
+        if spawned:
             w.ready()
         return w
 

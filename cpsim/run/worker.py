@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import multiprocessing
 import os
 import select
 import signal
@@ -19,20 +18,11 @@ import torch
 from cpsim.errors import ConfigError, DistError
 from cpsim.paths import Knobs, RankOutput
 from cpsim.run import reaper, requests, wire
+from cpsim.run.boot import Child, HeadStart, start_child
 from cpsim.run.outcome import KernelFailed, _exit_text, _fail, failed
 
 
 STARTUP_S = 120.0  # bound for starting the worker and importing Triton there (not the kernel's time)
-
-
-# The child's first line: cpsim is imported from where this process imported it, never from the
-# current directory (``-c`` would put it first on sys.path, and a ``cpsim/`` folder there shadows
-# the package: issue 30, item 1).
-_BOOT = ("import sys; sys.path[0] = sys.argv[1]; "
-         "from cpsim.run.kernel_worker import main; main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])")
-
-
-_CPSIM_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _python() -> str:
@@ -68,6 +58,7 @@ class Worker:
         self.device: str | None = None
         self.loaded: int | None = None  # the scenario the child holds (``run_paths`` sends it once per scenario)
         self.generation = 0             # children started so far: a run sent to an earlier one must be sent again
+        self.starting = False           # asked to prepare, its answer not read yet (``ready``)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -75,21 +66,21 @@ class Worker:
     def spawn(self, device: str) -> None:
         """Start the child and ask it to prepare; ``ready`` waits for the answer (so that
         several workers start at once)."""
-        import socket
-        import subprocess
-        import sys
-        from multiprocessing.connection import Connection
-        here, there = socket.socketpair()
-        authkey = multiprocessing.current_process().authkey.hex()  # torch's shared tensors travel under it
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _BOOT, _CPSIM_ROOT, str(there.fileno()), str(os.getpid()), authkey],
-            pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, start_new_session=True, env=self.marker.worker_env())
+        self.adopt(start_child(self.marker))
+        self.prepare(device)
+
+    def adopt(self, child: Child) -> None:
+        """Take ``child`` (just started, here or ahead of the runner: ``HeadStart``) as this worker's."""
+        self.proc, self.conn, self.pidfd = child.proc, child.conn, child.pidfd
         self.groups.add(self.proc.pid)
-        self.pidfd = _pidfd(self.proc.pid)
-        there.close()
-        self.conn, self.device = Connection(here.detach()), device
+        self.device = None
         self.loaded = None
+        self.starting = False
         self.generation += 1
+
+    def prepare(self, device: str) -> None:
+        """Ask the child to get ready for ``device``; ``ready`` reads its answer."""
+        self.device, self.starting = device, True
         try:
             self.conn.send(requests.Prepare(device, torch.get_num_threads()))
         except OSError:
@@ -98,6 +89,7 @@ class Worker:
     def ready(self) -> None:
         reply = self._recv(STARTUP_S)
         if isinstance(reply, wire.Ready):
+            self.starting = False
             return
         code = self.proc.poll() if self.proc is not None else None
         self.stop()
@@ -119,9 +111,13 @@ class Worker:
         self.ready()
 
     def ensure(self, device: str) -> bool:
-        """Spawn a fresh child unless a live one for ``device`` is there; True when spawned."""
+        """Spawn a fresh child unless a live one for ``device`` is there; True when the caller must wait
+        for it (``ready``): spawned, or started ahead and only now asked to prepare, or not answered yet."""
+        if self.alive() and self.device is None:  # started ahead (``HeadStart``): told its device now
+            self.prepare(device)
+            return True
         if self.alive() and self.device == device:
-            return False
+            return self.starting
         self.stop()
         self.spawn(device)
         return True
@@ -140,6 +136,7 @@ class Worker:
         if self.pidfd is not None:
             os.close(self.pidfd)
         self.proc = self.conn = self.pidfd = None
+        self.starting = False
 
     def _read(self, timeout: float = STARTUP_S):
         """The next reply, known to be there or the child ended (``_readable``), as a ``wire``
@@ -257,22 +254,20 @@ def _readable(workers: list, timeout: float) -> list:
     return list(dict.fromkeys(by_fd[fd] for fd, _ in poller.poll(math.ceil(timeout * 1000))))
 
 
-def _pidfd(pid: int) -> int | None:
-    """A file descriptor that becomes readable when ``pid`` ends (Linux 5.3+), or None."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
 class WorkerPool:
     """A runner's kernel workers and the process groups they lead. The first worker also answers
     probes, calls and single rank runs; ``run_paths`` grows the pool to its size (``pool_size``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, head_start: HeadStart | None = None) -> None:
         self.groups: set[int] = set()  # process groups of live workers: ended by ``end``
-        self.marker = reaper.Marker()  # in every worker's environment: what they leave is swept by it
+        # in every worker's environment: what they leave is swept by it
+        self.marker = reaper.Marker() if head_start is None else head_start.marker
         self.workers: list[Worker] = [Worker(self.groups, self.marker)]
         self.tokens = itertools.count()  # one per run: names the scenario a worker holds
+        children = [] if head_start is None else head_start.children
+        self.grow(len(children))
+        for w, child in zip(self.workers, children):
+            w.adopt(child)
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -290,6 +285,13 @@ class WorkerPool:
     def grow(self, size: int) -> None:
         while len(self.workers) < size:
             self.workers.append(Worker(self.groups, self.marker))
+
+    def tell(self, device: str) -> None:
+        """Tell the live workers started ahead (``HeadStart``) and not told their device yet that it is
+        ``device``, waiting for none: each prepares (imports Triton) meanwhile; ``ensure`` reads its answer."""
+        for w in self.workers:
+            if w.alive() and w.device is None:
+                w.prepare(device)
 
     def end(self) -> None:
         """Whatever the workers and the kernels they ran left behind ends with cpsim: each worker's
@@ -310,31 +312,3 @@ class WorkerPool:
         marked pids found. Run when a check is over: nothing of a kernel is meant to run then."""
         live = [w.proc.pid for w in self.workers if w.alive()]
         return self.marker.sweep(spare=reaper.tree(live))
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def pool_size(device: str) -> int:
-    """Workers per process: two on CPU, sharing the ranks of every path (the interpreter is
-    CPU-bound); four on CUDA, two per default path, each with half of its path's ranks (``_shares``:
-    there the host's work around the microsecond kernels is the cost, and four processes do it side
-    by side; measured on an H200, docs/BENCHMARKS.md, seventh round); one on an NPU, where several
-    contexts on one device were never measured. ``CPSIM_KERNEL_WORKERS`` overrides; fuzz jobs divide
-    the cores between them."""
-    env = os.environ.get("CPSIM_KERNEL_WORKERS")
-    if env:
-        try:
-            n = int(env)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ConfigError("CPSIM_KERNEL_WORKERS", f"must be a positive integer, got {env!r}")
-        return n
-    kind = str(device).split(":")[0]
-    if kind == "cuda":
-        return 4
-    if kind != "cpu":
-        return 1
-    return max(1, min(2, usable_cores()))
