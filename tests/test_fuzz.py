@@ -502,7 +502,7 @@ def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(t
         monkeypatch.setattr(RUNNER, "ahead", lambda *a: started.append(real_ahead(*a)) or started[-1])
         monkeypatch.setattr(RUNNER, "config", Isolation(process=process))
         r = fz.fuzz(fz.FuzzConfig(max_examples=40, seed=5, database=None, out=tmp_path / str(process),
-                                  inject="stale-tail"), runner=RUNNER)
+                                  inject="stale-tail", shrink_seconds=0), runner=RUNNER)  # the draws, not their shrinking
         monkeypatch.undo()
         return seen, [f.signature for f in r.findings], sum(started)
 
