@@ -143,12 +143,12 @@ def test_builtin_kernels_form_slots_past_2_31_in_int64(design):
     wide = _wide_slot_scenarios(8)  # the runtime-inputs space's first wrap of an int32 product is its 6th such draw
     judged = set()
     for s in wide:
-        out = fz.evaluate(s, list(PATHS), Knobs(kernel_design=design))
+        out = fz.evaluate(s, list(PATHS), Knobs(kernel_design=design), runner=RUNNER)
         assert not out.failed, (s.to_dict(), out.summary())
         judged |= {v.path for v in out.verdicts if v.status == "pass"}
     assert set(PATHS) <= judged, judged
     broken = Knobs(kernel_fault=kernels.FAULT_INT32_SLOT, kernel_design=design)
-    assert any(fz.evaluate(s, ["v1", "v2"], broken).failed for s in wide)
+    assert any(fz.evaluate(s, ["v1", "v2"], broken, runner=RUNNER).failed for s in wide)
 
 
 @pytest.mark.parametrize("explore", fz.EXPLORERS)
@@ -365,7 +365,7 @@ def test_classification_splits_one_scenario_into_its_bugs():
     # A seed whose block id is odd and past 2^24: not exact in float32.
     s = next(t for t in (s.replace(seed=i) for i in range(100))
              if (lambda b: b > 2**24 and b % 2)(int(allocate(t, 0, 0).blocks[0][0])))
-    me = fz._Searcher(fz.FuzzConfig(paths=["v1"], kernels=k), None)
+    me = fz._Searcher(fz.FuzzConfig(paths=["v1"], kernels=k), None, runner=RUNNER)
     out = me.run(s)
     assert out.failed
     sigs = me.classify(s, out)
@@ -502,7 +502,7 @@ def test_kernels_run_ahead_in_the_worker_and_the_seed_draws_the_same_scenarios(t
         monkeypatch.setattr(RUNNER, "ahead", lambda *a: started.append(real_ahead(*a)) or started[-1])
         monkeypatch.setattr(RUNNER, "config", Isolation(process=process))
         r = fz.fuzz(fz.FuzzConfig(max_examples=40, seed=5, database=None, out=tmp_path / str(process),
-                                  inject="stale-tail"), runner=RUNNER)
+                                  inject="stale-tail", shrink_seconds=0), runner=RUNNER)  # the draws, not their shrinking
         monkeypatch.undo()
         return seen, [f.signature for f in r.findings], sum(started)
 
@@ -522,7 +522,7 @@ def test_cache_shrinks_to_the_smallest_when_the_failure_does_not_need_it():
     g = sc.KVGroup("g0", "attention", 16, num_blocks=66_914_920)
     s = sc.validate(sc.Scenario("t", sc.CPConfig(), (g,), sc.Limits(64, 2, 16),
                                 sc.Batch((sc.Request(0, 5),), num_tokens_padded=8)))
-    me = fz._Searcher(fz.FuzzConfig(paths=["v1-torch"], inject="stale-tail"), None)
+    me = fz._Searcher(fz.FuzzConfig(paths=["v1-torch"], inject="stale-tail"), None, runner=RUNNER)
     f = _finding(me, s)
     fz.shrink_caches(me)
     small = f.scenario
@@ -538,7 +538,7 @@ def test_cache_shrinks_toward_the_smallest_that_still_fails():
     base = sc.validate(sc.Scenario("t", sc.CPConfig(), (g,), sc.Limits(64, 2, 8), sc.Batch((sc.Request(3, 1),))))
     s = next(t for t in (base.replace(seed=i) for i in range(100))
              if (lambda b: b > 2**24 and b % 2)(int(allocate(t, 0, 0).blocks[0][0])))
-    me = fz._Searcher(fz.FuzzConfig(paths=["v1"], inject="fp32-block-gather"), None)
+    me = fz._Searcher(fz.FuzzConfig(paths=["v1"], inject="fp32-block-gather"), None, runner=RUNNER)
     f = _finding(me, s)
     assert f.dimension == "block-id>2^24"
     fz.shrink_caches(me)

@@ -61,7 +61,7 @@ def test_cli_run_with_mrv2_kernel_exits_0(capsys):
 def test_older_abi_without_is_padding_gets_a_host_mask_and_a_note():
     from cpsim.plugin.testing import load_kernel, run_one
     from cpsim.presets import preset
-    k = load_kernel(f"{ROOT}/tests/kernels/vllm_v2_abi.py:_compute_slot_mappings_kernel", "v2")
+    k = load_kernel(f"{ROOT}/tests/kernels/vllm_v2_abi.py:_compute_slot_mappings_kernel", "v2", runner=RUNNER)
     s, verdicts = run_one(k, "v2", preset("partial-replica"), runner=RUNNER)
     assert all(v.status != "fail" for v in verdicts)
     assert any("no is_padding input" in n for n in k.notes)

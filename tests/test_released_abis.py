@@ -219,7 +219,7 @@ def test_callable_that_does_not_ask_for_its_cp_rank_is_judged_and_fails(tmp_path
     """A kernel blind to CP is what the checks are for: it is judged, not excused."""
     from cpsim.plugin.testing import load_kernel, run_one
     from cpsim.presets import preset
-    k = load_kernel(_callable_without(tmp_path, "cp_rank"), "v1")
+    k = load_kernel(_callable_without(tmp_path, "cp_rank"), "v1", runner=RUNNER)
     s, verdicts = run_one(k, "v1", preset("mtp"), runner=RUNNER)
     assert any(v.status == "fail" and v.invariant == "exactly-one-owner" for v in verdicts)
     assert not any("not checked: ask for cp_rank" in n for n in k.notes)
@@ -229,7 +229,7 @@ def test_callable_that_does_not_ask_for_its_cp_rank_is_judged_and_fails(tmp_path
 def test_callable_that_does_not_ask_is_not_checked_and_told_what_to_ask(tmp_path, name, scenario):
     from cpsim.plugin.testing import load_kernel, run_one
     from cpsim.presets import preset
-    k = load_kernel(_callable_without(tmp_path, name), "v1")
+    k = load_kernel(_callable_without(tmp_path, name), "v1", runner=RUNNER)
     assert name not in k.params
     s, verdicts = run_one(k, "v1", preset(scenario), runner=RUNNER)
     assert all(v.status != "fail" for v in verdicts)
