@@ -39,8 +39,27 @@ RUNNER_SOURCE = '''class Runner:
             num_tokens_padded=batch.num_tokens_after_padding,
         )
 '''
+# Spec classes of our own in kv_cache_interface.py's layout: the named definitions are the contract.
+INTERFACE_SOURCE = '''class KVCacheSpec:
+    block_size: int
+    dcp_sharded: bool = False
+
+    def max_num_blocks_per_req(self, config, max_len):
+        return -(-max_len // self.block_size)
+
+    def uses_slot_mapping(self):
+        return True
+
+    def page_size_bytes(self):
+        return 2 * self.block_size
+
+
+def get_block_table_width(max_num_blocks, block_size):
+    return max_num_blocks
+'''
 V2 = "vllm/v1/worker/gpu/block_table.py"
 RUN = "vllm/v1/worker/gpu/model_runner.py#launch"
+IFACE = "vllm/v1/kv_cache_interface.py#def:dcp_sharded,get_block_table_width,max_num_blocks_per_req,uses_slot_mapping"
 
 
 def script(name: str):
@@ -51,13 +70,15 @@ def script(name: str):
     return module
 
 
-def fake_release(where: Path, version: str, kernel: str = KERNEL, runner: str = RUNNER_SOURCE) -> Path:
+def fake_release(where: Path, version: str, kernel: str = KERNEL, runner: str = RUNNER_SOURCE,
+                 interface: str = INTERFACE_SOURCE) -> Path:
     top = where / f"vllm-{version}"
     (top / "vllm" / "v1" / "worker" / "gpu").mkdir(parents=True)
     (top / f"vllm-{version}.dist-info").mkdir()
     (top / "vllm" / "__init__.py").write_text(f"__version__ = {version!r}\n")
     (top / V2).write_text(kernel)
     (top / RUN.split("#")[0]).write_text(runner)
+    (top / IFACE.split("#")[0]).write_text(interface)
     return top
 
 
@@ -108,7 +129,8 @@ def test_vllm_0_34_0_mrv2_files_are_0_33_0s_and_it_has_no_v1():
     new, old = releases.release("vllm", "0.34.0"), releases.release("vllm", "0.33.0")
     assert new.files[V2] == old.files[V2] and new.files[RUN] == old.files[RUN]
     assert new.path("v1").absent and not new.path("v1").kernel
-    assert all(new.files[k] == contract.ABSENT for k in releases.project("vllm").path_files["v1"])
+    assert all(new.files[k] == contract.ABSENT for k in releases.project("vllm").path_files["v1"] if k != IFACE)
+    assert new.files[IFACE] != old.files[IFACE]          # get_block_table_width came into kv_cache_interface.py
     assert "vllm.v1.worker.block_table" not in new.host_modules()
     assert "vllm.v1.kv_cache_interface" in new.host_modules()     # get_block_table_width moved there
     assert "0.32.0-0.34.0 MRV2" in releases.profile_releases("vllm-0.33")
@@ -139,6 +161,39 @@ def test_launch_lines_are_the_block_table_calls_whitespace_and_all_else_left_out
     assert got == ("BlockTables(block_sizes=sizes,#onepergroup\ncp_size=self.dcp_size,cp_rank=self.dcp_rank,)\n"
                    "self.block_tables.compute_slot_mappings(batch.idx_mapping,batch.query_start_loc,batch.positions,"
                    "num_tokens_padded=batch.num_tokens_after_padding,)").replace("\n", "", 1)
+
+
+def test_named_definitions_are_the_functions_methods_and_fields_named_with_their_class():
+    got = contract.definitions_source(INTERFACE_SOURCE, {"dcp_sharded", "uses_slot_mapping", "get_block_table_width"})
+    assert got.splitlines() == ["KVCacheSpec.dcp_sharded:dcp_sharded:bool=False",
+                                "KVCacheSpec.uses_slot_mapping:defuses_slot_mapping(self):returnTrue",
+                                "get_block_table_width:defget_block_table_width(max_num_blocks,block_size):"
+                                "returnmax_num_blocks"]
+
+
+def test_an_unlisted_release_whose_spec_definitions_changed_has_unread_changes_there(tmp_path, table):
+    assert IFACE in releases.project("vllm").path_files["v2"]
+    elsewhere = fake_release(tmp_path, "0.35.4", interface=INTERFACE_SOURCE.replace("return 2 *", "return 4 *")
+                             + "\n\nclass NewSpec:\n    pass\n")
+    assert releases.standing("vllm", "0.35.4", elsewhere).changed == ()      # definitions cpsim does not read
+    relaid = fake_release(tmp_path, "0.35.5", interface=INTERFACE_SOURCE.replace("        return True",
+                                                                                  "\n        return  True"))
+    assert releases.standing("vllm", "0.35.5", relaid).changed == ()          # whitespace only
+    off = fake_release(tmp_path, "0.35.6", interface=INTERFACE_SOURCE.replace("return True", "return False"))
+    st = releases.standing("vllm", "0.35.6", off)
+    assert st.changed == (IFACE,) and st.unread
+    assert st.line().endswith("unread changes in vllm/v1/kv_cache_interface.py (definitions of dcp_sharded, "
+                              "get_block_table_width, max_num_blocks_per_req, uses_slot_mapping)")
+    width = fake_release(tmp_path, "0.35.7", interface=INTERFACE_SOURCE.replace("return max_num_blocks",
+                                                                                 "return max_num_blocks + 1"))
+    assert releases.standing("vllm", "0.35.7", width).changed == (IFACE,)
+
+
+def test_a_release_without_the_v1_runner_has_no_v1_though_it_ships_the_spec_definitions(tmp_path):
+    """Judged with 0.33.0's contract (which has v1), a release with MRV2 and kv_cache_interface.py only: the
+    spec definitions both paths read do not make v1 present."""
+    st = releases.standing("vllm", "0.33.5", fake_release(tmp_path, "0.33.5"))
+    assert st.contract == "0.33.0" and st.absent_paths == ("v1",)
 
 
 # ---- a release the table does not list ----------------------------------------------------------------

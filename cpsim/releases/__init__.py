@@ -224,8 +224,12 @@ class Standing:
 
 
 def shown(key: str) -> str:
-    """A contract file as a report names it: ``X#launch`` is "X (launch lines)"."""
-    return key.replace("#launch", " (launch lines)")
+    """A contract file as a report names it: ``X#launch`` is "X (launch lines)", ``X#def:a,b`` is
+    "X (definitions of a, b)"."""
+    path, _, part = key.partition("#")
+    if part.startswith("def:"):
+        return f"{path} (definitions of {part[4:].replace(',', ', ')})"
+    return f"{path} (launch lines)" if part == "launch" else key
 
 
 def nearest(name: str, version: str, need_rules: bool = False) -> Release:
@@ -256,6 +260,7 @@ def standing(name: str, version: str, root: Path | None, need_rules: bool = Fals
     got = hashes(root, keys, proj.launch_calls) if root is not None else {k: "" for k in keys}
     unchecked = tuple(k for k in keys if only_present and got[k] == ABSENT and base.files[k] != ABSENT)
     changed = tuple(k for k in keys if got[k] != base.files[k] and k not in unchecked)
+    # a path is gone when its own modules are; the spec definitions both paths read do not say
     absent = tuple(p for p in paths if base.path(p).absent
-                   or all(got.get(k) == ABSENT for k in proj.path_files.get(p, []) if k in got))
+                   or all(got.get(k) == ABSENT for k in proj.path_files.get(p, []) if k in got and "#def:" not in k))
     return Standing(name, version, base.version, False, changed, absent, unchecked)
