@@ -6,6 +6,9 @@ venv with the release installed (docs/UPSTREAM.md); this process judges what it 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from rich.console import Console
 
 from cpsim import releases
@@ -16,7 +19,8 @@ from cpsim.errors import ConfigError
 from cpsim.report import report
 from cpsim.report.html import write_html_many
 from cpsim.report.junit import write_junit
-from cpsim.report.outputs import write_requested
+from cpsim.report.outputs import ReportFiles
+from cpsim.scenario import Scenario
 from cpsim.validate import write_outputs
 from cpsim.cmd.torchrun_job import stop_writer
 
@@ -34,17 +38,41 @@ def _paths(args) -> list[str]:
     return paths
 
 
+@dataclasses.dataclass(frozen=True)
+class StackRun:
+    """What ``cpsim run --stack`` drives and reports, read once from its options: the scenario, the host
+    paths, the release (family, side venv python, own classes, source folder), the bounds and the reports."""
+    scenario: Scenario
+    paths: list[str]
+    family: str
+    python: str | None
+    classes: str | None
+    source: str | None
+    timeout: float
+    profile: str | None
+    report: ReportFiles
+    device: str = "cpu"
+    oversubscribe: bool = False
+    runner: Any = None
+
+    @classmethod
+    def from_args(cls, args) -> "StackRun":
+        return cls(scenario_from_args(args), _paths(args), args.stack, args.stack_python, args.stack_classes,
+                   args.stack_source, args.timeout, getattr(args, "profile", None), ReportFiles.from_args(args),
+                   args.device, bool(getattr(args, "oversubscribe", False)), kernel_runner(args))
+
+
 def main_stack(args) -> int:
     from cpsim.stack import host
-    s = scenario_from_args(args)
-    paths = _paths(args)
+    run = StackRun.from_args(args)
+    s, paths = run.scenario, run.paths
     try:  # the driver's start, the release's import and every answer: within --timeout together
-        result = host.judge(host.drive(s, args.stack, paths, args.stack_python, args.stack_classes,
-                                       args.timeout, args.stack_source), getattr(args, "profile", None))
+        result = host.judge(host.drive(s, run.family, paths, run.python, run.classes, run.timeout, run.source),
+                            run.profile)
     except RuntimeError as e:  # the release's code died, hung or answered nothing: never a pass
         Console().print(f"[bold red]FAIL[/bold red] {e}", highlight=False, soft_wrap=True)
         result = no_answer(s, paths, str(e))
-    return _report(args, s, result)
+    return _report(run, result)
 
 
 def no_answer(s, paths: list[str], why: str):
@@ -56,12 +84,12 @@ def no_answer(s, paths: list[str], why: str):
         p: host.KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
 
 
-def _report(args, s, result, torchrun: dict | None = None, write_reports: bool = True) -> int:
+def _report(run: StackRun, result, torchrun: dict | None = None, write_reports: bool = True) -> int:
     """The verdicts, the release, its profile and patches (under torchrun also where each rank sat in
     the runtime's groups); the --json / --junit / --html files, on every ending that has verdicts."""
     console = Console()
     verdicts = result.verdicts
-    if args.quiet:
+    if run.report.quiet:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
         if result.standing is not None and result.standing.unread:
             console.print(f"contract: {result.standing.line()}", highlight=False, soft_wrap=True)
@@ -69,7 +97,7 @@ def _report(args, s, result, torchrun: dict | None = None, write_reports: bool =
         ranks = [r["rank"] for r in torchrun["ranks"]] if torchrun else []
         where = (f"torchrun ranks {ranks[0]}-{ranks[-1]}, the runtime's own groups" if torchrun else "virtual world")
         report.print_report(console, result.scenario, verdicts,
-                            title=f"{s.name} on {result.release} host classes ({where})")
+                            title=f"{run.scenario.name} on {result.release} host classes ({where})")
         for line in contract_lines(result):
             console.print(line, highlight=False, soft_wrap=True)
         console.print(f"stack: {result.release}; profile: {result.profile or 'cpsim'}; patches:", highlight=False)
@@ -85,7 +113,7 @@ def _report(args, s, result, torchrun: dict | None = None, write_reports: bool =
                  **contract_json(result)}
         if torchrun:
             stack["torchrun"] = torchrun
-        write_requested(args, result.scenario, verdicts, {"stack": stack}, picture_note=NO_PICTURE)
+        run.report.write(result.scenario, verdicts, {"stack": stack}, picture_note=NO_PICTURE)
     return exit_status(result)
 
 
@@ -140,79 +168,81 @@ def main_stack_torchrun(args) -> int:
     from cpsim.run.dist import Env, select_device
     from cpsim.stack import host
 
-    s = scenario_from_args(args)
-    paths = _paths(args)
+    run = StackRun.from_args(args)
+    s, paths = run.scenario, run.paths
     env = Env.from_environ()
     torchrun_world(s.cp.world, f"the scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "--dcp/--pcp")
-    host.stack_python(args.stack_python)
-    host.stack_source(args.stack_source)
-    dev = select_device(args.device, env.local_rank, env.local_world, args.oversubscribe)
-    comm = Comm.init(env, dev, args.timeout, on_leave=kernel_runner(args).end)
+    host.stack_python(run.python)
+    host.stack_source(run.source)
+    dev = select_device(run.device, env.local_rank, env.local_world, run.oversubscribe)
+    comm = Comm.init(env, dev, run.timeout, on_leave=run.runner.end)
     code = 1
     try:
         init_method = comm.all_gather_objects(_rendezvous() if comm.rank == 0 else None, "runtime rendezvous")[0]
-        dist = {"rank": comm.rank, "world": comm.world, "init_method": init_method, "timeout_s": args.timeout}
+        dist = {"rank": comm.rank, "world": comm.world, "init_method": init_method, "timeout_s": run.timeout}
         comm.state("driving the release's host classes")
         # the child's own bound: the groups' setup (--timeout), the host code (half of it), the imports
-        mine = host.drive_rank(s, args.stack, paths, dist, args.stack_python, args.stack_classes,
-                               args.stack_source, timeout=2 * args.timeout + 120)
+        mine = host.drive_rank(s, run.family, paths, dist, run.python, run.classes, run.source,
+                               timeout=2 * run.timeout + 120)
         ranks = comm.all_gather_objects(mine, "the ranks' host-class results")
-        code = _judge_world(args, s, paths, ranks) if comm.rank == 0 else 0
+        code = _judge_world(run, ranks) if comm.rank == 0 else 0
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
-        title = f"{s.name} on --stack {args.stack} host classes, torchrun world {env.world}"
-        comm.fail(e, lambda message, named: stop_writer(args, title, {}, 1)([], [], message, named))
+        title = f"{s.name} on --stack {run.family} host classes, torchrun world {env.world}"
+        comm.fail(e, lambda message, named: stop_writer(run.report, title, {}, 1)([], [], message, named))
     try:
         comm.finish(code)
     except BaseException as e:  # noqa: BLE001
         comm.fail(e)
 
 
-def _judge_world(args, s, paths: list[str], ranks: list[dict]) -> int:
+def _judge_world(run: StackRun, ranks: list[dict]) -> int:
     """Rank 0: every CP group judged, reported, and the --json written; the exit code."""
     from rich.markup import escape
 
     from cpsim.stack import host
+    s = run.scenario
     try:
         refused = [x["refused"] for x in ranks if "refused" in x]
         if refused:
             raise ConfigError(*refused[0])
-        _, _, inputs = host.request([s], args.stack, paths, args.stack_classes, args.stack_source, None)
+        _, _, inputs = host.request([s], run.family, run.paths, run.classes, run.source, None)
         n = s.cp.world
-        groups = [_judge_group(args, s, paths, inputs, ranks[first: first + n], first)
-                  for first in range(0, len(ranks), n)]
+        groups = [_judge_group(run, inputs, ranks[first: first + n], first) for first in range(0, len(ranks), n)]
     except ConfigError as e:
         Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     if len(groups) == 1:
-        return _report(args, s, groups[0][0], groups[0][1])
-    codes = [_report(args, s, result, torchrun, write_reports=False) for result, torchrun in groups]
+        return _report(run, groups[0][0], groups[0][1])
+    codes = [_report(run, result, torchrun, write_reports=False) for result, torchrun in groups]
     stack = {"release": groups[0][0].release, "profile": groups[0][0].profile or "cpsim",
              "patches": groups[0][0].patches, "torchrun_world": len(ranks), **contract_json(groups[0][0])}
-    _write_groups(args, groups, stack, not any(c == 1 for c in codes))
+    _write_groups(run, groups, stack, not any(c == 1 for c in codes))
     bad = sum(1 for c in codes if c == 1)
     Console().print(f"[bold red]{bad} of {len(groups)} CP group(s) fail[/bold red]" if bad else
                     f"[bold green]all {len(groups)} CP group(s) pass[/bold green]")
     return 1 if bad else max(codes)
 
 
-def _write_groups(args, groups: list[tuple], stack: dict, passed: bool) -> None:
+def _write_groups(run: StackRun, groups: list[tuple], stack: dict, passed: bool) -> None:
     """Several CP groups: one --json holding each group's report, one JUnit suite and one page of them all."""
     items = [(f"CP group {i} (torchrun ranks {t['ranks'][0]['rank']}-{t['ranks'][-1]['rank']})", result.scenario,
               result.verdicts) for i, (result, t) in enumerate(groups)]
+    files = run.report
     write_outputs([
-        ("--json", args.json, lambda: report.write_json(args.json, {
+        ("--json", files.json, lambda: report.write_json(files.json, {
             "passed": passed, "stack": stack,
             "cp_groups": [report.to_dict(result.scenario, result.verdicts, {"torchrun": torchrun})
                           for result, torchrun in groups]})),
-        ("--junit", args.junit, lambda: write_junit(args.junit, [(s, v, label) for label, s, v in items])),
-        ("--html", args.html, lambda: write_html_many(args.html, f"--stack {args.stack} host classes on torchrun "
-                                                                 f"world {sum(len(t['ranks']) for _, t in groups)}",
-                                                      items, extra={"stack": stack}))])
+        ("--junit", files.junit, lambda: write_junit(files.junit, [(s, v, label) for label, s, v in items])),
+        ("--html", files.html, lambda: write_html_many(files.html, f"--stack {run.family} host classes on torchrun "
+                                                                   f"world {sum(len(t['ranks']) for _, t in groups)}",
+                                                       items, extra={"stack": stack}))])
 
 
-def _judge_group(args, s, paths: list[str], inputs: list, ranks: list[dict], first: int):
+def _judge_group(run: StackRun, inputs: list, ranks: list[dict], first: int):
     """One CP group (torchrun ranks ``first`` on): (StackResult, what the runtime's groups said)."""
     from cpsim.stack import host
+    s, paths = run.scenario, run.paths
     world = first + len(ranks)
     try:
         out, got = host.merge_ranks(s, ranks, paths, first)
@@ -221,12 +251,12 @@ def _judge_group(args, s, paths: list[str], inputs: list, ranks: list[dict], fir
             p: host.KernelFailure(p, 0, "exited", f"torchrun ranks {first}-{world - 1}: {e}",
                                   not_run=list(range(1, len(ranks)))) for p in paths})
         return host.judge(result), {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]}
-    (job,) = host.jobs_from(out, got, [s], inputs, paths, args.stack)
+    (job,) = host.jobs_from(out, got, [s], inputs, paths, run.family)
     host.refuse_unjudged(job, paths, out["release"])
     result = host.judge(host.StackResult(out["release"], out["patches"], job.steps, scenario=s, profile=job.profile,
                                          failures=job.failures, path_profiles=job.path_profiles,
                                          absent_paths=job.absent_paths, standing=job.standing),
-                        getattr(args, "profile", None))
+                        run.profile)
     failed_on = {p: [first + r for r in f["ranks"]] for p, f in out["jobs"][0].get("failed", {}).items()}
     for v in result.verdicts:  # every rank ran at once: the violation names each rank whose host code failed
         if v.invariant == "kernel-completes" and v.path in failed_on:

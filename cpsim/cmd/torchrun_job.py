@@ -9,6 +9,7 @@ from typing import Callable
 from cpsim.cmd.contracts import kernel_standings, print_contracts, status
 from cpsim.cmd.inputs import describe_kernels, kernel_runner, show_profile, subjects_for
 from cpsim.errors import ConfigError
+from cpsim.report.outputs import ReportFiles
 from cpsim.validate import write_outputs
 from cpsim.report import terminal
 
@@ -77,11 +78,12 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
             return 2
         return status(ok, held)
 
-    return execute(args, [entry], report_, stopped=stop_writer(args, f"{entry.label} on torchrun world {world}",
+    return execute(args, [entry], report_, stopped=stop_writer(ReportFiles.from_args(args),
+                                                                f"{entry.label} on torchrun world {world}",
                                                                 subjects, 1, extra), runner=kernel_runner(args))
 
 
-def stop_writer(args, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:
+def stop_writer(files: ReportFiles, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:
     """What rank 0 calls when a torchrun job stops early (``distrun.execute``'s ``stopped``): the
     --json / --junit / --html files the command has, saying the run stopped, with rank 0's stop line,
     the ranks it names, and the CP groups finished so far; then one line naming the files."""
@@ -98,19 +100,19 @@ def stop_writer(args, title: str, subjects: dict, planned: int, extra: dict | No
 
         def junit() -> None:
             from cpsim.report.junit import write_junit
-            write_junit(args.junit, items, subjects=subjects, errors={"torchrun": message})
+            write_junit(files.junit, items, subjects=subjects, errors={"torchrun": message})
 
         def html() -> None:
             from cpsim.report.html import write_html_many
-            write_html_many(args.html, title, [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})",
+            write_html_many(files.html, title, [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})",
                                                 r.scenario, r.verdicts) for r in results],
                             extra=extra, subjects=subjects, stopped=message)
 
-        outputs = [("--json", getattr(args, "json", None),
-                    lambda: report.write_json(args.json, {**to_dict(results, infos, extra, subjects, record),
+        outputs = [("--json", files.json,
+                    lambda: report.write_json(files.json, {**to_dict(results, infos, extra, subjects, record),
                                                           "world_size": world})),
-                   ("--junit", getattr(args, "junit", None), junit),
-                   ("--html", getattr(args, "html", None), html)]
+                   ("--junit", files.junit, junit),
+                   ("--html", files.html, html)]
         written = [path for _, path, _ in outputs if path]
         try:
             write_outputs(outputs)
