@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cpsim import cli
+from cpsim.capture import batch
 from cpsim import scenario as sc
 from cpsim.errors import ConfigError
 from cpsim.fuzz import space
@@ -171,3 +172,15 @@ def test_default_fuzz_finds_the_uint32_store(tmp_path):
     data = json.loads(repro.read_text())
     assert data["scenario"]["limits"]["slot_buffer_dtype"] == "int64"
     assert data["fuzz"]["signature"].endswith(":slot-buffer-dtype")
+
+
+def test_an_explicit_batch_writes_the_dtype_only_when_it_is_not_the_abis(tmp_path):
+    """Repros written before the field keep the limits a run writes now; a chosen dtype comes back."""
+    src = Path(__file__).resolve().parents[1] / "data" / "upstream" / "repros" / "vllm_0.34.0-host-huge-cache-v2.json"
+    step = batch.load(src)
+    again = json.loads(batch.save(step, tmp_path / "same.json").read_text())
+    assert again["limits"] == json.loads(src.read_text())["limits"] and "slot_buffer_dtype" not in again["limits"]
+    chosen = dataclasses.replace(step, limits=dataclasses.replace(step.limits, slot_buffer_dtype="int32"))
+    path = batch.save(chosen, tmp_path / "int32.json")
+    assert json.loads(path.read_text())["limits"]["slot_buffer_dtype"] == "int32"
+    assert batch.load(path).limits.slot_buffer_dtype == "int32"

@@ -271,9 +271,12 @@ def _group_meta(g: KVGroup, entry_size: int) -> dict[str, Any]:
 
 
 def _meta(step: ExplicitStep) -> dict[str, Any]:
+    limits = dataclasses.asdict(step.limits)
+    if limits.get("slot_buffer_dtype") == "abi":  # the default, left out as Scenario.to_dict leaves it
+        del limits["slot_buffer_dtype"]
     return {
         "format": FORMAT, "version": VERSION, "path": step.path,
-        "cp": dataclasses.asdict(step.cp), "limits": dataclasses.asdict(step.limits),
+        "cp": dataclasses.asdict(step.cp), "limits": limits,
         "groups": [_group_meta(g, e) for g, e in zip(step.groups, step.entry_sizes)],
         "ranks": [{"num_tokens_padded": int(r.num_tokens_padded)} for r in step.ranks],
         "label": step.label,
