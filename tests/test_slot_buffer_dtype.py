@@ -80,6 +80,17 @@ def test_a_uint32_store_fails_only_in_an_int64_buffer(tmp_path):
     assert rc == 1 and WRONG_VALUES | {"exactly-one-owner"} <= failed
 
 
+def test_a_run_says_which_built_in_paths_keep_their_int64_buffer(tmp_path, capsys):
+    """The field is for a kernel under test: where cpsim's own kernels run, the run says so, not nothing."""
+    scenario = _file(tmp_path, "graph-padding", "int32")
+    assert cli.main(["run", "--scenario", scenario, "--paths", "v1,v2", "--kernel-v2", MRV2_OK], runner=RUNNER) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "note: limits.slot_buffer_dtype int32 reaches a kernel under test; cpsim's built-in kernels on v1 keep " \
+           "their int64 buffer" in out
+    assert cli.main(["run", "--scenario", scenario, "--paths", "v2", "--kernel-v2", MRV2_OK], runner=RUNNER) == 0
+    assert "slot_buffer_dtype" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("value", ["int16", "INT32", 64, None])
 def test_a_bad_dtype_is_exit_2_naming_the_field(tmp_path, capsys, value):
     d = preset("default").to_dict()

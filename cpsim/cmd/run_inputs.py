@@ -74,13 +74,18 @@ class RunInputs:
 
     def describe(self, console) -> None:
         """What the report's table does not say: the kernels' adapter notes, the profile, the release
-        contracts, the host sizing under test."""
+        contracts, what the built-in kernels leave out of the scenario, the host sizing under test."""
         describe_kernels(console, self.kernels, notes_only=True)
         show_profile(console, self.profile, self.scenario, self.paths)
         self.describe_contracts(console)
         for hs in self.knobs.host_sizing:
             console.print(f"host sizing ({hs.host}) from {hs.source}: table widths {list(hs.table_widths)} KV blocks, "
                           f"slot buffer {hs.slot_buffer_len}", highlight=False, soft_wrap=True, markup=False)
+        dtype, builtin = self.scenario.limits.slot_buffer_dtype, [p for p in self.paths if p not in self.kernels]
+        if dtype != "abi" and builtin:
+            console.print(f"  note: limits.slot_buffer_dtype {dtype} reaches a kernel under test; cpsim's built-in "
+                          f"kernels on {', '.join(builtin)} keep their int64 buffer", highlight=False, soft_wrap=True,
+                          markup=False)
         unsized = sorted({sizing.host_of(p) for p in self.paths} - {hs.host for hs in self.knobs.host_sizing})
         if self.sizing and unsized:
             console.print(f"  note: --sizing {self.sizing} sizes no {'/'.join(unsized)} host; cpsim's own sizing "
