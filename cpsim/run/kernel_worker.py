@@ -1,8 +1,7 @@
 """The child side of kernel isolation: a loop that runs whole rank runs of a path.
 
-It imports no Triton at module level (the forkserver preloads this module; Triton
-must see ``TRITON_INTERPRET=1`` first, which ``prepare_triton`` sets for CPU
-devices). Every reply is one of ``cpsim.run.wire``'s messages, sent as plain data (a JSON
+It imports no Triton at module level (a worker started ahead imports this module before it knows its
+device; Triton must see ``TRITON_INTERPRET=1`` first, which ``prepare_triton`` sets for CPU devices). Every reply is one of ``cpsim.run.wire``'s messages, sent as plain data (a JSON
 header and raw array bytes, never pickle: the parent judges what comes back and must not run
 anything of the kernel's); anything the kernel does that ends the process shows up on the
 parent's side as a closed pipe and an exit status instead.

@@ -8,14 +8,12 @@ every rank run of a path (``cpsim.paths.run_path``) goes to a persistent worker
 process and comes back as a ``RankOutput`` or as a ``KernelFailure`` the
 coordinator reports (invariant ``kernel-completes``, exit 1).
 
-Why a persistent forkserver worker: ``fork`` from a process that has started
-torch's thread pools may deadlock in the child, and a fresh ``spawn`` per rank
-run costs a torch import each time (seconds on a busy CPU). The forkserver starts
-clean, preloads torch and cpsim once, and forks the worker from that warm state;
-the worker stays up for the whole command (fuzz reuses it across scenarios) and
-is only replaced after a crash or a timeout. ``cpsim run`` starts its pool's interpreters before it
-imports torch itself (``cpsim.run.boot.HeadStart``, adopted by the runner), so that they import torch and
-cpsim on the other core meanwhile. The virtual world (``run_paths``) cuts each
+Why a persistent worker, a fresh interpreter (``cpsim.run.boot.start_child``): ``fork`` from a process
+that has started torch's thread pools may deadlock in the child, and a new process per rank run costs a
+torch import each time (seconds on a busy CPU). The worker imports torch and cpsim once, stays up for the
+whole command (fuzz reuses it across scenarios) and is only replaced after a crash or a timeout.
+``cpsim run`` starts its pool's interpreters before it imports torch itself (``boot.HeadStart``, adopted
+by the runner), so that they import torch and cpsim on the other core meanwhile. The virtual world (``run_paths``) cuts each
 path's ranks into one contiguous chunk per worker, one message per chunk, all sent at once
 behind the scenario itself (sent once); on CPU it keeps two workers, so both cores run kernels
 (``CPSIM_KERNEL_WORKERS``). ``ahead`` starts a scenario's rank runs before they are asked for,
