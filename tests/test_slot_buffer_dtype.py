@@ -195,3 +195,22 @@ def test_an_explicit_batch_writes_the_dtype_only_when_it_is_not_the_abis(tmp_pat
     path = batch.save(chosen, tmp_path / "int32.json")
     assert json.loads(path.read_text())["limits"]["slot_buffer_dtype"] == "int32"
     assert batch.load(path).limits.slot_buffer_dtype == "int32"
+
+
+def test_replay_hands_an_explicit_batchs_dtype_to_a_released_kernel(tmp_path):
+    """vLLM 0.34.0's huge-cache step (rank 0's slot past 2^31): our MRV2 kernel passes in its ABI's int64
+    buffer and, rerun by ``replay`` with the batch's int32 buffer, wraps there as it would on that host."""
+    src = Path(__file__).resolve().parents[1] / "data" / "upstream" / "repros" / "vllm_0.34.0-host-huge-cache-v2.json"
+    data = json.loads(src.read_text())
+
+    def replay(limits: dict) -> tuple[int, dict]:
+        batch, out = tmp_path / "batch.json", tmp_path / "replay.json"
+        batch.write_text(json.dumps({**data, "limits": limits}))
+        rc = cli.main(["replay", str(batch), "--kernel-v2", MRV2_OK, "--json", str(out), "--quiet"], runner=RUNNER)
+        return rc, json.loads(out.read_text())
+
+    rc, rep = replay(data["limits"])
+    assert rc == 0 and rep["passed"]
+    rc, rep = replay({**data["limits"], "slot_buffer_dtype": "int32"})
+    failed = {v["invariant"] for v in rep["verdicts"] if v["status"] == "fail"}
+    assert rc == 1 and {"dense-local", "matches-reference"} <= failed

@@ -40,6 +40,12 @@ def _t(a, dtype, device) -> torch.Tensor:
     return torch.as_tensor(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
 
 
+def _slot_dtype(k, step: ExplicitStep) -> torch.dtype:
+    """The slot buffer the step's host handed the kernel: its ``limits.slot_buffer_dtype``, else the ABI's
+    (the kernel's stores are cast to it, as on the host)."""
+    return torch.int32 if ABIS[k.abi].buffer_dtype(step.limits.slot_buffer_dtype) == "int32" else torch.int64
+
+
 def _framed(step: ExplicitStep, gi: int, table: np.ndarray, device) -> torch.Tensor:
     """The captured table inside ``WIDTH`` guard rows above and below (guard ids past the cache), as the
     paths frame theirs: a kernel that reads row -1 (a dummy request's) reads guard ids, which ``row-bounds``
@@ -95,7 +101,7 @@ def _v1(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, gis: list[
         if n == step.cp.world:
             n = _world(k, step)
         tab = _framed(step, gi, rb.tables[gi], device)
-        buf = torch.full((T,), POISON, dtype=torch.int64, device=device)
+        buf = torch.full((T,), POISON, dtype=_slot_dtype(k, step), device=device)
         args = dict(num_tokens=min(rb.num_scheduled, T), max_num_tokens=T, query_start_loc_ptr=qsl, positions_ptr=pos,
                     block_table_ptr=tab, block_table_stride=tab.stride(0), block_size=e, slot_mapping_ptr=buf,
                     KV_CACHE_BLOCK_SIZE=g.block_size, BLOCKS_PER_KV_BLOCK=g.block_size // e, TOTAL_CP_WORLD_SIZE=n,
@@ -110,8 +116,7 @@ def _v2(k, step: ExplicitStep, r: int, rb: RankBatch, T: int, device, gis: list[
         written) -> None:
     """One launch over every group with a table, grid (groups, num_reqs + 1)."""
     n = _world(k, step)
-    dtype = torch.int32 if ABIS[k.abi].out_dtype == "int32" else torch.int64
-    buf = torch.full((len(gis), T), POISON, dtype=dtype, device=device)
+    buf = torch.full((len(gis), T), POISON, dtype=_slot_dtype(k, step), device=device)
     tabs = [_framed(step, gi, rb.tables[gi], device) for gi in gis]
     groups = [step.groups[gi] for gi in gis]
     live = [rb.live(gi) if rb.live(gi) is not None else _live_off_row(rb.tables[gi]) for gi in gis]

@@ -23,6 +23,11 @@ class Abi:
     out_dtype: str = "int64"        # the slot buffer the host hands the kernel
     release_range: tuple[str, str] = ()  # (first, last) release of ``releases`` where names alone are ambiguous
 
+    def buffer_dtype(self, chosen: str = "abi") -> str:
+        """The slot buffer a kernel of this ABI is handed: ``chosen`` (a scenario's or an explicit batch's
+        ``limits.slot_buffer_dtype``) unless it is "abi", else the host's own, ``out_dtype``."""
+        return self.out_dtype if chosen == "abi" else chosen
+
     def describe(self) -> str:
         parts = list(self.required)
         if self.one_of:

@@ -44,10 +44,7 @@ def _out_dtype(k, s: Scenario) -> torch.dtype:
     """The slot buffer's dtype: the scenario's ``limits.slot_buffer_dtype``, or by default the ABI's (its
     host's: vLLM allocates int64, vllm-ascend int32). Triton casts the kernel's stores to it, so a kernel
     that assumes the other one is judged on what its host would read back."""
-    name = s.limits.slot_buffer_dtype
-    if name == "abi":
-        name = ABIS[k.abi].out_dtype
-    return torch.int32 if name == "int32" else torch.int64
+    return torch.int32 if ABIS[k.abi].buffer_dtype(s.limits.slot_buffer_dtype) == "int32" else torch.int64
 
 
 def _physical(s: Scenario, g: KVGroup, alloc, knobs: Knobs, prep: PerRank, k=None) -> tuple[torch.Tensor, int]:
