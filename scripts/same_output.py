@@ -48,7 +48,9 @@ def differences(a, b, where: str = "") -> list[str]:
 
 
 def presets(tree: str) -> list[str]:
-    code = "from cpsim.presets import PRESETS; print(' '.join(PRESETS))"
+    # b969b18 kept its presets in cpsim.scenario; asking cpsim.presets there would reach the installed tree
+    code = ("import cpsim.scenario as s\nP = getattr(s, 'PRESETS', None)\n"
+            "if P is None:\n    from cpsim.presets import PRESETS as P\nprint(' '.join(P))")
     return subprocess.run([sys.executable, "-c", code], cwd=tree, env=dict(os.environ, PYTHONPATH=tree),
                           capture_output=True, text=True, check=True).stdout.split()
 
