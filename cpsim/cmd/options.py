@@ -119,8 +119,20 @@ def add_dist_args(p: argparse.ArgumentParser) -> None:
                    help=f"bound on process-group init and on every collective (default: {DEFAULT_TIMEOUT_S:g})")
 
 
+STACK_COMMAND = "cpsim.cmd.stack_run:main"
+
+
+class _StackFamily(argparse.Action):
+    """``--stack FAMILY`` makes ``cpsim run`` another program: the release's host classes are driven instead of
+    kernels, so the command that runs is :func:`cpsim.cmd.stack_run.main` (which never imports torch here)."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        namespace.stack = value
+        namespace.func = STACK_COMMAND
+
+
 def add_stack_args(p) -> None:
-    p.add_argument("--stack", metavar="FAMILY", choices=sorted(FAMILIES),
+    p.add_argument("--stack", metavar="FAMILY", choices=sorted(FAMILIES), action=_StackFamily,
                    help="drive the installed release's host block-table classes per CP rank "
                         f"({', '.join(sorted(FAMILIES))}) instead of cpsim's paths")
     p.add_argument("--stack-python", metavar="PY", help="the side venv's python that has the release "

@@ -27,7 +27,6 @@ from cpsim.report import report, terminal
 from cpsim.report.progress import progress
 from cpsim.run.distrun import Entry
 from cpsim.run.host_sizer import SizingFailure
-from cpsim.run.torchrun_env import launched_by_torchrun
 from cpsim.run.world import run_virtual
 
 # Below this many (token x rank x path) kernel entries a run is too quick for a bar.
@@ -35,9 +34,6 @@ PROGRESS_MIN_WORK = 200_000
 
 
 def main(args) -> int:
-    if getattr(args, "stack", None):
-        from cpsim.cmd.stack_run import main_stack, main_stack_torchrun
-        return main_stack_torchrun(args) if launched_by_torchrun() else main_stack(args)
     try:
         run = RunInputs.from_args(args)
     except SizingFailure as e:

@@ -20,6 +20,7 @@ from cpsim.report import report
 from cpsim.report.html import write_html_many
 from cpsim.report.junit import write_junit
 from cpsim.report.outputs import ReportFiles
+from cpsim.run.torchrun_env import launched_by_torchrun
 from cpsim.scenario import Scenario
 from cpsim.validate import write_outputs
 from cpsim.cmd.torchrun_job import stop_writer
@@ -60,6 +61,12 @@ class StackRun:
         return cls(scenario_from_args(args), _paths(args), args.stack, args.stack_python, args.stack_classes,
                    args.stack_source, args.timeout, getattr(args, "profile", None), ReportFiles.from_args(args),
                    args.device, bool(getattr(args, "oversubscribe", False)), kernel_runner(args))
+
+
+def main(args) -> int:
+    """``cpsim run --stack FAMILY`` (the option picks this command, ``cmd.options``): the virtual world, or one
+    CP rank per torchrun rank."""
+    return main_stack_torchrun(args) if launched_by_torchrun() else main_stack(args)
 
 
 def main_stack(args) -> int:
