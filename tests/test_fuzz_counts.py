@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from cpsim import cli
-from cpsim.cmd.inputs import distinct_notes
+from cpsim.kernels.subject import distinct_notes
 from kernel_load import RUNNER  # the session's kernel runner: its workers stay warm
 
 

@@ -8,14 +8,13 @@ import dataclasses
 import difflib
 import math
 import os
-import re
 from pathlib import Path
 
 from cpsim import scenario as sc
 from cpsim.check import profiles
 from cpsim.cmd.options import KERNEL_FLAGS, DefaultPaths
 from cpsim.errors import ConfigError
-from cpsim.kernels.subject import subjects
+from cpsim.kernels.subject import distinct_notes, subjects
 from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, check_spec, from_record, load, with_replay
 from cpsim.presets import PRESETS, preset
@@ -269,17 +268,6 @@ def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
             console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
         for note in distinct_notes(k.notes):
             console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
-
-
-def distinct_notes(notes: list[str]) -> list[str]:
-    """Each kind of note once. An adapter notes what it could not model per group and size, so a search over
-    many scenarios collects the same note for other group names and numbers: those are one kind, printed
-    as the first one seen with how many there were."""
-    kinds: dict[str, list[str]] = {}
-    for note in notes:
-        kinds.setdefault(re.sub(r"\d+", "N", re.sub(r"\bgroup [^\s:,;]+", "group G", note)), []).append(note)
-    return [same[0] + (f" ({len(same)} notes like this one, for other groups or sizes)" if len(same) > 1 else "")
-            for same in kinds.values()]
 
 
 def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> dict:

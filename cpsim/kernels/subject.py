@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,3 +119,13 @@ def from_record(record: dict | None, paths, profile: str = DEFAULT_PROFILE) -> d
             out[p]["replay"] = _one(item["replay"]["spec"], item["replay"].get("abi", "auto"), "replay", {})
     return out
 
+
+def distinct_notes(notes: list[str]) -> list[str]:
+    """Each kind of note once. An adapter notes what it could not model per group and size, so a search over
+    many scenarios collects the same note for other group names and numbers: those are one kind, printed
+    as the first one seen with how many there were."""
+    kinds: dict[str, list[str]] = {}
+    for note in notes:
+        kinds.setdefault(re.sub(r"\d+", "N", re.sub(r"\bgroup [^\s:,;]+", "group G", note)), []).append(note)
+    return [same[0] + (f" ({len(same)} notes like this one, for other groups or sizes)" if len(same) > 1 else "")
+            for same in kinds.values()]
