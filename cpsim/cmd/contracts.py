@@ -1,4 +1,4 @@
-"""Which release contract judges each kernel under test, and the exit status that implies.
+"""What judges a command's kernels under test, and the exit status that implies.
 
 A kernel file from a release the table does not list is judged with the nearest listed release's
 contract (cpsim.kernels.release_of); where that release's contract files changed, a run that found no
@@ -8,9 +8,59 @@ violation still says so and exits ``releases.UNREAD_CHANGES_EXIT`` (docs/UPSTREA
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 from cpsim import releases
-from cpsim.check import coordinator
+from cpsim.check import coordinator, profiles
 from cpsim.kernels.release_of import kernel_standing
+from cpsim.kernels.subject import distinct_notes, subjects
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The kernels under test and what judges them, worked out once for every report of a run: the plain
+    subjects, the release profile and its notes on the scenario, each kernel's line and adapter notes, and
+    the standings of kernels from releases cpsim's table does not list."""
+    kernels: dict
+    profile: Any
+    subjects: dict
+    held: dict
+    kernel_lines: list[tuple[str, list[str]]] = field(default_factory=list)  # (its line, its distinct notes)
+    profile_notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, kernels: dict, paths, profile, s=None) -> "Judged":
+        """``s``: the scenario as the profile lays it out, for the profile's notes (none: no notes)."""
+        found = {p: kernel_standing(k.spec, p) for p, k in kernels.items()}
+        return cls(kernels, profile, subjects(kernels, list(dict.fromkeys([*paths, *kernels])), profile.name),
+                   {p: st for p, st in found.items() if st is not None},
+                   [(f"kernel under test on {p}: {k.describe()}", distinct_notes(k.notes)) for p, k in kernels.items()],
+                   profiles.notes(s, profile, paths) if s is not None else [])
+
+    def describe(self, console, notes_only: bool = True, profile: bool = True) -> None:
+        """The kernels' lines (``notes_only``: the report's heading named them already) and adapter notes, then
+        (``profile``) the profile and what it leaves unjudged or lays out anew."""
+        for line, notes in self.kernel_lines:
+            if not notes_only:
+                console.print(line, highlight=False, soft_wrap=True)
+            for note in notes:
+                console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
+        if not profile:
+            return
+        console.print(f"profile: {self.profile.name} ({self.profile.releases})", highlight=False, soft_wrap=True)
+        for line in self.profile_notes:
+            console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
+
+    def describe_contracts(self, console, quiet: bool = False) -> None:
+        print_contracts(console, self.held, quiet)
+
+    def contracts(self) -> dict:
+        """The --json's ``contracts``: path -> its kernel's release standing."""
+        return {p: st.to_dict() for p, st in self.held.items()}
+
+    def status(self, verdicts) -> int:
+        return status(coordinator.passed(verdicts), self.held)
 
 
 def kernel_standings(kernels: dict) -> dict:

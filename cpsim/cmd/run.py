@@ -14,9 +14,8 @@ import torch
 
 from cpsim import faults
 from cpsim.allocator import allocate_world
-from cpsim.check import coordinator, profiles
-from cpsim.cmd.contracts import run_status
-from cpsim.cmd.inputs import sizing_failed, subjects_for
+from cpsim.check import coordinator
+from cpsim.cmd.inputs import sizing_failed
 from cpsim.cmd.run_inputs import RunInputs
 from cpsim.cmd.torchrun_job import execute_torchrun
 from cpsim.errors import ConfigError
@@ -41,7 +40,7 @@ def main(args) -> int:
     if run.replica is not None:
         return execute_torchrun(run.options, Entry(run.label, run.replica, run.scenario.cp.world, run.paths,
                                                    knobs=run.knobs, inject_rank=run.inject_rank,
-                                                   kernels=run.kernels, profile=run.profile))
+                                                   kernels=run.kernels, profile=run.profile), judged=run.judged)
     return run_here(run)
 
 
@@ -62,7 +61,7 @@ def run_here(run: RunInputs) -> int:
         _fault_must_show(run, gathered)
     for p in skipped:
         verdicts += coordinator.not_run(p, f"not applicable at CP world size {s.cp.world} (CP size 1 only)")
-    subjects = subjects_for(run.kernels, paths, run.profile.name)
+    subjects = run.judged.subjects
     waste = coordinator.sizing_waste(s, gathered, run.profile) if run.strict_sizing else []
     if not run.report.quiet:
         report.print_report(console, s, verdicts, examples=run.report.examples, subjects=subjects, gathered=gathered)
@@ -71,16 +70,16 @@ def run_here(run: RunInputs) -> int:
             console.print(f"  [yellow]note (strict sizing):[/yellow] {line}", highlight=False, soft_wrap=True)
     else:
         console.print("pass" if coordinator.passed(verdicts) else "FAIL")
-        run.describe_contracts(console)
+        run.judged.describe_contracts(console, quiet=True)
     extra = {"paths_skipped": skipped, "profile": run.profile.name,
-             "profile_notes": profiles.notes(s, run.profile, paths),
-             "contracts": {p: st.to_dict() for p, st in run.held.items()},
+             "profile_notes": run.judged.profile_notes,
+             "contracts": run.judged.contracts(),
              "sizing_waste": waste,
              "host_sizing": [dataclasses.asdict(hs) for hs in run.knobs.host_sizing],
              "inject": run.inject, "inject_rank": run.inject_rank,
              "kernels": {p: {"spec": k.spec, "abi": k.abi, "notes": k.notes} for p, k in run.kernels.items()}}
     run.report.write(s, verdicts, extra, subjects, gathered, page_extra={"paths_skipped": skipped})
-    return run_status(verdicts, run.held)
+    return run.judged.status(verdicts)
 
 
 def _same(a: dict, b: dict) -> bool:

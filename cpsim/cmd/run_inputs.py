@@ -12,9 +12,9 @@ from typing import Any
 from cpsim import faults, sizing
 from cpsim import scenario as sc
 from cpsim.check import profiles
-from cpsim.cmd.contracts import kernel_standings, print_contracts
-from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernel_runner, kernels_from_args, knobs_with_sizing,
-                              parse_paths, profile_from_args, replica_builder, show_profile, torchrun_world)
+from cpsim.cmd.contracts import Judged
+from cpsim.cmd.inputs import (check_paths_apply, kernel_runner, kernels_from_args, knobs_with_sizing, parse_paths,
+                              profile_from_args, replica_builder, torchrun_world)
 from cpsim.errors import ConfigError
 from cpsim.paths.types import Knobs
 from cpsim.presets import PRESETS
@@ -34,7 +34,7 @@ class RunInputs:
     device: str
     kernels: dict
     profile: Any
-    held: dict
+    judged: Judged
     knobs: Knobs
     inject: str | None
     inject_rank: int | None
@@ -63,21 +63,16 @@ class RunInputs:
         knobs, inject_rank = injection(args, s)
         knobs = knobs_with_sizing(args, knobs, s, paths)
         label = args.scenario if args.scenario in PRESETS else Path(args.scenario).stem
-        return cls(s, paths, device, kernels, prof, kernel_standings(kernels), knobs, getattr(args, "inject", None),
+        return cls(s, paths, device, kernels, prof, Judged.of(kernels, paths, prof, s), knobs, getattr(args, "inject", None),
                    inject_rank, getattr(args, "sizing", None), bool(getattr(args, "strict_sizing", False)),
                    ReportFiles.from_args(args), kernel_runner(args), args, label,
                    (lambda i: profiles.scenario_for(replica(i), prof)) if torchrun else None)
 
-    def describe_contracts(self, console) -> None:
-        """The release contracts' lines (with ``--quiet`` only those with unread changes)."""
-        print_contracts(console, self.held, quiet=self.report.quiet)
-
     def describe(self, console) -> None:
         """What the report's table does not say: the kernels' adapter notes, the profile, the release
         contracts, what the built-in kernels leave out of the scenario, the host sizing under test."""
-        describe_kernels(console, self.kernels, notes_only=True)
-        show_profile(console, self.profile, self.scenario, self.paths)
-        self.describe_contracts(console)
+        self.judged.describe(console)
+        self.judged.describe_contracts(console)
         for hs in self.knobs.host_sizing:
             console.print(f"host sizing ({hs.host}) from {hs.source}: table widths {list(hs.table_widths)} KV blocks, "
                           f"slot buffer {hs.slot_buffer_len}", highlight=False, soft_wrap=True, markup=False)

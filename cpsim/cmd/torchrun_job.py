@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from cpsim.cmd.contracts import kernel_standings, print_contracts, status
-from cpsim.cmd.inputs import describe_kernels, kernel_runner, show_profile, subjects_for
+from cpsim.check import profiles
+from cpsim.cmd.contracts import Judged, print_contracts, status
+from cpsim.cmd.inputs import kernel_runner
 from cpsim.errors import ConfigError
 from cpsim.report.outputs import ReportFiles
 from cpsim.validate import write_outputs
@@ -16,12 +17,15 @@ from cpsim.report import terminal
 
 # ---- torchrun ------------------------------------------------------------------
 
-def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict | None = None) -> int:
+def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict | None = None,
+                     judged: Judged | None = None) -> int:
     """Check one ``distrun.Entry`` on every CP group of the torchrun world.
 
     Rank 0 prints the ranks, every group's report and the kernels under test, then
     ``summary(console, results)`` (a command's own verdict line), and writes the
     --json / --junit / --html files the command has. Exit 1 when any group fails.
+    ``judged``: what judges the entry's kernels, as the command worked it out (none: worked out here,
+    the profile's notes on CP group 0's scenario).
     """
     from cpsim.check import coordinator
     from cpsim.report import report
@@ -31,10 +35,13 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     world = int(os.environ["WORLD_SIZE"])
     quiet = getattr(args, "quiet", False)
     prof = entry.profile
-    subjects = subjects_for(entry.kernels, entry.paths, prof.name if prof else None)
-    held = kernel_standings(entry.kernels)
+    if judged is None:
+        judged = Judged.of(entry.kernels, entry.paths,
+                           prof or profiles.for_abis([k.abi for k in entry.kernels.values()]),
+                           entry.build(0) if prof is not None else None)
+    subjects, held = judged.subjects, judged.held
     if held:
-        extra = {**(extra or {}), "contracts": {p: st.to_dict() for p, st in held.items()}}
+        extra = {**(extra or {}), "contracts": judged.contracts()}
 
     def report_(results, infos) -> int:
         console = terminal.console()
@@ -47,9 +54,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
                           f"{entry.cp_size} (DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
             print_ranks(console, infos, results)
             print_groups(console, results, subjects, getattr(args, "examples", None))
-            describe_kernels(console, entry.kernels, notes_only=True)
-            if prof is not None:
-                show_profile(console, prof, s0, entry.paths)
+            judged.describe(console, profile=prof is not None)
             console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
                           f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
                           f"{len(results)} CP group(s) fail[/bold red]")
