@@ -17,6 +17,7 @@ from cpsim.report import report
 from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernel_runner, kernels_from_args, parse_paths,
                               subjects_for, knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
 from cpsim.cmd.inputs import torchrun_world
+from cpsim.cmd.contracts import Judged
 from cpsim.cmd.torchrun_job import execute_torchrun
 from cpsim.check import profiles
 from cpsim.run.dist import launched_by_torchrun, select_device
@@ -24,7 +25,7 @@ from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.presets import PRESETS
 from cpsim.scenario import Scenario
-from cpsim.report.outputs import write_requested
+from cpsim.report.outputs import ReportFiles, write_requested
 from cpsim.run.host_sizer import SizingFailure
 from cpsim.kernels.under_test import to_record
 from cpsim.report.progress import progress
@@ -218,9 +219,11 @@ def _reproduce_torchrun(args, f, s: Scenario, paths: list[str], kernels: dict, p
                     failed[v.invariant].append(v.path)
         _verdict(c, f, args.fixed, {k: failed[k] for k in coordinator.INVARIANTS if failed.get(k)})
 
-    return execute_torchrun(args, entry, summary, {"fault": f.name, "fixed": args.fixed,
-                                                   "inject_rank": args.inject_on_rank,
-                                                   "knobs": dataclasses.asdict(knobs)})
+    judged = Judged.of(kernels, paths, prof or profiles.for_abis([k.abi for k in kernels.values()]),
+                       s if prof is not None else None)
+    return execute_torchrun(args, entry, judged, ReportFiles.from_args(args), kernel_runner(args), summary,
+                            {"fault": f.name, "fixed": args.fixed, "inject_rank": args.inject_on_rank,
+                             "knobs": dataclasses.asdict(knobs)})
 
 
 # ---- matrix -----------------------------------------------------------------------

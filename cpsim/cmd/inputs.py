@@ -176,6 +176,7 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None,
     ``--kernel-replay`` goes with every path (``paths``, else all): the replay pass follows each.
     """
     out = dict(base or {})
+    probe = worker_probe(args)
     for path, attr in KERNEL_FLAGS.items():
         spec = getattr(args, attr, None)
         if spec == BUILTIN:
@@ -185,23 +186,19 @@ def kernels_from_args(args, device: str = "cpu", paths: list[str] | None = None,
         if spec:
             k = load(spec, path, getattr(args, "kernel_abi", "auto"), shim_vllm=getattr(args, "shim_vllm", False),
                      device=device, v2_launch=getattr(args, "kernel_v2_launch", "split"),
-                     where="--" + attr.replace("_", "-"), inspect=worker_probe(args))
+                     where="--" + attr.replace("_", "-"), inspect=probe)
             out[path] = with_replay(k, getattr(out.get(path), "replay", None))
-    return _with_replay_kernel(args, device, paths, out)
-
-
-def _with_replay_kernel(args, device: str, paths: list[str] | None, kernels: dict) -> dict:
-    """``--kernel-replay SPEC`` attached to every path's entry; ``builtin`` drops a recorded one."""
     spec = getattr(args, "kernel_replay", None)
     if not spec:
-        return kernels
+        return out
+    # --kernel-replay SPEC: attached to every path's entry; builtin drops a recorded one
     replay = None
     if spec != BUILTIN:
         abi = getattr(args, "kernel_abi", "auto")
         replay = load(spec, REPLAY, abi if abi in REPLAY_ABIS else "auto",
                       shim_vllm=getattr(args, "shim_vllm", False), device=device, where="--kernel-replay",
-                      inspect=worker_probe(args))
-    out = {}
+                      inspect=probe)
+    kernels, out = out, {}
     for path in dict.fromkeys([*(paths or PATHS), *kernels]):
         k = with_replay(kernels.get(path), replay)
         if k is not None:

@@ -31,6 +31,7 @@ from cpsim.check import profiles
 from cpsim.cmd.inputs import (describe_kernels, kernel_runner, kernels_with_record, knobs_with_sizing,
                               profile_from_args, show_profile, sizer_from_args, sizing_failed, subjects_for)
 from cpsim.cmd.inputs import torchrun_world
+from cpsim.cmd.contracts import Judged
 from cpsim.cmd.torchrun_job import execute_torchrun
 from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError
@@ -38,7 +39,7 @@ from cpsim.kernels.under_test import to_record
 from cpsim.paths import Knobs
 from cpsim.parsing import parse
 from cpsim.validate import check_world, read_data
-from cpsim.report.outputs import write_requested
+from cpsim.report.outputs import ReportFiles, write_requested
 from cpsim.run.host_sizer import SizingFailure
 
 
@@ -124,8 +125,9 @@ def main_torchrun(args, r: fz.Repro) -> int:
         now = sorted({v.invariant for g in results for v in g.verdicts if v.status == "fail"})
         _verdict(console, recorded, bool(now), now)
 
-    return execute_torchrun(args, entry, summary, {"inject": r.inject, "recorded_violation": r.violation,
-                                                   "kernels": to_record(kernels, r.paths)})
+    return execute_torchrun(args, entry, Judged.of(kernels, r.paths, prof, s), ReportFiles.from_args(args),
+                            kernel_runner(args), summary, {"inject": r.inject, "recorded_violation": r.violation,
+                                                           "kernels": to_record(kernels, r.paths)})
 
 
 def load_repro(path: str | Path, accept_edited: bool = False):

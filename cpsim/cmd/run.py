@@ -40,7 +40,8 @@ def main(args) -> int:
     if run.replica is not None:
         return execute_torchrun(run.options, Entry(run.label, run.replica, run.scenario.cp.world, run.paths,
                                                    knobs=run.knobs, inject_rank=run.inject_rank,
-                                                   kernels=run.kernels, profile=run.profile), judged=run.judged)
+                                                   kernels=run.kernels, profile=run.profile),
+                                run.judged, run.report, run.runner)
     return run_here(run)
 
 

@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from cpsim.check import profiles
 from cpsim.cmd.contracts import Judged, print_contracts, status
-from cpsim.cmd.inputs import kernel_runner
 from cpsim.errors import ConfigError
 from cpsim.report.outputs import ReportFiles
 from cpsim.validate import write_outputs
@@ -17,15 +15,15 @@ from cpsim.report import terminal
 
 # ---- torchrun ------------------------------------------------------------------
 
-def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict | None = None,
-                     judged: Judged | None = None) -> int:
+def execute_torchrun(args, entry, judged: Judged, files: ReportFiles, runner, summary: Callable | None = None,
+                     extra: dict | None = None) -> int:
     """Check one ``distrun.Entry`` on every CP group of the torchrun world.
 
     Rank 0 prints the ranks, every group's report and the kernels under test, then
     ``summary(console, results)`` (a command's own verdict line), and writes the
     --json / --junit / --html files the command has. Exit 1 when any group fails.
-    ``judged``: what judges the entry's kernels, as the command worked it out (none: worked out here,
-    the profile's notes on CP group 0's scenario).
+    ``judged``: what judges the entry's kernels, as the command worked it out; ``files`` and ``runner``: the
+    command's report files and kernel runner.
     """
     from cpsim.check import coordinator
     from cpsim.report import report
@@ -33,12 +31,8 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
     from cpsim.run.distrun import execute, print_ranks
 
     world = int(os.environ["WORLD_SIZE"])
-    quiet = getattr(args, "quiet", False)
+    quiet = files.quiet
     prof = entry.profile
-    if judged is None:
-        judged = Judged.of(entry.kernels, entry.paths,
-                           prof or profiles.for_abis([k.abi for k in entry.kernels.values()]),
-                           entry.build(0) if prof is not None else None)
     subjects, held = judged.subjects, judged.held
     if held:
         extra = {**(extra or {}), "contracts": judged.contracts()}
@@ -53,7 +47,7 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
             console.print(f"[bold]torchrun world {world}[/bold]: {world // entry.cp_size} CP group(s) of "
                           f"{entry.cp_size} (DCP {s0.cp.dcp} x PCP {s0.cp.pcp}), timeout {args.timeout:g} s")
             print_ranks(console, infos, results)
-            print_groups(console, results, subjects, getattr(args, "examples", None))
+            print_groups(console, results, subjects, files.examples)
             judged.describe(console, profile=prof is not None)
             console.print(f"[bold green]all {len(results)} CP group(s) pass[/bold green]" if ok else
                           f"[bold red]{sum(not coordinator.passed(r.verdicts) for r in results)} of "
@@ -64,28 +58,28 @@ def execute_torchrun(args, entry, summary: Callable | None = None, extra: dict |
 
         def junit() -> None:
             from cpsim.report.junit import write_junit
-            write_junit(args.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results],
+            write_junit(files.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results],
                         subjects=subjects)
 
         def html() -> None:
             from cpsim.report.html import write_html_many
-            write_html_many(args.html, f"{entry.label} on torchrun world {world}",
+            write_html_many(files.html, f"{entry.label} on torchrun world {world}",
                             [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})", r.scenario,
                               r.verdicts) for r in results], extra=extra, subjects=subjects)
 
         try:  # every output that can be written is, even when another fails
-            write_outputs([("--json", getattr(args, "json", None),
-                            lambda: report.write_json(args.json, to_dict(results, infos, extra, subjects))),
-                           ("--junit", getattr(args, "junit", None), junit),
-                           ("--html", getattr(args, "html", None), html)])
+            write_outputs([("--json", files.json,
+                            lambda: report.write_json(files.json, to_dict(results, infos, extra, subjects))),
+                           ("--junit", files.junit, junit),
+                           ("--html", files.html, html)])
         except ConfigError as e:
             terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
             return 2
         return status(ok, held)
 
-    return execute(args, [entry], report_, stopped=stop_writer(ReportFiles.from_args(args),
-                                                                f"{entry.label} on torchrun world {world}",
-                                                                subjects, 1, extra), runner=kernel_runner(args))
+    return execute(args, [entry], report_, stopped=stop_writer(files, f"{entry.label} on torchrun world {world}",
+                                                                subjects, 1, extra),
+                   runner=runner)
 
 
 def stop_writer(files: ReportFiles, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:
