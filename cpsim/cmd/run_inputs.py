@@ -51,6 +51,7 @@ class RunInputs:
         """Raises ConfigError (exit 2) on bad input and ``SizingFailure`` (exit 1) when the sizing under test
         fails."""
         torchrun = launched_by_torchrun()
+        report, runner = ReportFiles.from_args(args), kernel_runner(args)
         replica, s = replica_builder(args, int(os.environ["WORLD_SIZE"]) if torchrun else None)
         if torchrun:
             torchrun_world(s.cp.world, f"the scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "--dcp/--pcp")
@@ -60,12 +61,19 @@ class RunInputs:
         kernels = kernels_from_args(args, device, paths)
         prof = profile_from_args(args, kernels)
         s = profiles.scenario_for(s, prof)  # vLLM: KV sharded over DCP only; layouts the release lacks: exit 2
-        knobs, inject_rank = injection(args, s)
+        inject_rank, knobs = getattr(args, "inject_on_rank", None), Knobs(kernel_design=args.kernel_design)
+        if getattr(args, "inject", None):  # --inject NAME [--inject-on-rank R]: the fault's knobs on s
+            fault = faults.get(args.inject, "--inject")
+            if inject_rank is not None and not 0 <= inject_rank < s.cp.world:
+                raise ConfigError("--inject-on-rank", f"must lie in [0, {s.cp.world}) (CP world size {s.cp.world})")
+            knobs = dataclasses.replace(fault.knobs_for(s), kernel_design=args.kernel_design)
+        elif inject_rank is not None:
+            raise ConfigError("--inject-on-rank", "needs --inject NAME")
         knobs = knobs_with_sizing(args, knobs, s, paths)
         label = args.scenario if args.scenario in PRESETS else Path(args.scenario).stem
         return cls(s, paths, device, kernels, prof, Judged.of(kernels, paths, prof, s), knobs, getattr(args, "inject", None),
                    inject_rank, getattr(args, "sizing", None), bool(getattr(args, "strict_sizing", False)),
-                   ReportFiles.from_args(args), kernel_runner(args), args, label,
+                   report, runner, args, label,
                    (lambda i: profiles.scenario_for(replica(i), prof)) if torchrun else None)
 
     def describe(self, console) -> None:
@@ -86,15 +94,3 @@ class RunInputs:
             console.print(f"  note: --sizing {self.sizing} sizes no {'/'.join(unsized)} host; cpsim's own sizing "
                           f"stood there", highlight=False, soft_wrap=True, markup=False)
 
-
-def injection(args, s) -> tuple[Knobs, int | None]:
-    """``--inject NAME`` and ``--inject-on-rank R``: the fault's knobs on ``s`` and its rank (None: every rank)."""
-    rank = getattr(args, "inject_on_rank", None)
-    if not getattr(args, "inject", None):
-        if rank is not None:
-            raise ConfigError("--inject-on-rank", "needs --inject NAME")
-        return Knobs(kernel_design=args.kernel_design), None
-    fault = faults.get(args.inject, "--inject")
-    if rank is not None and not 0 <= rank < s.cp.world:
-        raise ConfigError("--inject-on-rank", f"must lie in [0, {s.cp.world}) (CP world size {s.cp.world})")
-    return dataclasses.replace(fault.knobs_for(s), kernel_design=args.kernel_design), rank

@@ -26,8 +26,7 @@ def execute_torchrun(args, entry, judged: Judged, files: ReportFiles, runner, su
     command's report files and kernel runner.
     """
     from cpsim.check import coordinator
-    from cpsim.report import report
-    from cpsim.report.torchrun import print_groups, to_dict
+    from cpsim.report.torchrun import print_groups
     from cpsim.run.distrun import execute, print_ranks
 
     world = int(os.environ["WORLD_SIZE"])
@@ -36,6 +35,8 @@ def execute_torchrun(args, entry, judged: Judged, files: ReportFiles, runner, su
     subjects, held = judged.subjects, judged.held
     if held:
         extra = {**(extra or {}), "contracts": judged.contracts()}
+
+    write = stop_writer(files, f"{entry.label} on torchrun world {world}", subjects, 1, extra)
 
     def report_(results, infos) -> int:
         console = terminal.console()
@@ -55,51 +56,31 @@ def execute_torchrun(args, entry, judged: Judged, files: ReportFiles, runner, su
         print_contracts(console, held, quiet=quiet)
         if summary is not None:
             summary(console, results)
+        return status(ok, held) if write(results, infos) else 2
 
-        def junit() -> None:
-            from cpsim.report.junit import write_junit
-            write_junit(files.junit, [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results],
-                        subjects=subjects)
-
-        def html() -> None:
-            from cpsim.report.html import write_html_many
-            write_html_many(files.html, f"{entry.label} on torchrun world {world}",
-                            [(f"{r.label} · CP group {r.group} (ranks {r.ranks[0]}-{r.ranks[-1]})", r.scenario,
-                              r.verdicts) for r in results], extra=extra, subjects=subjects)
-
-        try:  # every output that can be written is, even when another fails
-            write_outputs([("--json", files.json,
-                            lambda: report.write_json(files.json, to_dict(results, infos, extra, subjects))),
-                           ("--junit", files.junit, junit),
-                           ("--html", files.html, html)])
-        except ConfigError as e:
-            terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
-            return 2
-        return status(ok, held)
-
-    return execute(args, [entry], report_, stopped=stop_writer(files, f"{entry.label} on torchrun world {world}",
-                                                                subjects, 1, extra),
-                   runner=runner)
+    return execute(args, [entry], report_, stopped=write, runner=runner)
 
 
 def stop_writer(files: ReportFiles, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:
-    """What rank 0 calls when a torchrun job stops early (``distrun.execute``'s ``stopped``): the
-    --json / --junit / --html files the command has, saying the run stopped, with rank 0's stop line,
-    the ranks it names, and the CP groups finished so far; then one line naming the files."""
+    """What rank 0 writes at the end of a torchrun job, ``write(results, infos)``: the --json / --junit / --html
+    files the command has, each that can be written even when another fails (False: one could not be). When
+    the job stopped early, ``write(results, infos, message, ranks)`` (``distrun.execute``'s ``stopped``): the
+    files say the run stopped, with rank 0's stop line, the ranks it names and the CP groups finished so
+    far; then one line names the files."""
     from rich.markup import escape
 
     from cpsim.report import report
     from cpsim.report.torchrun import stopped_record, to_dict
 
-    def write(results, infos, message: str, ranks: list[int]) -> None:
+    def write(results, infos, message: str | None = None, ranks: list[int] = ()) -> bool:
         world = int(os.environ.get("WORLD_SIZE", len(infos)))
-        done = len({r.label for r in results})
-        record = stopped_record(message, ranks, world, done, planned)
+        record = None if message is None else stopped_record(message, ranks, world, len({r.label for r in results}),
+                                                             planned)
         items = [(r.scenario, r.verdicts, f"{r.label} group {r.group}") for r in results]
 
         def junit() -> None:
             from cpsim.report.junit import write_junit
-            write_junit(files.junit, items, subjects=subjects, errors={"torchrun": message})
+            write_junit(files.junit, items, subjects=subjects, errors=None if message is None else {"torchrun": message})
 
         def html() -> None:
             from cpsim.report.html import write_html_many
@@ -109,18 +90,19 @@ def stop_writer(files: ReportFiles, title: str, subjects: dict, planned: int, ex
 
         outputs = [("--json", files.json,
                     lambda: report.write_json(files.json, {**to_dict(results, infos, extra, subjects, record),
-                                                          "world_size": world})),
+                                                          **({"world_size": world} if record else {})})),
                    ("--junit", files.junit, junit),
                    ("--html", files.html, html)]
-        written = [path for _, path, _ in outputs if path]
         try:
             write_outputs(outputs)
         except ConfigError as e:
-            written = []
             terminal.console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
-        if written:
+            return False
+        written = [path for _, path, _ in outputs if path]
+        if message is not None and written:
             named = ", ".join(f"rank {r}" for r in ranks) or "no rank"
             terminal.console(stderr=True).print(escape(f"[rank 0] the run stopped early; {', '.join(written)} "
                                                        f"say so ({named} named)"), highlight=False, soft_wrap=True)
+        return True
 
     return write
