@@ -256,11 +256,12 @@ class Scenario:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Scenario":
+    def from_dict(cls, d: dict[str, Any], source: str | None = None) -> "Scenario":
+        """``source``: the file ``d`` was read from, named by a refusal."""
         # Imported here: building the pydantic models takes a second, and processes that only
         # unpickle scenarios (kernel workers) never need them.
         from cpsim.parsing import scenario_data
-        d = scenario_data(d)  # unknown keys, loose types and unbounded sizes are refused here
+        d = scenario_data(d, source)  # unknown keys, loose types and unbounded sizes are refused here
         try:
             batch = d.get("batch", {})
             return cls(

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.errors import ConfigError
-from cpsim.parsing import _show, parse, scenario_data
+from cpsim.parsing import _show, parse
 
 MAX_FILE_BYTES = 64 << 20   # no scenario or repro file comes near this; refuse to slurp a disk image
 OUTPUT_OPTIONS = ("json", "html", "junit", "dump")
@@ -118,7 +118,7 @@ def load_scenario(path: str | Path):
     if "scenario" in data and "groups" not in data:
         m = parse(schema.ReproModel, data, "repro", str(path))
         return sc.Scenario.from_dict(m.scenario.model_dump())
-    return sc.Scenario.from_dict(scenario_data(data, str(path)))
+    return sc.Scenario.from_dict(data, str(path))
 
 
 def load_sweep_config(path: str | Path) -> dict[str, Any]:

@@ -83,12 +83,6 @@ def run_here(run: RunInputs) -> int:
     return run.judged.status(verdicts)
 
 
-def _same(a: dict, b: dict) -> bool:
-    """The two runs wrote the same slot mappings on every path and rank."""
-    return a.keys() == b.keys() and all(torch.equal(a[p].slots, b[p].slots) and torch.equal(a[p].enabled, b[p].enabled)
-                                        for p in a)
-
-
 def _fault_must_show(run: RunInputs, gathered: dict) -> None:
     """``--inject`` where the fault cannot show is bad input (exit 2), not a silent pass.
 
@@ -111,7 +105,8 @@ def _fault_must_show(run: RunInputs, gathered: dict) -> None:
     clean = run_virtual(s, run.paths, device=run.device,
                         knobs=Knobs(kernel_design=run.knobs.kernel_design, host_sizing=run.knobs.host_sizing),
                         kernels=run.kernels, runner=run.runner)
-    if _same(gathered, clean):
+    if gathered.keys() == clean.keys() and all(torch.equal(gathered[p].slots, clean[p].slots) and
+                                               torch.equal(gathered[p].enabled, clean[p].enabled) for p in gathered):
         raise ConfigError("--inject", f"{fault.name} cannot show on scenario {s.name}: the injected run wrote the "
                                       f"same slot mappings as the fault-free run on every path and rank"
                                       f"{'' if run.inject_rank is None else f' (injected on rank {run.inject_rank})'}; "
