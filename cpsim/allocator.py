@@ -54,9 +54,14 @@ def _blocks_for(s: Scenario, g: KVGroup, rank: int, seq_len: int) -> int:
 
 def allocate(s: Scenario, rank: int, group_index: int) -> Allocation:
     """Replicas (ranks with the same shard rank ``rank % g``) get identical block ids."""
+    return _draw(s, group_index, layout.shard_rank(rank, s.groups[group_index].world(s.cp)))
+
+
+def _draw(s: Scenario, group_index: int, shard: int) -> Allocation:
+    """Group ``group_index``'s blocks on shard rank ``shard``, drawn from a generator seeded by the scenario,
+    the group and the shard (one tag for a group every rank holds whole)."""
     g = s.groups[group_index]
     n = g.world(s.cp)
-    shard = layout.shard_rank(rank, n)
     rng = np.random.default_rng([s.seed, group_index, SHARED_RANK if n == 1 else shard])
     counts = [_blocks_for(s, g, shard, length) for length in s.batch.allocated_lens()]
     total = sum(counts)
@@ -81,7 +86,7 @@ def allocate_world(s: Scenario) -> list[list[Allocation]]:
         for gi, g in enumerate(s.groups):
             key = (gi, layout.shard_rank(r, g.world(s.cp)))
             if key not in memo:
-                memo[key] = allocate(s, r, gi)
+                memo[key] = _draw(s, *key)
             row.append(memo[key])
         out.append(row)
     return out
