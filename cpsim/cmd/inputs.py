@@ -303,6 +303,7 @@ def replica_builder(args, world: int | None):
             raise ConfigError("--pcp", f"world size {world} is not a multiple of PCP {pcp}")
         args = copy.copy(args)
         args.dcp = world // pcp
+        base = scenario_from_args(args)
     is_file = args.scenario not in PRESETS
 
     def build(replica: int) -> sc.Scenario:
@@ -312,4 +313,4 @@ def replica_builder(args, world: int | None):
         s = scenario_from_args(a)
         return s.replace(seed=s.seed + replica) if is_file else s
 
-    return build, build(0)
+    return build, base  # build(0) is base
