@@ -78,17 +78,8 @@ def main_stack(args) -> int:
                             run.profile)
     except RuntimeError as e:  # the release's code died, hung or answered nothing: never a pass
         Console().print(f"[bold red]FAIL[/bold red] {e}", highlight=False, soft_wrap=True)
-        result = no_answer(s, paths, str(e))
+        result = host.no_answer(s, paths, str(e))
     return _report(run, result)
-
-
-def no_answer(s, paths: list[str], why: str):
-    """A driver that gave no answer (died, hung, printed anything but an answer): every path fails
-    ``kernel-completes`` with ``why`` on rank 0 (the others not run), judged like an answer so that
-    every requested report is written."""
-    from cpsim.stack import host
-    return host.judge(host.StackResult("(no answer)", [], {}, scenario=s, failures={
-        p: host.KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
 
 
 def _report(run: StackRun, result, torchrun: dict | None = None, write_reports: bool = True) -> int:
@@ -212,9 +203,11 @@ def _judge_world(run: StackRun, ranks: list[dict]) -> int:
         refused = [x["refused"] for x in ranks if "refused" in x]
         if refused:
             raise ConfigError(*refused[0])
-        _, _, inputs = host.request([s], run.family, run.paths, run.classes, run.source, None)
+        paths = run.paths
+        _, _, inputs = host.request([s], run.family, paths, run.classes, run.source, None)
         n = s.cp.world
-        groups = [_judge_group(run, inputs, ranks[first: first + n], first) for first in range(0, len(ranks), n)]
+        groups = [host.judge_group(s, run.family, paths, run.profile, inputs, ranks[first: first + n], first)
+                  for first in range(0, len(ranks), n)]
     except ConfigError as e:
         Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
@@ -244,32 +237,3 @@ def _write_groups(run: StackRun, groups: list[tuple], stack: dict, passed: bool)
         ("--html", files.html, lambda: write_html_many(files.html, f"--stack {run.family} host classes on torchrun "
                                                                    f"world {sum(len(t['ranks']) for _, t in groups)}",
                                                        items, extra={"stack": stack}))])
-
-
-def _judge_group(run: StackRun, inputs: list, ranks: list[dict], first: int):
-    """One CP group (torchrun ranks ``first`` on): (StackResult, what the runtime's groups said)."""
-    from cpsim.stack import host
-    s, paths = run.scenario, run.paths
-    world = first + len(ranks)
-    try:
-        out, got = host.merge_ranks(s, ranks, paths, first)
-    except RuntimeError as e:  # no rank answered, or the runtime's layout is not the scenario's
-        result = host.StackResult("(no answer)", [], {}, scenario=s, failures={
-            p: host.KernelFailure(p, 0, "exited", f"torchrun ranks {first}-{world - 1}: {e}",
-                                  not_run=list(range(1, len(ranks)))) for p in paths})
-        return host.judge(result), {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]}
-    (job,) = host.jobs_from(out, got, [s], inputs, paths, run.family)
-    host.refuse_unjudged(job, paths, out["release"])
-    result = host.judge(host.StackResult(out["release"], out["patches"], job.steps, scenario=s, profile=job.profile,
-                                         failures=job.failures, path_profiles=job.path_profiles,
-                                         absent_paths=job.absent_paths, standing=job.standing),
-                        run.profile)
-    failed_on = {p: [first + r for r in f["ranks"]] for p, f in out["jobs"][0].get("failed", {}).items()}
-    for v in result.verdicts:  # every rank ran at once: the violation names each rank whose host code failed
-        if v.invariant == "kernel-completes" and v.path in failed_on:
-            for x in v.violations:
-                x.ranks, x.count = failed_on[v.path], len(failed_on[v.path])
-    placed = out["runtime_groups"]
-    return result, {"ranks": [
-        {"rank": first + r, **({"dcp_rank": placed[r]["dcp_rank"], "dcp_world": placed[r]["dcp_world"]} if r in placed
-                               else {"error": ranks[r].get("error", "no answer")})} for r in range(len(ranks))]}

@@ -358,6 +358,34 @@ def _merged_failure(fs: list[dict], first: int) -> dict:
             "ranks": [f["rank"] for f in fs]}
 
 
+def judge_group(s: Scenario, family: str, paths: list[str], profile: str | None, inputs: list, ranks: list[dict],
+                first: int) -> tuple[StackResult, dict]:
+    """One CP group (torchrun ranks ``first`` on): (StackResult, what the runtime's groups said)."""
+    world = first + len(ranks)
+    try:
+        out, got = merge_ranks(s, ranks, paths, first)
+    except RuntimeError as e:  # no rank answered, or the runtime's layout is not the scenario's
+        result = StackResult("(no answer)", [], {}, scenario=s, failures={
+            p: KernelFailure(p, 0, "exited", f"torchrun ranks {first}-{world - 1}: {e}",
+                             not_run=list(range(1, len(ranks)))) for p in paths})
+        return judge(result), {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]}
+    (job,) = jobs_from(out, got, [s], inputs, paths, family)
+    refuse_unjudged(job, paths, out["release"])
+    result = judge(StackResult(out["release"], out["patches"], job.steps, scenario=s, profile=job.profile,
+                               failures=job.failures, path_profiles=job.path_profiles,
+                               absent_paths=job.absent_paths, standing=job.standing),
+                   profile)
+    failed_on = {p: [first + r for r in f["ranks"]] for p, f in out["jobs"][0].get("failed", {}).items()}
+    for v in result.verdicts:  # every rank ran at once: the violation names each rank whose host code failed
+        if v.invariant == "kernel-completes" and v.path in failed_on:
+            for x in v.violations:
+                x.ranks, x.count = failed_on[v.path], len(failed_on[v.path])
+    placed = out["runtime_groups"]
+    return result, {"ranks": [
+        {"rank": first + r, **({"dcp_rank": placed[r]["dcp_rank"], "dcp_world": placed[r]["dcp_world"]} if r in placed
+                               else {"error": ranks[r].get("error", "no answer")})} for r in range(len(ranks))]}
+
+
 def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
           timeout: float = DEFAULT_TIMEOUT, source: str | None = None) -> StackResult:
     """One scenario; a scenario the release cannot express is a ConfigError (exit 2)."""
@@ -365,6 +393,14 @@ def drive(s: Scenario, family: str, paths: list[str], python: str | None = None,
     refuse_unjudged(job, paths, release)
     return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures,
                        path_profiles=job.path_profiles, absent_paths=job.absent_paths, standing=job.standing)
+
+
+def no_answer(s: Scenario, paths: list[str], why: str) -> StackResult:
+    """A driver that gave no answer (died, hung, printed anything but an answer): every path fails
+    ``kernel-completes`` with ``why`` on rank 0 (the others not run), judged like an answer so that
+    every requested report is written."""
+    return judge(StackResult("(no answer)", [], {}, scenario=s, failures={
+        p: KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
 
 
 def refuse_unjudged(job: Job, paths: list[str], release: str) -> None:
