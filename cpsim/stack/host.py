@@ -284,6 +284,80 @@ def jobs_from(out: dict, got: dict, scenarios: list[Scenario], inputs: list, pat
     return jobs
 
 
+def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
+          timeout: float = DEFAULT_TIMEOUT, source: str | None = None) -> StackResult:
+    """One scenario; a scenario the release cannot express is a ConfigError (exit 2)."""
+    release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout, source)
+    refuse_unjudged(job, paths, release)
+    return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures,
+                       path_profiles=job.path_profiles, absent_paths=job.absent_paths, standing=job.standing)
+
+
+def no_answer(s: Scenario, paths: list[str], why: str) -> StackResult:
+    """A driver that gave no answer (died, hung, printed anything but an answer): every path fails
+    ``kernel-completes`` with ``why`` on rank 0 (the others not run), judged like an answer so that
+    every requested report is written."""
+    return judge(StackResult("(no answer)", [], {}, scenario=s, failures={
+        p: KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
+
+
+def refuse_unjudged(job: Job, paths: list[str], release: str) -> None:
+    """A run judges every path it was asked for that the release has, or none (ConfigError, exit 2); a path
+    the release does not have is n/a, and asking only for such paths is exit 2 naming them."""
+    if job.unsupported:
+        raise ConfigError(*job.unsupported)
+    if job.unsupported_paths:
+        raise ConfigError(*next(iter(job.unsupported_paths.values())))
+    if job.absent_paths and len(job.absent_paths) == len(paths):
+        raise ConfigError("--paths", f"{', '.join(job.absent_paths)} not in {release}: "
+                                     f"{'; '.join(job.absent_paths.values())}")
+
+
+def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,
+          family: str) -> ExplicitStep:
+    ranks = []
+    num_reqs = len(arrays["query_start_loc"]) - 1
+    rows = arrays["rows"] if path == "v2" else np.arange(num_reqs, dtype=np.int64)
+    for r in range(s.cp.world):
+        tables = [got.get(f"{path}_r{r}_g{gi}_table") for gi in range(len(s.groups))]
+        ranks.append(RankBatch(arrays["positions"], arrays["query_start_loc"], rows, meta["num_tokens_padded"],
+                               [None if t is None else t.astype(np.int64) for t in tables],
+                               got[f"{path}_r{r}_slots"]))
+    return (ExplicitStep(path, s.cp, s.groups, tuple(entry_sizes), s.limits, ranks,
+                                 {"name": f"{s.name}@{family}"}))
+
+
+def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None,
+                failures: dict[str, KernelFailure] | None = None, path_profiles: dict[str, str] | None = None
+                ) -> tuple[Scenario | None, list[coordinator.Verdict]]:
+    """Every invariant on every path's step (the coordinator's checks, unchanged), by the release's
+    profile when the adapter names one (``path_profiles`` where a path's differs; else cpsim's model);
+    a path whose release code did not complete is kernel-completes failed on its rank, the rest of
+    that path not run."""
+    judged, out = None, []
+    for path, step in steps.items():
+        name = (path_profiles or {}).get(path, profile)
+        judged, _, verdicts = explicit.check(step, profile=profiles.get(name) if name else None)
+        out += verdicts
+    for path, failure in (failures or {}).items():
+        world = judged.cp.world if judged is not None else failure.rank + 1 + len(failure.not_run)
+        out += coordinator.kernel_failed(path, failure, world)
+    return judged, out
+
+
+def judge(result: StackResult, profile: str | None = None) -> StackResult:
+    """``profile``: an override (``--profile``); default the one the adapter named for the release."""
+    result.profile = profile or result.profile
+    per_path = {} if profile else result.path_profiles
+    judged, result.verdicts = judge_steps(result.steps, result.profile, result.failures, per_path)
+    result.scenario = judged or result.scenario
+    return result
+
+
+def universal_failures(verdicts) -> list[coordinator.Verdict]:
+    return [v for v in verdicts if v.status == "fail" and v.invariant in UNIVERSAL]
+
+
 # ---- under torchrun: one rank each, in the runtime's own groups ---------------------------------------
 
 def drive_rank(s: Scenario, family: str, paths: list[str], dist: dict, python: str | None = None,
@@ -384,77 +458,3 @@ def judge_group(s: Scenario, family: str, paths: list[str], profile: str | None,
     return result, {"ranks": [
         {"rank": first + r, **({"dcp_rank": placed[r]["dcp_rank"], "dcp_world": placed[r]["dcp_world"]} if r in placed
                                else {"error": ranks[r].get("error", "no answer")})} for r in range(len(ranks))]}
-
-
-def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
-          timeout: float = DEFAULT_TIMEOUT, source: str | None = None) -> StackResult:
-    """One scenario; a scenario the release cannot express is a ConfigError (exit 2)."""
-    release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout, source)
-    refuse_unjudged(job, paths, release)
-    return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures,
-                       path_profiles=job.path_profiles, absent_paths=job.absent_paths, standing=job.standing)
-
-
-def no_answer(s: Scenario, paths: list[str], why: str) -> StackResult:
-    """A driver that gave no answer (died, hung, printed anything but an answer): every path fails
-    ``kernel-completes`` with ``why`` on rank 0 (the others not run), judged like an answer so that
-    every requested report is written."""
-    return judge(StackResult("(no answer)", [], {}, scenario=s, failures={
-        p: KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
-
-
-def refuse_unjudged(job: Job, paths: list[str], release: str) -> None:
-    """A run judges every path it was asked for that the release has, or none (ConfigError, exit 2); a path
-    the release does not have is n/a, and asking only for such paths is exit 2 naming them."""
-    if job.unsupported:
-        raise ConfigError(*job.unsupported)
-    if job.unsupported_paths:
-        raise ConfigError(*next(iter(job.unsupported_paths.values())))
-    if job.absent_paths and len(job.absent_paths) == len(paths):
-        raise ConfigError("--paths", f"{', '.join(job.absent_paths)} not in {release}: "
-                                     f"{'; '.join(job.absent_paths.values())}")
-
-
-def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,
-          family: str) -> ExplicitStep:
-    ranks = []
-    num_reqs = len(arrays["query_start_loc"]) - 1
-    rows = arrays["rows"] if path == "v2" else np.arange(num_reqs, dtype=np.int64)
-    for r in range(s.cp.world):
-        tables = [got.get(f"{path}_r{r}_g{gi}_table") for gi in range(len(s.groups))]
-        ranks.append(RankBatch(arrays["positions"], arrays["query_start_loc"], rows, meta["num_tokens_padded"],
-                               [None if t is None else t.astype(np.int64) for t in tables],
-                               got[f"{path}_r{r}_slots"]))
-    return (ExplicitStep(path, s.cp, s.groups, tuple(entry_sizes), s.limits, ranks,
-                                 {"name": f"{s.name}@{family}"}))
-
-
-def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None,
-                failures: dict[str, KernelFailure] | None = None, path_profiles: dict[str, str] | None = None
-                ) -> tuple[Scenario | None, list[coordinator.Verdict]]:
-    """Every invariant on every path's step (the coordinator's checks, unchanged), by the release's
-    profile when the adapter names one (``path_profiles`` where a path's differs; else cpsim's model);
-    a path whose release code did not complete is kernel-completes failed on its rank, the rest of
-    that path not run."""
-    judged, out = None, []
-    for path, step in steps.items():
-        name = (path_profiles or {}).get(path, profile)
-        judged, _, verdicts = explicit.check(step, profile=profiles.get(name) if name else None)
-        out += verdicts
-    for path, failure in (failures or {}).items():
-        world = judged.cp.world if judged is not None else failure.rank + 1 + len(failure.not_run)
-        out += coordinator.kernel_failed(path, failure, world)
-    return judged, out
-
-
-def judge(result: StackResult, profile: str | None = None) -> StackResult:
-    """``profile``: an override (``--profile``); default the one the adapter named for the release."""
-    result.profile = profile or result.profile
-    per_path = {} if profile else result.path_profiles
-    judged, result.verdicts = judge_steps(result.steps, result.profile, result.failures, per_path)
-    result.scenario = judged or result.scenario
-    return result
-
-
-def universal_failures(verdicts) -> list[coordinator.Verdict]:
-    return [v for v in verdicts if v.status == "fail" and v.invariant in UNIVERSAL]
