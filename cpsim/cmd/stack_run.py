@@ -64,16 +64,16 @@ class StackRun:
 def main(args) -> int:
     """``cpsim run --stack FAMILY`` (the option picks this command, ``cmd.options``): the virtual world, or one
     CP rank per torchrun rank (:func:`main_torchrun`)."""
+    if launched_by_torchrun():
+        return main_torchrun(args)
     from cpsim.stack import host
     run = StackRun.from_args(args)
-    if launched_by_torchrun():
-        return main_torchrun(run)
     s = run.scenario
     try:  # the driver's start, the release's import and every answer: within --timeout together
         result = host.drive(s, run.family, run.paths, run.python, run.classes, run.timeout, run.source, run.profile)
     except RuntimeError as e:  # the release's code died, hung or answered nothing: never a pass
         Console().print(f"[bold red]FAIL[/bold red] {e}", highlight=False, soft_wrap=True)
-        result = host.no_answer(s, run.paths, str(e), s.cp.world)
+        result = host.no_answer(s, run.paths, str(e))
     return _report(run, result)
 
 
@@ -137,7 +137,7 @@ def _rendezvous() -> str:
     return f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}"
 
 
-def main_torchrun(run: StackRun) -> int:
+def main_torchrun(args) -> int:
     """One CP rank per torchrun rank: each rank's driver child joins the runtime's own process groups
     (:mod:`cpsim.stack.runtime_groups`: TP = the world, DCP = the scenario's) and drives the host
     objects of the DCP rank they give it; the ranks all-gather what came back and rank 0 judges each
@@ -150,6 +150,7 @@ def main_torchrun(run: StackRun) -> int:
     from cpsim.run.dist import Env, select_device
     from cpsim.stack import host
 
+    run = StackRun.from_args(args)
     s, paths = run.scenario, run.paths
     env = Env.from_environ()
     torchrun_world(s.cp.world, f"the scenario (DCP {s.cp.dcp} x PCP {s.cp.pcp})", "--dcp/--pcp")
@@ -181,9 +182,8 @@ def _judge_world(run: StackRun, ranks: list[dict]) -> int:
     from rich.markup import escape
 
     from cpsim.stack import host
-    s = run.scenario
     try:
-        groups = host.judge_ranks(s, run.family, run.paths, run.classes, run.source, run.profile, ranks)
+        groups = host.judge_ranks(run.scenario, run.family, run.paths, run.classes, run.source, run.profile, ranks)
     except ConfigError as e:
         Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
@@ -213,5 +213,4 @@ def _write_groups(run: StackRun, groups: list[tuple], passed: bool) -> None:
                           for result, torchrun in groups]})),
         ("--junit", files.junit, lambda: write_junit(files.junit, [(s, v, label) for label, s, v in items])),
         ("--html", files.html, lambda: write_html_many(files.html, f"--stack {run.family} host classes on torchrun "
-                                                                   f"world {world}",
-                                                       items, extra={"stack": stack}))])
+                                                                   f"world {world}", items, extra={"stack": stack}))])

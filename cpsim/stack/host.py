@@ -288,10 +288,10 @@ def drive(s: Scenario, family: str, paths: list[str], python: str | None = None,
     release cannot express is a ConfigError (exit 2), a driver that gave no answer a RuntimeError."""
     top, arrays, inputs = request([s], family, paths, classes, source, None)
     out, got = call_driver(top, arrays, family, python, timeout)
-    return judged(out, got, s, inputs, paths, family, profile)
+    return _judge_answer(out, got, s, inputs, paths, family, profile)
 
 
-def judged(out: dict, got: dict, s: Scenario, inputs: list, paths: list[str], family: str,
+def _judge_answer(out: dict, got: dict, s: Scenario, inputs: list, paths: list[str], family: str,
            profile: str | None) -> StackResult:
     """One scenario's driver answer judged, on every path asked for that the release has
     (:func:`refuse_unjudged`), then the release's contract read (:func:`standing`)."""
@@ -304,12 +304,12 @@ def judged(out: dict, got: dict, s: Scenario, inputs: list, paths: list[str], fa
     return result
 
 
-def no_answer(s: Scenario, paths: list[str], why: str, world: int) -> StackResult:
-    """A driver that gave no answer (died, hung, printed anything but an answer): every path fails
-    ``kernel-completes`` with ``why`` on rank 0 (ranks 1 to ``world`` - 1 not run), judged like an answer
-    so that every requested report is written."""
+def no_answer(s: Scenario, paths: list[str], why: str) -> StackResult:
+    """A driver that gave no answer (died, hung, printed anything but an answer), or a CP group none of whose
+    torchrun ranks did: every path fails ``kernel-completes`` with ``why`` on rank 0 (the others not run),
+    judged like an answer so that every requested report is written."""
     return judge(StackResult("(no answer)", [], {}, scenario=s, failures={
-        p: KernelFailure(p, 0, "exited", why, not_run=list(range(1, world))) for p in paths}))
+        p: KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
 
 
 def refuse_unjudged(job: Job, paths: list[str], release: str) -> None:
@@ -464,9 +464,9 @@ def _judge_group(s: Scenario, family: str, paths: list[str], profile: str | None
     try:
         out, got = merge_ranks(s, ranks, paths, first)
     except RuntimeError as e:  # no rank answered, or the runtime's layout is not the scenario's
-        return (no_answer(s, paths, f"torchrun ranks {first}-{world - 1}: {e}", len(ranks)),
+        return (no_answer(s, paths, f"torchrun ranks {first}-{world - 1}: {e}"),
                 {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]})
-    result = judged(out, got, s, inputs, paths, family, profile)
+    result = _judge_answer(out, got, s, inputs, paths, family, profile)
     failed_on = {p: [first + r for r in f["ranks"]] for p, f in out["jobs"][0].get("failed", {}).items()}
     for v in result.verdicts:  # every rank ran at once: the violation names each rank whose host code failed
         if v.invariant == "kernel-completes" and v.path in failed_on:
