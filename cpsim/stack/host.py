@@ -292,7 +292,7 @@ def drive(s: Scenario, family: str, paths: list[str], python: str | None = None,
 
 
 def _judge_answer(out: dict, got: dict, s: Scenario, inputs: list, paths: list[str], family: str,
-           profile: str | None) -> StackResult:
+                  profile: str | None) -> StackResult:
     """One scenario's driver answer judged, on every path asked for that the release has
     (:func:`refuse_unjudged`), then the release's contract read (:func:`standing`)."""
     (job,) = jobs_from(out, got, [s], inputs, paths, family)
