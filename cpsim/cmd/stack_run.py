@@ -117,7 +117,8 @@ def _report(run: StackRun, result, torchrun: dict | None = None, write_reports: 
 
 
 def contract_json(result) -> dict:
-    """The --json's word on the same (docs/REPORT_SCHEMA.md ``stack.contract``, ``stack.absent_paths``)."""
+    """The --json's word on the release's contract: the paths not in it, whose contract judged it
+    (docs/REPORT_SCHEMA.md ``stack.absent_paths``, ``stack.contract``)."""
     out: dict = {"absent_paths": dict(result.absent_paths)}
     if result.standing is not None:
         out["contract"] = result.standing.to_dict()
