@@ -30,15 +30,6 @@ STACK_PATHS = ("v1", "v2")
 NO_PICTURE = "no picture: the release's host classes are judged on the slot mappings they computed, not drawn"
 
 
-def _paths(args) -> list[str]:
-    paths = ["v1", "v2"] if isinstance(args.paths, DefaultPaths) else parse_paths(args.paths)
-    bad = [p for p in paths if p not in STACK_PATHS]
-    if bad:
-        raise ConfigError("--paths", f"with --stack the paths are the runtime's host classes: "
-                                     f"{', '.join(STACK_PATHS)} (got {', '.join(bad)})")
-    return paths
-
-
 @dataclasses.dataclass(frozen=True)
 class StackRun:
     """What ``cpsim run --stack`` drives and reports, read once from its options: the scenario, the host
@@ -58,55 +49,54 @@ class StackRun:
 
     @classmethod
     def from_args(cls, args) -> "StackRun":
-        return cls(scenario_from_args(args), _paths(args), args.stack, args.stack_python, args.stack_classes,
-                   args.stack_source, args.timeout, getattr(args, "profile", None), ReportFiles.from_args(args),
-                   args.device, bool(getattr(args, "oversubscribe", False)), kernel_runner(args))
+        s = scenario_from_args(args)
+        files = ReportFiles.from_args(args)
+        paths = list(STACK_PATHS) if isinstance(args.paths, DefaultPaths) else parse_paths(args.paths)
+        bad = [p for p in paths if p not in STACK_PATHS]
+        if bad:
+            raise ConfigError("--paths", f"with --stack the paths are the runtime's host classes: "
+                                         f"{', '.join(STACK_PATHS)} (got {', '.join(bad)})")
+        return cls(s, paths, args.stack, args.stack_python, args.stack_classes, args.stack_source, args.timeout,
+                   getattr(args, "profile", None), files, args.device, bool(getattr(args, "oversubscribe", False)),
+                   kernel_runner(args))
 
 
 def main(args) -> int:
     """``cpsim run --stack FAMILY`` (the option picks this command, ``cmd.options``): the virtual world, or one
-    CP rank per torchrun rank."""
-    return main_stack_torchrun(args) if launched_by_torchrun() else main_stack(args)
-
-
-def main_stack(args) -> int:
+    CP rank per torchrun rank (:func:`main_torchrun`)."""
+    if launched_by_torchrun():
+        return main_torchrun(args)
     from cpsim.stack import host
     run = StackRun.from_args(args)
-    s, paths = run.scenario, run.paths
+    s = run.scenario
     try:  # the driver's start, the release's import and every answer: within --timeout together
-        result = host.judge(host.drive(s, run.family, paths, run.python, run.classes, run.timeout, run.source),
-                            run.profile)
+        result = host.drive(s, run.family, run.paths, run.python, run.classes, run.timeout, run.source, run.profile)
     except RuntimeError as e:  # the release's code died, hung or answered nothing: never a pass
         Console().print(f"[bold red]FAIL[/bold red] {e}", highlight=False, soft_wrap=True)
-        result = no_answer(s, paths, str(e))
+        result = host.no_answer(s, run.paths, str(e))
     return _report(run, result)
-
-
-def no_answer(s, paths: list[str], why: str):
-    """A driver that gave no answer (died, hung, printed anything but an answer): every path fails
-    ``kernel-completes`` with ``why`` on rank 0 (the others not run), judged like an answer so that
-    every requested report is written."""
-    from cpsim.stack import host
-    return host.judge(host.StackResult("(no answer)", [], {}, scenario=s, failures={
-        p: host.KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
 
 
 def _report(run: StackRun, result, torchrun: dict | None = None, write_reports: bool = True) -> int:
     """The verdicts, the release, its profile and patches (under torchrun also where each rank sat in
-    the runtime's groups); the --json / --junit / --html files, on every ending that has verdicts."""
+    the runtime's groups); the --json / --junit / --html files, on every ending that has verdicts. The exit
+    code: 1 on a violation; else UNREAD_CHANGES_EXIT when the release was judged with the nearest listed
+    release's contract and its contract files changed (docs/RUNNING.md); else 0."""
     console = Console()
-    verdicts = result.verdicts
-    if run.report.quiet:
-        console.print("pass" if coordinator.passed(verdicts) else "FAIL")
-        if result.standing is not None and result.standing.unread:
-            console.print(f"contract: {result.standing.line()}", highlight=False, soft_wrap=True)
-    else:
+    verdicts, held = result.verdicts, result.standing
+    stack = {"release": result.release, "profile": result.profile or "cpsim", "patches": result.patches,
+             **contract_json(result), **({"torchrun": torchrun} if torchrun else {})}
+    if not run.report.quiet:
         ranks = [r["rank"] for r in torchrun["ranks"]] if torchrun else []
         where = (f"torchrun ranks {ranks[0]}-{ranks[-1]}, the runtime's own groups" if torchrun else "virtual world")
         report.print_report(console, result.scenario, verdicts,
                             title=f"{run.scenario.name} on {result.release} host classes ({where})")
-        for line in contract_lines(result):
-            console.print(line, highlight=False, soft_wrap=True)
+        # the release's contract: each path not in the release (n/a), and for a release cpsim's table does
+        # not list, whose contract judged it and whether its files are the same
+        for p, why in result.absent_paths.items():
+            console.print(f"{p}: not in this release (n/a): {why}", highlight=False, soft_wrap=True)
+        if held is not None and not held.listed:
+            console.print(f"contract: {held.line()}", highlight=False, soft_wrap=True)
         console.print(f"stack: {result.release}; profile: {result.profile or 'cpsim'}; patches:", highlight=False)
         for line in result.patches:
             console.print(f"  - {line}", highlight=False, soft_wrap=True)
@@ -115,38 +105,24 @@ def _report(run: StackRun, result, torchrun: dict | None = None, write_reports: 
                                                 f"{r['dcp_world']}" if "dcp_rank" in r else
                                                 f"torchrun rank {r['rank']}: {r['error']}" for r in torchrun["ranks"]),
                           highlight=False, soft_wrap=True)
+    else:
+        console.print("pass" if coordinator.passed(verdicts) else "FAIL")
+        if held is not None and held.unread:
+            console.print(f"contract: {held.line()}", highlight=False, soft_wrap=True)
     if write_reports:
-        stack = {"release": result.release, "profile": result.profile or "cpsim", "patches": result.patches,
-                 **contract_json(result)}
-        if torchrun:
-            stack["torchrun"] = torchrun
         run.report.write(result.scenario, verdicts, {"stack": stack}, picture_note=NO_PICTURE)
-    return exit_status(result)
-
-
-def contract_lines(result) -> list[str]:
-    """What the terminal says of the release's contract: each path not in the release (n/a), and for a
-    release cpsim's table does not list, whose contract judged it and whether its files are the same."""
-    out = [f"{p}: not in this release (n/a): {why}" for p, why in result.absent_paths.items()]
-    if result.standing is not None and not result.standing.listed:
-        out.append(f"contract: {result.standing.line()}")
-    return out
+    if not coordinator.passed(verdicts):
+        return 1
+    return releases.UNREAD_CHANGES_EXIT if held is not None and held.unread else 0
 
 
 def contract_json(result) -> dict:
-    """The --json's word on the same (docs/REPORT_SCHEMA.md ``stack.contract``, ``stack.absent_paths``)."""
+    """The --json's word on the release's contract: the paths not in it, whose contract judged it
+    (docs/REPORT_SCHEMA.md ``stack.absent_paths``, ``stack.contract``)."""
     out: dict = {"absent_paths": dict(result.absent_paths)}
     if result.standing is not None:
         out["contract"] = result.standing.to_dict()
     return out
-
-
-def exit_status(result) -> int:
-    """1 on a violation; else UNREAD_CHANGES_EXIT when the release was judged with the nearest listed
-    release's contract and its contract files changed (docs/RUNNING.md); else 0."""
-    if not coordinator.passed(result.verdicts):
-        return 1
-    return releases.UNREAD_CHANGES_EXIT if result.standing is not None and result.standing.unread else 0
 
 
 # ---- under torchrun -----------------------------------------------------------------------
@@ -162,7 +138,7 @@ def _rendezvous() -> str:
     return f"tcp://{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{port}"
 
 
-def main_stack_torchrun(args) -> int:
+def main_torchrun(args) -> int:
     """One CP rank per torchrun rank: each rank's driver child joins the runtime's own process groups
     (:mod:`cpsim.stack.runtime_groups`: TP = the world, DCP = the scenario's) and drives the host
     objects of the DCP rank they give it; the ranks all-gather what came back and rank 0 judges each
@@ -207,31 +183,27 @@ def _judge_world(run: StackRun, ranks: list[dict]) -> int:
     from rich.markup import escape
 
     from cpsim.stack import host
-    s = run.scenario
     try:
-        refused = [x["refused"] for x in ranks if "refused" in x]
-        if refused:
-            raise ConfigError(*refused[0])
-        _, _, inputs = host.request([s], run.family, run.paths, run.classes, run.source, None)
-        n = s.cp.world
-        groups = [_judge_group(run, inputs, ranks[first: first + n], first) for first in range(0, len(ranks), n)]
+        groups = host.judge_ranks(run.scenario, run.family, run.paths, run.classes, run.source, run.profile, ranks)
     except ConfigError as e:
         Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
     if len(groups) == 1:
         return _report(run, groups[0][0], groups[0][1])
     codes = [_report(run, result, torchrun, write_reports=False) for result, torchrun in groups]
-    stack = {"release": groups[0][0].release, "profile": groups[0][0].profile or "cpsim",
-             "patches": groups[0][0].patches, "torchrun_world": len(ranks), **contract_json(groups[0][0])}
-    _write_groups(run, groups, stack, not any(c == 1 for c in codes))
+    _write_groups(run, groups, not any(c == 1 for c in codes))
     bad = sum(1 for c in codes if c == 1)
     Console().print(f"[bold red]{bad} of {len(groups)} CP group(s) fail[/bold red]" if bad else
                     f"[bold green]all {len(groups)} CP group(s) pass[/bold green]")
     return 1 if bad else max(codes)
 
 
-def _write_groups(run: StackRun, groups: list[tuple], stack: dict, passed: bool) -> None:
+def _write_groups(run: StackRun, groups: list[tuple], passed: bool) -> None:
     """Several CP groups: one --json holding each group's report, one JUnit suite and one page of them all."""
+    world = sum(len(t["ranks"]) for _, t in groups)
+    first = groups[0][0]
+    stack = {"release": first.release, "profile": first.profile or "cpsim", "patches": first.patches,
+             "torchrun_world": world, **contract_json(first)}
     items = [(f"CP group {i} (torchrun ranks {t['ranks'][0]['rank']}-{t['ranks'][-1]['rank']})", result.scenario,
               result.verdicts) for i, (result, t) in enumerate(groups)]
     files = run.report
@@ -242,34 +214,4 @@ def _write_groups(run: StackRun, groups: list[tuple], stack: dict, passed: bool)
                           for result, torchrun in groups]})),
         ("--junit", files.junit, lambda: write_junit(files.junit, [(s, v, label) for label, s, v in items])),
         ("--html", files.html, lambda: write_html_many(files.html, f"--stack {run.family} host classes on torchrun "
-                                                                   f"world {sum(len(t['ranks']) for _, t in groups)}",
-                                                       items, extra={"stack": stack}))])
-
-
-def _judge_group(run: StackRun, inputs: list, ranks: list[dict], first: int):
-    """One CP group (torchrun ranks ``first`` on): (StackResult, what the runtime's groups said)."""
-    from cpsim.stack import host
-    s, paths = run.scenario, run.paths
-    world = first + len(ranks)
-    try:
-        out, got = host.merge_ranks(s, ranks, paths, first)
-    except RuntimeError as e:  # no rank answered, or the runtime's layout is not the scenario's
-        result = host.StackResult("(no answer)", [], {}, scenario=s, failures={
-            p: host.KernelFailure(p, 0, "exited", f"torchrun ranks {first}-{world - 1}: {e}",
-                                  not_run=list(range(1, len(ranks)))) for p in paths})
-        return host.judge(result), {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]}
-    (job,) = host.jobs_from(out, got, [s], inputs, paths, run.family)
-    host.refuse_unjudged(job, paths, out["release"])
-    result = host.judge(host.StackResult(out["release"], out["patches"], job.steps, scenario=s, profile=job.profile,
-                                         failures=job.failures, path_profiles=job.path_profiles,
-                                         absent_paths=job.absent_paths, standing=job.standing),
-                        run.profile)
-    failed_on = {p: [first + r for r in f["ranks"]] for p, f in out["jobs"][0].get("failed", {}).items()}
-    for v in result.verdicts:  # every rank ran at once: the violation names each rank whose host code failed
-        if v.invariant == "kernel-completes" and v.path in failed_on:
-            for x in v.violations:
-                x.ranks, x.count = failed_on[v.path], len(failed_on[v.path])
-    placed = out["runtime_groups"]
-    return result, {"ranks": [
-        {"rank": first + r, **({"dcp_rank": placed[r]["dcp_rank"], "dcp_world": placed[r]["dcp_world"]} if r in placed
-                               else {"error": ranks[r].get("error", "no answer")})} for r in range(len(ranks))]}
+                                                                   f"world {world}", items, extra={"stack": stack}))])

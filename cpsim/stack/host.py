@@ -122,7 +122,6 @@ class Job:
     path_profiles: dict[str, str] = field(default_factory=dict)
     unsupported_paths: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (field, rule)
     absent_paths: dict[str, str] = field(default_factory=dict)  # path -> why it is not in this release
-    standing: releases.Standing | None = None
     launches: dict[str, list] = field(default_factory=dict)  # "{path}_r{rank}" -> recorded launches (conformance)
 
     def profile_of(self, path: str) -> str | None:
@@ -260,12 +259,11 @@ def jobs_from(out: dict, got: dict, scenarios: list[Scenario], inputs: list, pat
     if len(out.get("jobs", [])) != len(scenarios):
         raise RuntimeError(f"the stack driver ({family}) answered {len(out.get('jobs', []))} of {len(scenarios)} jobs")
     jobs = []
-    held = standing(out, family)
     for k, (s, (meta, arr), answer) in enumerate(zip(scenarios, inputs, out["jobs"])):
         gone = {p: str(why) for p, why in answer.get("absent_paths", {}).items() if p in paths}
         if "unsupported" in answer:
             jobs.append(Job(s, unsupported=(answer["unsupported"]["field"], answer["unsupported"]["rule"]),
-                            absent_paths=gone, standing=held))
+                            absent_paths=gone))
             continue
         mine = {n[len(f"j{k}/"):]: a for n, a in got.items() if n.startswith(f"j{k}/")}
         # virtual world: the ranks after the failed one were not run; under torchrun ("ranks": every
@@ -280,8 +278,95 @@ def jobs_from(out: dict, got: dict, scenarios: list[Scenario], inputs: list, pat
         launches = {n[: -len("_launches")]: recording_kernel.from_bytes(a) for n, a in mine.items() if n.endswith("_launches")}
         jobs.append(Job(s, steps, profile=answer.get("profile"), failures=failed,
                         path_profiles=answer.get("path_profiles", {}), unsupported_paths=refused,
-                        absent_paths=gone, standing=held, launches=launches))
+                        absent_paths=gone, launches=launches))
     return jobs
+
+
+def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
+          timeout: float = DEFAULT_TIMEOUT, source: str | None = None, profile: str | None = None) -> StackResult:
+    """One scenario driven and judged (``profile``: ``--profile``, else the release's own); a scenario the
+    release cannot express is a ConfigError (exit 2), a driver that gave no answer a RuntimeError."""
+    top, arrays, inputs = request([s], family, paths, classes, source, None)
+    out, got = call_driver(top, arrays, family, python, timeout)
+    return _judge_answer(out, got, s, inputs, paths, family, profile)
+
+
+def _judge_answer(out: dict, got: dict, s: Scenario, inputs: list, paths: list[str], family: str,
+                  profile: str | None) -> StackResult:
+    """One scenario's driver answer judged, on every path asked for that the release has
+    (:func:`refuse_unjudged`), then the release's contract read (:func:`standing`)."""
+    (job,) = jobs_from(out, got, [s], inputs, paths, family)
+    refuse_unjudged(job, paths, out["release"])
+    result = judge(StackResult(out["release"], out["patches"], job.steps, scenario=s, profile=job.profile,
+                               failures=job.failures, path_profiles=job.path_profiles,
+                               absent_paths=job.absent_paths), profile)
+    result.standing = standing(out, family)
+    return result
+
+
+def no_answer(s: Scenario, paths: list[str], why: str) -> StackResult:
+    """A driver that gave no answer (died, hung, printed anything but an answer), or a CP group none of whose
+    torchrun ranks did: every path fails ``kernel-completes`` with ``why`` on rank 0 (the others not run),
+    judged like an answer so that every requested report is written."""
+    return judge(StackResult("(no answer)", [], {}, scenario=s, failures={
+        p: KernelFailure(p, 0, "exited", why, not_run=list(range(1, s.cp.world))) for p in paths}))
+
+
+def refuse_unjudged(job: Job, paths: list[str], release: str) -> None:
+    """A run judges every path it was asked for that the release has, or none (ConfigError, exit 2); a path
+    the release does not have is n/a, and asking only for such paths is exit 2 naming them."""
+    if job.unsupported:
+        raise ConfigError(*job.unsupported)
+    if job.unsupported_paths:
+        raise ConfigError(*next(iter(job.unsupported_paths.values())))
+    if job.absent_paths and len(job.absent_paths) == len(paths):
+        raise ConfigError("--paths", f"{', '.join(job.absent_paths)} not in {release}: "
+                                     f"{'; '.join(job.absent_paths.values())}")
+
+
+def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,
+          family: str) -> ExplicitStep:
+    ranks = []
+    num_reqs = len(arrays["query_start_loc"]) - 1
+    rows = arrays["rows"] if path == "v2" else np.arange(num_reqs, dtype=np.int64)
+    for r in range(s.cp.world):
+        tables = [got.get(f"{path}_r{r}_g{gi}_table") for gi in range(len(s.groups))]
+        ranks.append(RankBatch(arrays["positions"], arrays["query_start_loc"], rows, meta["num_tokens_padded"],
+                               [None if t is None else t.astype(np.int64) for t in tables],
+                               got[f"{path}_r{r}_slots"]))
+    return (ExplicitStep(path, s.cp, s.groups, tuple(entry_sizes), s.limits, ranks,
+                                 {"name": f"{s.name}@{family}"}))
+
+
+def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None,
+                failures: dict[str, KernelFailure] | None = None, path_profiles: dict[str, str] | None = None
+                ) -> tuple[Scenario | None, list[coordinator.Verdict]]:
+    """Every invariant on every path's step (the coordinator's checks, unchanged), by the release's
+    profile when the adapter names one (``path_profiles`` where a path's differs; else cpsim's model);
+    a path whose release code did not complete is kernel-completes failed on its rank, the rest of
+    that path not run."""
+    judged, out = None, []
+    for path, step in steps.items():
+        name = (path_profiles or {}).get(path, profile)
+        judged, _, verdicts = explicit.check(step, profile=profiles.get(name) if name else None)
+        out += verdicts
+    for path, failure in (failures or {}).items():
+        world = judged.cp.world if judged is not None else failure.rank + 1 + len(failure.not_run)
+        out += coordinator.kernel_failed(path, failure, world)
+    return judged, out
+
+
+def judge(result: StackResult, profile: str | None = None) -> StackResult:
+    """``profile``: an override (``--profile``); default the one the adapter named for the release."""
+    result.profile = profile or result.profile
+    per_path = {} if profile else result.path_profiles
+    judged, result.verdicts = judge_steps(result.steps, result.profile, result.failures, per_path)
+    result.scenario = judged or result.scenario
+    return result
+
+
+def universal_failures(verdicts) -> list[coordinator.Verdict]:
+    return [v for v in verdicts if v.status == "fail" and v.invariant in UNIVERSAL]
 
 
 # ---- under torchrun: one rank each, in the runtime's own groups ---------------------------------------
@@ -358,67 +443,36 @@ def _merged_failure(fs: list[dict], first: int) -> dict:
             "ranks": [f["rank"] for f in fs]}
 
 
-def drive(s: Scenario, family: str, paths: list[str], python: str | None = None, classes: str | None = None,
-          timeout: float = DEFAULT_TIMEOUT, source: str | None = None) -> StackResult:
-    """One scenario; a scenario the release cannot express is a ConfigError (exit 2)."""
-    release, patches, (job,) = drive_many([s], family, paths, python, classes, timeout, source)
-    refuse_unjudged(job, paths, release)
-    return StackResult(release, patches, job.steps, scenario=s, profile=job.profile, failures=job.failures,
-                       path_profiles=job.path_profiles, absent_paths=job.absent_paths, standing=job.standing)
+def judge_ranks(s: Scenario, family: str, paths: list[str], classes: str | None, source: str | None,
+                profile: str | None, ranks: list[dict]) -> list[tuple[StackResult, dict]]:
+    """Rank 0: the ranks' :func:`drive_rank` answers judged, one CP group of ``s.cp.world`` consecutive
+    ranks at a time, as the virtual world's one scenario is: (StackResult, where each rank sat in the
+    runtime's groups) per group. A rank that refused the scenario is a ConfigError (exit 2)."""
+    refused = [x["refused"] for x in ranks if "refused" in x]
+    if refused:
+        raise ConfigError(*refused[0])
+    _, _, inputs = request([s], family, paths, classes, source, None)
+    n = s.cp.world
+    return [_judge_group(s, family, paths, profile, inputs, ranks[first: first + n], first)
+            for first in range(0, len(ranks), n)]
 
 
-def refuse_unjudged(job: Job, paths: list[str], release: str) -> None:
-    """A run judges every path it was asked for that the release has, or none (ConfigError, exit 2); a path
-    the release does not have is n/a, and asking only for such paths is exit 2 naming them."""
-    if job.unsupported:
-        raise ConfigError(*job.unsupported)
-    if job.unsupported_paths:
-        raise ConfigError(*next(iter(job.unsupported_paths.values())))
-    if job.absent_paths and len(job.absent_paths) == len(paths):
-        raise ConfigError("--paths", f"{', '.join(job.absent_paths)} not in {release}: "
-                                     f"{'; '.join(job.absent_paths.values())}")
-
-
-def _step(s: Scenario, meta: dict, arrays: dict, got: dict, entry_sizes: list[int], path: str,
-          family: str) -> ExplicitStep:
-    ranks = []
-    num_reqs = len(arrays["query_start_loc"]) - 1
-    rows = arrays["rows"] if path == "v2" else np.arange(num_reqs, dtype=np.int64)
-    for r in range(s.cp.world):
-        tables = [got.get(f"{path}_r{r}_g{gi}_table") for gi in range(len(s.groups))]
-        ranks.append(RankBatch(arrays["positions"], arrays["query_start_loc"], rows, meta["num_tokens_padded"],
-                               [None if t is None else t.astype(np.int64) for t in tables],
-                               got[f"{path}_r{r}_slots"]))
-    return (ExplicitStep(path, s.cp, s.groups, tuple(entry_sizes), s.limits, ranks,
-                                 {"name": f"{s.name}@{family}"}))
-
-
-def judge_steps(steps: dict[str, ExplicitStep], profile: str | None = None,
-                failures: dict[str, KernelFailure] | None = None, path_profiles: dict[str, str] | None = None
-                ) -> tuple[Scenario | None, list[coordinator.Verdict]]:
-    """Every invariant on every path's step (the coordinator's checks, unchanged), by the release's
-    profile when the adapter names one (``path_profiles`` where a path's differs; else cpsim's model);
-    a path whose release code did not complete is kernel-completes failed on its rank, the rest of
-    that path not run."""
-    judged, out = None, []
-    for path, step in steps.items():
-        name = (path_profiles or {}).get(path, profile)
-        judged, _, verdicts = explicit.check(step, profile=profiles.get(name) if name else None)
-        out += verdicts
-    for path, failure in (failures or {}).items():
-        world = judged.cp.world if judged is not None else failure.rank + 1 + len(failure.not_run)
-        out += coordinator.kernel_failed(path, failure, world)
-    return judged, out
-
-
-def judge(result: StackResult, profile: str | None = None) -> StackResult:
-    """``profile``: an override (``--profile``); default the one the adapter named for the release."""
-    result.profile = profile or result.profile
-    per_path = {} if profile else result.path_profiles
-    judged, result.verdicts = judge_steps(result.steps, result.profile, result.failures, per_path)
-    result.scenario = judged or result.scenario
-    return result
-
-
-def universal_failures(verdicts) -> list[coordinator.Verdict]:
-    return [v for v in verdicts if v.status == "fail" and v.invariant in UNIVERSAL]
+def _judge_group(s: Scenario, family: str, paths: list[str], profile: str | None, inputs: list, ranks: list[dict],
+                 first: int) -> tuple[StackResult, dict]:
+    """One CP group (torchrun ranks ``first`` on): (StackResult, what the runtime's groups said)."""
+    world = first + len(ranks)
+    try:
+        out, got = merge_ranks(s, ranks, paths, first)
+    except RuntimeError as e:  # no rank answered, or the runtime's layout is not the scenario's
+        return (no_answer(s, paths, f"torchrun ranks {first}-{world - 1}: {e}"),
+                {"ranks": [{"rank": r, "error": str(e)} for r in range(first, world)]})
+    result = _judge_answer(out, got, s, inputs, paths, family, profile)
+    failed_on = {p: [first + r for r in f["ranks"]] for p, f in out["jobs"][0].get("failed", {}).items()}
+    for v in result.verdicts:  # every rank ran at once: the violation names each rank whose host code failed
+        if v.invariant == "kernel-completes" and v.path in failed_on:
+            for x in v.violations:
+                x.ranks, x.count = failed_on[v.path], len(failed_on[v.path])
+    placed = out["runtime_groups"]
+    return result, {"ranks": [
+        {"rank": first + r, **({"dcp_rank": placed[r]["dcp_rank"], "dcp_world": placed[r]["dcp_world"]} if r in placed
+                               else {"error": ranks[r].get("error", "no answer")})} for r in range(len(ranks))]}
