@@ -161,3 +161,22 @@ def test_planned_packages_fit_their_layers(tmp_path):
     (root / "cpsim" / "stack" / "__init__.py").write_text("from cpsim.fuzz import space\n")  # siblings stay apart
     r = lint_imports(root)
     assert r.returncode == 1 and "cpsim.stack -> cpsim.fuzz" in r.stdout, r.stdout + r.stderr
+
+
+MAX_MODULE_LINES = 500  # a module holds one role (docs/ARCHITECTURE.md)
+
+
+def modules_over(root: Path, limit: int = MAX_MODULE_LINES) -> list[str]:
+    return [f"{p.relative_to(root)}: {n} lines" for p in sorted(root.rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > limit]
+
+
+def test_no_module_is_over_500_lines():
+    assert modules_over(ROOT / "cpsim") == []
+
+
+def test_a_module_over_500_lines_is_named(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "small.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "pkg" / "big.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert modules_over(tmp_path) == [f"pkg/big.py: {MAX_MODULE_LINES + 1} lines"]
