@@ -23,7 +23,7 @@ from cpsim.report.outputs import ReportFiles
 from cpsim.run.torchrun_env import launched_by_torchrun
 from cpsim.scenario import Scenario
 from cpsim.validate import write_outputs
-from cpsim.cmd.torchrun_job import stop_writer
+from cpsim.cmd.torchrun_job import rank0_writer
 
 # v1: the release's per-group BlockTable (MultiGroupBlockTable); v2: its MRV2 BlockTables.
 STACK_PATHS = ("v1", "v2")
@@ -171,7 +171,7 @@ def main_torchrun(args) -> int:
         code = _judge_world(run, ranks) if comm.rank == 0 else 0
     except BaseException as e:  # noqa: BLE001  (Comm.fail reports it to the peers and exits)
         title = f"{s.name} on --stack {run.family} host classes, torchrun world {env.world}"
-        comm.fail(e, lambda message, named: stop_writer(run.report, title, {}, 1)([], [], message, named))
+        comm.fail(e, lambda message, named: rank0_writer(run.report, title, {}, 1)([], [], message, named))
     try:
         comm.finish(code)
     except BaseException as e:  # noqa: BLE001

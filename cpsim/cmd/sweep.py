@@ -43,7 +43,7 @@ from cpsim.paths import PATHS, Knobs
 from cpsim.validate import load_scenario, load_sweep_config, write_outputs
 from cpsim.run.host_sizer import SizingFailure
 from cpsim.cmd.inputs import kernel_runner, subjects_for, show_profile
-from cpsim.cmd.torchrun_job import stop_writer
+from cpsim.cmd.torchrun_job import rank0_writer
 from cpsim.report.outputs import ReportFiles
 from cpsim.report.progress import columns
 
@@ -210,7 +210,7 @@ def main(args) -> int:
     def report_(results, infos) -> int:
         return finish(console, args, results, skipped, infos, world, kernels, prof)
 
-    stopped = stop_writer(ReportFiles.from_args(args), f"sweep on {world} ranks", subjects_for(kernels or {}, matrix["paths"]), len(entries),
+    stopped = rank0_writer(ReportFiles.from_args(args), f"sweep on {world} ranks", subjects_for(kernels or {}, matrix["paths"]), len(entries),
                           {"mode": "sweep-torchrun", "skipped": skipped})
     return execute(args, entries, report_, progress=progress.advance if progress else None, stopped=stopped,
                    runner=kernel_runner(args))

@@ -36,7 +36,7 @@ def execute_torchrun(args, entry, judged: Judged, files: ReportFiles, runner, su
     if held:
         extra = {**(extra or {}), "contracts": {p: st.to_dict() for p, st in held.items()}}
 
-    write = stop_writer(files, f"{entry.label} on torchrun world {world}", subjects, 1, extra)
+    write = rank0_writer(files, f"{entry.label} on torchrun world {world}", subjects, 1, extra)
 
     def report_(results, infos) -> int:
         console = terminal.console()
@@ -61,7 +61,7 @@ def execute_torchrun(args, entry, judged: Judged, files: ReportFiles, runner, su
     return execute(args, [entry], report_, stopped=write, runner=runner)
 
 
-def stop_writer(files: ReportFiles, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:
+def rank0_writer(files: ReportFiles, title: str, subjects: dict, planned: int, extra: dict | None = None) -> Callable:
     """What rank 0 writes at the end of a torchrun job, ``write(results, infos)``: the --json / --junit / --html
     files the command has, each that can be written even when another fails (False: one could not be). When
     the job stopped early, ``write(results, infos, message, ranks)`` (``distrun.execute``'s ``stopped``): the
