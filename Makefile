@@ -10,7 +10,9 @@ TRITON ?= triton==3.6.0
 # Triton's CPU interpreter (<= 3.6) breaks on numpy >= 2.3 (1-element scalars).
 NUMPY ?= numpy>=1.24,<2.3
 NPROC ?= 8
-TEST_ARGS ?= -n auto --durations=20
+TEST_ARGS ?= -n auto --durations=20 -m "not e2e"
+# The torchrun end-to-end runs (marker e2e), which make test leaves out; CI runs both.
+E2E_ARGS ?= -n auto --durations=20 -m e2e
 # The Ascend compile check's side venv: triton-ascend ships its own module `triton`,
 # so it never goes into $(VENV). Its wheel is built for CPython 3.11.
 ASCEND_VENV ?= .venv-ascend
@@ -26,7 +28,7 @@ PYTHON := $(PY)
 STAMP :=
 endif
 
-.PHONY: run test venv clean ascend-venv ascend-check upstream-check
+.PHONY: run test test-e2e venv clean ascend-venv ascend-check upstream-check
 venv: $(STAMP)
 
 $(VENV)/.cpsim-ready: pyproject.toml Makefile
@@ -41,6 +43,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m pytest $(TEST_ARGS)
+
+test-e2e: $(STAMP)
+	$(PYTHON) -m pytest $(E2E_ARGS)
 
 ascend-venv: $(ASCEND_VENV)/.cpsim-ready
 

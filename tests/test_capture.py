@@ -243,6 +243,7 @@ def test_capture_with_a_missing_rank_file_exits_2(faulty, tmp_path, capsys):
 # ---- torchrun (gloo, one process per rank) ----------------------------------------
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_capture_under_torchrun_via_sitecustomize(tmp_path):
     """The documented recipe: sitecustomize.py calls install(); each torchrun rank writes its own file."""
     site = tmp_path / "site"

@@ -165,6 +165,7 @@ def test_launch_scripts_accept_only_bugs_reproduce():
 # ---- torchrun: real processes ------------------------------------------------------------------
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_bugs_reproduce_under_torchrun(tmp_path):
     out = tmp_path / "r.json"
     proc = cpu_sim(2, "bugs", "reproduce", "stale-tail", "--paths", "v1,v2", "--json", str(out))
@@ -181,6 +182,7 @@ def test_bugs_reproduce_under_torchrun(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_replay_under_torchrun(tmp_path):
     f = faults.get("stale-tail")
     s = f.trigger()

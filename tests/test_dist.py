@@ -24,7 +24,7 @@ from cpsim.check.coordinator import INVARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = ROOT / "launch"
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.e2e]
 
 
 def _env(**extra) -> dict:

@@ -277,6 +277,7 @@ def cpu_sim_doctor(out: Path, **extra_env) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_two_ranks_under_torchrun(tmp_path):
     out = tmp_path / "d.json"
     proc = cpu_sim_doctor(out)
@@ -294,6 +295,7 @@ def test_two_ranks_under_torchrun(tmp_path):
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_a_wrong_kernel_on_one_rank_fails_that_rank_only(tmp_path):
     out = tmp_path / "d.json"
     proc = cpu_sim_doctor(out, CPSIM_TEST_FAULT_RANK="1", CPSIM_TEST_FAULT=str(FAULT_FP32_GATHER))

@@ -276,18 +276,60 @@ def cpsim(tmp_path: Path, args: list[str], during=None, timeout: float = 300) ->
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
-def test_hostile_kernel_row(tmp_path, row):
+FORKING = ["callable forks a child that sleeps", "callable forks a child that calls setsid and leaves a daemon",
+           "callable forks a setsid child, then hangs, --kernel-timeout 5",
+           "callable forks a setsid child, then SIGKILLs its worker"]
+
+
+@dataclass
+class RowRun:
+    """What one ``cpsim`` run of a row left: exit code, output, the JSON report's text (None: not written),
+    and the pids its kernel's forked children wrote, with those still alive right after cpsim exited."""
+
+    code: int
+    out: str
+    report: str | None
+    pids: list[int]
+    alive: list[int]
+
+
+_ROW_RUNS: dict[str, RowRun] = {}  # the forking rows' runs: two tests read each
+
+
+def _row_run(tmp_path: Path, row: Row) -> RowRun:
+    if row.name in _ROW_RUNS:
+        return _ROW_RUNS[row.name]
     kernel = tmp_path / "hostile_kernel.py"
     kernel.write_text(row.source)
     report = tmp_path / "r.json"
     args = [*SMALL, "--kernel-v1", f"{kernel}:{row.attr}", *row.args] + (["--json", str(report)] if row.json else [])
     code, out = cpsim(tmp_path, args, row.during)
+    pids_file = tmp_path / "pids"
+    pids = [int(line.split()[-1]) for line in pids_file.read_text().splitlines()] if pids_file.exists() else []
+    run = RowRun(code, out, report.read_text() if report.exists() else None, pids, [p for p in pids if _alive(p)])
+    if row.name in FORKING:
+        _ROW_RUNS[row.name] = run
+    return run
+
+
+def _alive(pid: int) -> bool:
+    """A live process (not a zombie) has this pid."""
+    try:
+        return "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+    except OSError:  # gone
+        return False
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_hostile_kernel_row(tmp_path, row):
+    run = _row_run(tmp_path, row)
+    code, out = run.code, run.out
     text = " ".join(out.split())
     assert "Traceback" not in out, out
     assert code == row.code, out
     if row.json:
-        data = json.loads(report.read_text())
+        assert run.report is not None, out
+        data = json.loads(run.report)
         assert data["passed"] is (row.code == 0)
         text += " " + " ".join(json.dumps(data).split())
     for phrase in row.phrases:
@@ -296,21 +338,15 @@ def test_hostile_kernel_row(tmp_path, row):
         assert phrase not in text, (phrase, out)
 
 
-@pytest.mark.parametrize("row", ["callable forks a child that sleeps",
-                                 "callable forks a child that calls setsid and leaves a daemon",
-                                 "callable forks a setsid child, then hangs, --kernel-timeout 5",
-                                 "callable forks a setsid child, then SIGKILLs its worker"])
+@pytest.mark.parametrize("row", FORKING)
 def test_a_forked_child_of_the_kernel_does_not_outlive_cpsim(tmp_path, row):
-    """The forking rows again, reading the children's pids: each is gone once cpsim has exited."""
+    """The forking rows' run (one for this test and the row's, whichever comes first), read by the
+    children's pids: each was gone once cpsim had exited."""
     r = ROWS[[r.name for r in ROWS].index(row)]
-    kernel = tmp_path / "forks.py"
-    kernel.write_text(r.source)
-    code, out = cpsim(tmp_path, [*SMALL, "--kernel-v1", f"{kernel}:kernel", *r.args])
-    assert code == r.code, out
-    pids = [int(line.split()[-1]) for line in (tmp_path / "pids").read_text().splitlines()]
-    assert pids
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1][:3]
+    run = _row_run(tmp_path, r)
+    assert run.code == r.code, run.out
+    assert run.pids
+    assert run.alive == [], run.pids
 
 
 # ---- the same deeds in-process (cpsim.cli.main), and the oracle fed broken data directly ----------

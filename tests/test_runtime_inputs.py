@@ -94,12 +94,13 @@ def test_kernel_without_a_row_bound_fails_tail_group(tmp_path):
 
 @pytest.mark.slow
 def test_default_fuzz_finds_the_kernel_without_a_row_bound(tmp_path):
-    """Within 100 examples of the default space (seed 0), shrunk to a tail group. Tail groups exist under
+    """Within 20 examples of the default space (seed 6 draws it as its 9th scenario; seed 0, used until
+    2026-12-07, drew it 72nd and cost 100 examples), shrunk to a tail group. Tail groups exist under
     cpsim's profile only; there the release's own host shows its other differences from cpsim's model too
     (slot buffer without the draft reserve, rings and state groups as that release launches them, KV over
     DCP only), each a signature of its own, so the row-bound finding is looked up among them."""
     rc = cli.main(["fuzz", "--paths", "v2", "--kernel-v2", MRV2_NO_ROW_BOUND, "--profile", "cpsim",
-                   "--max-examples", "100", "--seed", "0", "--shrink-seconds", "10", "--no-db",
+                   "--max-examples", "20", "--seed", "6", "--shrink-seconds", "10", "--no-db",
                    "--out", str(tmp_path), "--quiet"], runner=RUNNER)
     assert rc == 1
     summary = json.loads((tmp_path / "fuzz-summary.json").read_text())

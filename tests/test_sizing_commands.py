@@ -240,6 +240,7 @@ def test_check_kernel_takes_a_sizing_spec():
 # ---- torchrun ----------------------------------------------------------------------------------------
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_sweep_under_torchrun_sizes_every_rank(tmp_path):
     """Each rank asks its own sizing child; rank 0's report fails the cell on block-sizing (exit 1)."""
     import subprocess

@@ -153,6 +153,7 @@ def test_vllm_033_host_honours_int64_and_refuses_int32(tmp_path, capsys):
 
 
 @pytest.mark.dist
+@pytest.mark.e2e
 def test_under_torchrun_a_forced_dtype_is_exit_2_on_every_rank_in_one_line(tmp_path):
     """Each rank's request is refused before its driver starts: every rank answers "refused" to the gather
     (before, the refusal raised on each rank ahead of it)."""

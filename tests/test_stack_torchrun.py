@@ -24,7 +24,7 @@ from test_dist import _env, cpu_sim
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = ROOT / "tests" / "stack_hosts"
 UPSTREAM = ROOT / ".venv-upstream"
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.e2e]
 
 
 def own(name_or_path) -> list[str]:
