@@ -98,6 +98,8 @@ def test_a_pickled_reply_on_replay_of_a_capture(tmp_path, forge, v1_capture):  #
     _judged_a_violation(code, out, report, mark)
 
 
+@pytest.mark.dist
+@pytest.mark.e2e
 def test_a_pickled_reply_under_torchrun(tmp_path, forge):
     mark = forge("pickle")
     report = tmp_path / "r.json"

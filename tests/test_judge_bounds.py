@@ -334,6 +334,8 @@ def _kill_rank_1_at_startup(mark: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.dist
+@pytest.mark.e2e
 def test_a_rank_killed_at_startup_leaves_rank_0_json_and_no_traceback(tmp_path):
     js = tmp_path / "r.json"
     code, out = _torchrun(tmp_path, ["--scenario", "mtp", "--paths", "v1", "--timeout", "20", "--json", str(js)],
@@ -343,6 +345,8 @@ def test_a_rank_killed_at_startup_leaves_rank_0_json_and_no_traceback(tmp_path):
     assert json.loads(js.read_text())["passed"] is False
 
 
+@pytest.mark.dist
+@pytest.mark.e2e
 def test_a_kernel_that_kills_the_torchrun_agent_leaves_rank_0_json_and_no_process(tmp_path):
     """The agent is the command the user started: it dies (137), but its ranks end with it (SIGTERM),
     rank 0 writes the report, and nothing prints a traceback or C++ frames."""

@@ -344,6 +344,8 @@ def test_pytest_plugin_check_kernel_takes_the_profile():
         check_kernel(spec, path="v2", scenarios=["default"], profile="cpsim", runner=RUNNER)  # mamba slots are not PAD
 
 
+@pytest.mark.dist
+@pytest.mark.e2e
 def test_torchrun_run_accepts_and_shows_the_profile():
     """Two ranks under torchrun (launch/cpu-sim.sh): DCP 1 x PCP 2, so vLLM's profile replicates KV over PCP."""
     import os
