@@ -19,32 +19,34 @@ from cpsim.kernels.subject import distinct_notes, subjects
 
 @dataclass(frozen=True)
 class Judged:
-    """The kernels under test and what judges them, worked out once for every report of a run: the plain
-    subjects, the release profile and its notes on the scenario, each kernel's line and adapter notes, and
-    the standings of kernels from releases cpsim's table does not list."""
+    """The kernels under test and what judges them, for every report of a run: the release profile and its
+    notes on the scenario, and the standings of kernels from releases cpsim's table does not list (worked
+    out once); what ran on each path and the adapters' notes (read when asked: an adapter notes what it
+    could not model while its kernel runs)."""
     kernels: dict
+    paths: list[str]
     profile: Any
-    subjects: dict
     held: dict
-    kernel_lines: list[tuple[str, list[str]]] = field(default_factory=list)  # (its line, its distinct notes)
     profile_notes: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, kernels: dict, paths, profile, s=None) -> "Judged":
         """``s``: the scenario as the profile lays it out, for the profile's notes (none: no notes)."""
         found = {p: kernel_standing(k.spec, p) for p, k in kernels.items()}
-        return cls(kernels, profile, subjects(kernels, list(dict.fromkeys([*paths, *kernels])), profile.name),
-                   {p: st for p, st in found.items() if st is not None},
-                   [(f"kernel under test on {p}: {k.describe()}", distinct_notes(k.notes)) for p, k in kernels.items()],
+        return cls(kernels, list(paths), profile, {p: st for p, st in found.items() if st is not None},
                    profiles.notes(s, profile, paths) if s is not None else [])
+
+    def subjects(self) -> dict:
+        """What ran on each path, as plain data for every report (``cpsim.kernels.subject``)."""
+        return subjects(self.kernels, list(dict.fromkeys([*self.paths, *self.kernels])), self.profile.name)
 
     def describe(self, console, notes_only: bool = True, profile: bool = True) -> None:
         """The kernels' lines (``notes_only``: the report's heading named them already) and adapter notes, then
         (``profile``) the profile and what it leaves unjudged or lays out anew."""
-        for line, notes in self.kernel_lines:
+        for p, k in self.kernels.items():
             if not notes_only:
-                console.print(line, highlight=False, soft_wrap=True)
-            for note in notes:
+                console.print(f"kernel under test on {p}: {k.describe()}", highlight=False, soft_wrap=True)
+            for note in distinct_notes(k.notes):
                 console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
         if not profile:
             return

@@ -62,7 +62,7 @@ def run_here(run: RunInputs) -> int:
         _fault_must_show(run, gathered)
     for p in skipped:
         verdicts += coordinator.not_run(p, f"not applicable at CP world size {s.cp.world} (CP size 1 only)")
-    subjects = run.judged.subjects
+    subjects = run.judged.subjects()
     waste = coordinator.sizing_waste(s, gathered, run.profile) if run.strict_sizing else []
     if not run.report.quiet:
         report.print_report(console, s, verdicts, examples=run.report.examples, subjects=subjects, gathered=gathered)

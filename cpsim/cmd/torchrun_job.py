@@ -32,7 +32,7 @@ def execute_torchrun(args, entry, judged: Judged, files: ReportFiles, runner, su
     world = int(os.environ["WORLD_SIZE"])
     quiet = files.quiet
     prof = entry.profile
-    subjects, held = judged.subjects, judged.held
+    subjects, held = judged.subjects(), judged.held
     if held:
         extra = {**(extra or {}), "contracts": {p: st.to_dict() for p, st in held.items()}}
 
