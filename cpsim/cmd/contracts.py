@@ -13,8 +13,8 @@ from typing import Any
 
 from cpsim import releases
 from cpsim.check import coordinator, profiles
+from cpsim.cmd.inputs import describe_kernels, show_profile, subjects_for
 from cpsim.kernels.release_of import kernel_standing
-from cpsim.kernels.subject import distinct_notes, subjects
 
 
 @dataclass(frozen=True)
@@ -32,27 +32,19 @@ class Judged:
     @classmethod
     def of(cls, kernels: dict, paths, profile, s=None) -> "Judged":
         """``s``: the scenario as the profile lays it out, for the profile's notes (none: no notes)."""
-        found = {p: kernel_standing(k.spec, p) for p, k in kernels.items()}
-        return cls(kernels, list(paths), profile, {p: st for p, st in found.items() if st is not None},
+        return cls(kernels, list(paths), profile, kernel_standings(kernels),
                    profiles.notes(s, profile, paths) if s is not None else [])
 
     def subjects(self) -> dict:
         """What ran on each path, as plain data for every report (``cpsim.kernels.subject``)."""
-        return subjects(self.kernels, list(dict.fromkeys([*self.paths, *self.kernels])), self.profile.name)
+        return subjects_for(self.kernels, self.paths, self.profile.name)
 
     def describe(self, console, notes_only: bool = True, profile: bool = True) -> None:
         """The kernels' lines (``notes_only``: the report's heading named them already) and adapter notes, then
         (``profile``) the profile and what it leaves unjudged or lays out anew."""
-        for p, k in self.kernels.items():
-            if not notes_only:
-                console.print(f"kernel under test on {p}: {k.describe()}", highlight=False, soft_wrap=True)
-            for note in distinct_notes(k.notes):
-                console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
-        if not profile:
-            return
-        console.print(f"profile: {self.profile.name} ({self.profile.releases})", highlight=False, soft_wrap=True)
-        for line in self.profile_notes:
-            console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
+        describe_kernels(console, self.kernels, notes_only)
+        if profile:
+            show_profile(console, self.profile, notes=self.profile_notes)
 
     def describe_contracts(self, console, quiet: bool = False) -> None:
         print_contracts(console, self.held, quiet)

@@ -228,10 +228,13 @@ def profile_from_args(args, kernels: dict, recorded: str = ""):
     return implied
 
 
-def show_profile(console, prof, s=None, paths=()) -> None:
-    """``profile: NAME (releases)``, then what the profile leaves unjudged or lays out anew in ``s``."""
+def show_profile(console, prof, s=None, paths=(), notes: list[str] | None = None) -> None:
+    """``profile: NAME (releases)``, then what the profile leaves unjudged or lays out anew in ``s`` (``notes``:
+    those lines, worked out already)."""
     console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
-    for line in (profiles.notes(s, prof, paths) if s is not None else []):
+    if notes is None:
+        notes = profiles.notes(s, prof, paths) if s is not None else []
+    for line in notes:
         console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
 
 

@@ -124,7 +124,7 @@ STACK_COMMAND = "cpsim.cmd.stack_run:main"
 
 class _StackFamily(argparse.Action):
     """``--stack FAMILY`` makes ``cpsim run`` another program: the release's host classes are driven instead of
-    kernels, so the command that runs is :func:`cpsim.cmd.stack_run.main` (which never imports torch here)."""
+    kernels, so the command that runs is :func:`cpsim.cmd.stack_run.main`, not ``cmd.run``'s kernel run."""
 
     def __call__(self, parser, namespace, value, option_string=None) -> None:
         namespace.stack = value

@@ -34,7 +34,7 @@ def execute_torchrun(args, entry, judged: Judged, files: ReportFiles, runner, su
     prof = entry.profile
     subjects, held = judged.subjects(), judged.held
     if held:
-        extra = {**(extra or {}), "contracts": {p: st.to_dict() for p, st in held.items()}}
+        extra = {**(extra or {}), "contracts": judged.contracts()}
 
     write = rank0_writer(files, f"{entry.label} on torchrun world {world}", subjects, 1, extra)
 
