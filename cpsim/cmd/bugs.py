@@ -14,10 +14,10 @@ from rich.table import Table
 
 from cpsim import faults, kernels
 from cpsim.report import report
-from cpsim.cmd.inputs import (check_paths_apply, describe_kernels, kernel_runner, kernels_from_args, parse_paths,
-                              subjects_for, knobs_with_sizing, profile_from_args, show_profile, sizing_failed)
+from cpsim.cmd.inputs import (check_paths_apply, kernel_runner, kernels_from_args, parse_paths, knobs_with_sizing,
+                              profile_from_args, sizing_failed)
 from cpsim.cmd.inputs import torchrun_world
-from cpsim.cmd.contracts import Judged
+from cpsim.cmd.contracts import Judged, describe_kernels, show_profile, subjects_for
 from cpsim.cmd.torchrun_job import execute_torchrun
 from cpsim.check import profiles
 from cpsim.run.dist import launched_by_torchrun, select_device

@@ -1,4 +1,5 @@
-"""What judges a command's kernels under test, and the exit status that implies.
+"""What judges a command's kernels under test, the lines every report describes them with, and the exit
+status that implies.
 
 A kernel file from a release the table does not list is judged with the nearest listed release's
 contract (cpsim.kernels.release_of); where that release's contract files changed, a run that found no
@@ -13,8 +14,8 @@ from typing import Any
 
 from cpsim import releases
 from cpsim.check import coordinator, profiles
-from cpsim.cmd.inputs import describe_kernels, show_profile, subjects_for
 from cpsim.kernels.release_of import kernel_standing
+from cpsim.kernels.subject import distinct_notes, subjects
 
 
 @dataclass(frozen=True)
@@ -82,5 +83,29 @@ def status(passed: bool, held: dict) -> int:
     return releases.UNREAD_CHANGES_EXIT if any(st.unread for st in held.values()) else 0
 
 
-def run_status(verdicts, held: dict) -> int:
-    return status(coordinator.passed(verdicts), held)
+def subjects_for(kernels: dict, paths, profile: str | None = None) -> dict:
+    """What ran on each of ``paths``, as plain data for every report (``cpsim.kernels.subject``), with the
+    release profile the oracle judged by (default: the one the kernels imply)."""
+    name = profile or profiles.for_abis([k.abi for k in (kernels or {}).values()]).name
+    return subjects(kernels or {}, list(dict.fromkeys([*paths, *(kernels or {})])), name)
+
+
+def show_profile(console, prof, s=None, paths=(), notes: list[str] | None = None) -> None:
+    """``profile: NAME (releases)``, then what the profile leaves unjudged or lays out anew in ``s`` (``notes``:
+    those lines, worked out already)."""
+    console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
+    if notes is None:
+        notes = profiles.notes(s, prof, paths) if s is not None else []
+    for line in notes:
+        console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
+
+
+def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
+    """One line per kernel under test, then what its adapter could not model.
+
+    ``notes_only``: the report's heading already named the kernels (``report.print_report``)."""
+    for path, k in kernels.items():
+        if not notes_only:
+            console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
+        for note in distinct_notes(k.notes):
+            console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)

@@ -15,9 +15,10 @@ from cpsim.allocator import allocate_world
 from cpsim.check import coordinator, profiles
 from cpsim import scenario as sc
 from cpsim.cmd.options import KERNEL_FLAGS
-from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernel_runner, kernels_from_args, kernels_with_record,
-                              knobs_with_sizing, parse_paths, profile_from_args, scenario_from_args, sizer_from_args,
-                              sizing_failed, subjects_for)
+from cpsim.cmd.contracts import subjects_for
+from cpsim.cmd.inputs import (apply_overrides, check_paths_apply, kernel_runner, kernels_from_args,
+                              kernels_with_record, knobs_with_sizing, parse_paths, profile_from_args,
+                              scenario_from_args, sizer_from_args, sizing_failed)
 from cpsim.errors import ConfigError
 from cpsim.paths import Knobs
 from cpsim.report import layout_picture, figure

@@ -20,9 +20,9 @@ from rich.text import Text
 
 from cpsim import fuzz as fz
 from cpsim.errors import Interrupted
-from cpsim.cmd.contracts import kernel_standings, print_contracts, status
-from cpsim.cmd.inputs import (describe_kernels, kernel_runner, kernels_from_args, parse_paths, profile_from_args,
-                              show_profile, sizer_from_args, sizing_failed)
+from cpsim.cmd.contracts import describe_kernels, kernel_standings, print_contracts, show_profile, status
+from cpsim.cmd.inputs import (kernel_runner, kernels_from_args, parse_paths, profile_from_args, sizer_from_args,
+                              sizing_failed)
 from cpsim.report.progress import eta
 from cpsim.run.host_sizer import SizingFailure
 

@@ -1,5 +1,5 @@
 """What a sub-command builds from its options, in one place: the scenario, the paths, the kernels
-under test, the profile judging and the sizing under test; and the lines that describe them."""
+under test, the profile judging and the sizing under test (the lines that describe them: ``cmd.contracts``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from cpsim import scenario as sc
 from cpsim.check import profiles
 from cpsim.cmd.options import KERNEL_FLAGS, DefaultPaths
 from cpsim.errors import ConfigError
-from cpsim.kernels.subject import distinct_notes, subjects
 from cpsim.kernels.under_test import BUILTIN  # --kernel-v1 builtin: cpsim's own (overrides a repro's recorded one)
 from cpsim.kernels.under_test import REPLAY, REPLAY_ABIS, check_spec, from_record, load, with_replay
 from cpsim.presets import PRESETS, preset
@@ -228,16 +227,6 @@ def profile_from_args(args, kernels: dict, recorded: str = ""):
     return implied
 
 
-def show_profile(console, prof, s=None, paths=(), notes: list[str] | None = None) -> None:
-    """``profile: NAME (releases)``, then what the profile leaves unjudged or lays out anew in ``s`` (``notes``:
-    those lines, worked out already)."""
-    console.print(f"profile: {prof.name} ({prof.releases})", highlight=False, soft_wrap=True)
-    if notes is None:
-        notes = profiles.notes(s, prof, paths) if s is not None else []
-    for line in notes:
-        console.print(f"  [yellow]note (profile):[/yellow] {line}", highlight=False, soft_wrap=True)
-
-
 def knobs_with_sizing(args, knobs, s, paths: list[str], sizer=None):
     """``knobs`` carrying what the sizing under test (``sizer``, else ``--sizing``'s) gives each host of
     ``s`` (unchanged without one). The user's function runs in a child process (``cpsim.run.host_sizer``);
@@ -259,17 +248,6 @@ def sizing_failed(console, e: Exception, where: str = "") -> int:
     return 1
 
 
-def describe_kernels(console, kernels: dict, notes_only: bool = False) -> None:
-    """One line per kernel under test, then what its adapter could not model.
-
-    ``notes_only``: the report's heading already named the kernels (``report.print_report``)."""
-    for path, k in kernels.items():
-        if not notes_only:
-            console.print(f"kernel under test on {path}: {k.describe()}", highlight=False, soft_wrap=True)
-        for note in distinct_notes(k.notes):
-            console.print(f"  [yellow]note:[/yellow] {note}", highlight=False, soft_wrap=True)
-
-
 def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> dict:
     """A repro file's recorded kernels on ``paths``, each replaced by the --kernel-* option given for its path."""
     given = {p for p, attr in KERNEL_FLAGS.items() if getattr(args, attr, None)}
@@ -279,13 +257,6 @@ def kernels_with_record(args, record: dict, device: str, paths: list[str]) -> di
             if p in paths and (p not in given or (isinstance(v, dict) and v.get("replay")))}
     out = from_record(kept, device, where="repro kernels", inspect=worker_probe(args))
     return kernels_from_args(args, device, paths, base=out)
-
-
-def subjects_for(kernels: dict, paths, profile: str | None = None) -> dict:
-    """What ran on each of ``paths``, as plain data for every report (``cpsim.kernels.subject``), with the
-    release profile the oracle judged by (default: the one the kernels imply)."""
-    name = profile or profiles.for_abis([k.abi for k in (kernels or {}).values()]).name
-    return subjects(kernels or {}, list(dict.fromkeys([*paths, *(kernels or {})])), name)
 
 
 def torchrun_world(cp_size: int, what: str, field: str) -> int:

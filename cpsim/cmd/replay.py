@@ -28,10 +28,10 @@ from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.report import report
 from cpsim.check import profiles
-from cpsim.cmd.inputs import (describe_kernels, kernel_runner, kernels_with_record, knobs_with_sizing,
-                              profile_from_args, show_profile, sizer_from_args, sizing_failed, subjects_for)
+from cpsim.cmd.inputs import (kernel_runner, kernels_with_record, knobs_with_sizing, profile_from_args,
+                              sizer_from_args, sizing_failed)
 from cpsim.cmd.inputs import torchrun_world
-from cpsim.cmd.contracts import Judged
+from cpsim.cmd.contracts import Judged, describe_kernels, show_profile, subjects_for
 from cpsim.cmd.torchrun_job import execute_torchrun
 from cpsim.run.dist import launched_by_torchrun, select_device
 from cpsim.errors import ConfigError

@@ -34,15 +34,15 @@ from cpsim.report import report
 from cpsim import scenario as sc
 from cpsim import schema
 from cpsim.cmd.commands import KEYS
-from cpsim.cmd.contracts import kernel_standings, print_contracts, status
-from cpsim.cmd.inputs import (check_paths_apply, profile_from_args, describe_kernels, kernels_from_args, parse_paths,
+from cpsim.cmd.contracts import describe_kernels, kernel_standings, print_contracts, show_profile, status, subjects_for
+from cpsim.cmd.inputs import (check_paths_apply, profile_from_args, kernels_from_args, parse_paths,
                               scenario_from_args, sizer_from_args, sizing_failed)
 from cpsim.run.dist import launched_by_torchrun
 from cpsim.errors import ConfigError
 from cpsim.paths import PATHS, Knobs
 from cpsim.validate import load_scenario, load_sweep_config, write_outputs
 from cpsim.run.host_sizer import SizingFailure
-from cpsim.cmd.inputs import kernel_runner, subjects_for, show_profile
+from cpsim.cmd.inputs import kernel_runner
 from cpsim.cmd.torchrun_job import rank0_writer
 from cpsim.report.outputs import ReportFiles
 from cpsim.report.progress import columns
